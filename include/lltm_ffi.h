@@ -1,0 +1,59 @@
+/* Everything the Python package calls, as cffi reads it: build_ffi.py hands
+ * this file to cdef() unchanged, so it holds declarations only (no #include,
+ * no #ifdef). Pointers are raw device or host addresses; sizes come first,
+ * then inputs, then outputs, then (CUDA only) the device and the stream.
+ * Every function returns 0 on success or an error code for lltm_error_string. */
+
+enum {
+  LLTM_SUCCESS = 0,
+  /* A CUDA entry point was called in a module built without CUDA. */
+  LLTM_ERROR_NO_CUDA = -1
+};
+
+/* 1 when the module was built with nvcc and the CUDA passes, else 0. */
+int lltm_cuda_compiled(void);
+
+/* The text for a code returned by any function here (CUDA's own message for a
+ * CUDA error). The string is static; never free it. */
+const char* lltm_error_string(int code);
+
+/* What the module was built from: the hash of its sources and the package
+ * version, compared at import to catch a stale build. */
+const char* lltm_source_hash(void);
+const char* lltm_package_version(void);
+
+int lltm_forward_cpu_float(int64_t batch_size, int64_t state_size,
+                           const float* gates, const float* old_cell,
+                           float* new_h, float* new_cell);
+int lltm_forward_cpu_double(int64_t batch_size, int64_t state_size,
+                            const double* gates, const double* old_cell,
+                            double* new_h, double* new_cell);
+int lltm_backward_cpu_float(int64_t batch_size, int64_t state_size,
+                            const float* grad_h, const float* grad_cell,
+                            const float* new_cell, const float* gates,
+                            float* d_old_cell, float* d_gates);
+int lltm_backward_cpu_double(int64_t batch_size, int64_t state_size,
+                             const double* grad_h, const double* grad_cell,
+                             const double* new_cell, const double* gates,
+                             double* d_old_cell, double* d_gates);
+
+/* The CUDA passes run on `device` (switched to and back when it is not the
+ * calling thread's current one) and on `stream`, a cudaStream_t of that device. */
+int lltm_forward_cuda_float(int64_t batch_size, int64_t state_size,
+                            const float* gates, const float* old_cell,
+                            float* new_h, float* new_cell,
+                            int device, void* stream);
+int lltm_forward_cuda_double(int64_t batch_size, int64_t state_size,
+                             const double* gates, const double* old_cell,
+                             double* new_h, double* new_cell,
+                             int device, void* stream);
+int lltm_backward_cuda_float(int64_t batch_size, int64_t state_size,
+                             const float* grad_h, const float* grad_cell,
+                             const float* new_cell, const float* gates,
+                             float* d_old_cell, float* d_gates,
+                             int device, void* stream);
+int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
+                              const double* grad_h, const double* grad_cell,
+                              const double* new_cell, const double* gates,
+                              double* d_old_cell, double* d_gates,
+                              int device, void* stream);

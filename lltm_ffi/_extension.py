@@ -1,0 +1,114 @@
+"""The compiled cffi module and the two fused passes called through it.
+
+This is the only file that touches pointers: it takes data_ptr(), the sizes
+and the current CUDA stream of the tensors' device, and hands them to the C
+shim. The tensors it receives are already checked (lltm_ffi.function): right
+dtype, one device, contiguous, consistent shapes.
+"""
+
+from pathlib import Path
+
+import torch
+
+from . import _build_info
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class LLTMError(RuntimeError):
+    """A non-zero code from the C shim, with the shim's (CUDA's) own message."""
+
+    def __init__(self, function, code, message):
+        super().__init__(f"{function} failed: {message} (error code {code})")
+        self.function = function
+        self.code = code
+
+
+class LLTMBuildError(ImportError):
+    """The compiled module is missing, does not load, or is stale."""
+
+
+def _load():
+    try:
+        from . import _lltm_ffi
+    except ImportError as error:
+        raise LLTMBuildError(
+            f"lltm_ffi's compiled module is missing or does not load ({error}); "
+            f"build it with `make` in {ROOT}") from error
+    ffi, lib = _lltm_ffi.ffi, _lltm_ffi.lib
+    built_version = ffi.string(lib.lltm_package_version()).decode()
+    if built_version != _build_info.VERSION:
+        raise LLTMBuildError(
+            f"lltm_ffi's compiled module ({_lltm_ffi.__file__}) is stale: it was built for "
+            f"version {built_version}, the package is {_build_info.VERSION}; rebuild with `make`")
+    if (ROOT / "build_ffi.py").is_file():
+        built_hash = ffi.string(lib.lltm_source_hash()).decode()
+        current_hash = _build_info.source_hash(ROOT)
+        if built_hash != current_hash:
+            raise LLTMBuildError(
+                f"lltm_ffi's compiled module ({_lltm_ffi.__file__}) is stale: the C/CUDA "
+                f"sources changed since it was built (hash {built_hash}, now {current_hash}); "
+                f"rebuild with `make`")
+    return ffi, lib, _lltm_ffi.__file__
+
+
+ffi, lib, MODULE_PATH = _load()
+CUDA_COMPILED = bool(lib.lltm_cuda_compiled())
+
+_cast = ffi.cast
+_POINTER_TYPES = {torch.float32: "float *", torch.float64: "double *"}
+_CPU_FORWARD = {torch.float32: lib.lltm_forward_cpu_float, torch.float64: lib.lltm_forward_cpu_double}
+_CPU_BACKWARD = {torch.float32: lib.lltm_backward_cpu_float, torch.float64: lib.lltm_backward_cpu_double}
+_CUDA_FORWARD = {torch.float32: lib.lltm_forward_cuda_float, torch.float64: lib.lltm_forward_cuda_double}
+_CUDA_BACKWARD = {torch.float32: lib.lltm_backward_cuda_float, torch.float64: lib.lltm_backward_cuda_double}
+
+# A raw cudaStream_t as an int, without building a torch.cuda.Stream object.
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+
+def error_message(code):
+    return ffi.string(lib.lltm_error_string(code)).decode()
+
+
+def _check(function, code):
+    if code:
+        raise LLTMError(function, code, error_message(code))
+
+
+def _call(cpu_functions, cuda_functions, name, reference, sizes, tensors):
+    """Calls the pass for `reference`'s dtype and device with `sizes` and the
+    addresses of `tensors`. The tensors stay referenced until the call returns,
+    so the casts (which own nothing) stay valid."""
+    pointer_type = _POINTER_TYPES[reference.dtype]
+    pointers = [_cast(pointer_type, tensor.data_ptr()) for tensor in tensors]
+    device = reference.device
+    if device.type == "cuda":
+        index = device.index
+        stream = _cast("void *", _current_raw_stream(index))
+        code = cuda_functions[reference.dtype](*sizes, *pointers, index, stream)
+    else:
+        code = cpu_functions[reference.dtype](*sizes, *pointers)
+    _check(name, code)
+
+
+def forward(gates, old_cell):
+    """new_h, new_cell of the cell from the pre-activation gates (batch, 3 * state)
+    and old_cell (batch, state), both contiguous."""
+    new_h = torch.empty_like(old_cell)
+    new_cell = torch.empty_like(old_cell)
+    if old_cell.numel():
+        _call(_CPU_FORWARD, _CUDA_FORWARD, "lltm_forward", old_cell, old_cell.shape,
+              (gates, old_cell, new_h, new_cell))
+    return new_h, new_cell
+
+
+def backward(grad_h, grad_cell, new_cell, gates):
+    """d_old_cell (batch, state) and d_gates (batch, 3 * state) from the output
+    gradients and what forward saved; all contiguous."""
+    d_old_cell = torch.empty_like(new_cell)
+    d_gates = torch.empty_like(gates)
+    if new_cell.numel():
+        _call(_CPU_BACKWARD, _CUDA_BACKWARD, "lltm_backward", new_cell, new_cell.shape,
+              (grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates))
+    return d_old_cell, d_gates

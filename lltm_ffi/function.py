@@ -1,0 +1,108 @@
+"""The differentiable LLTM cell: argument checks, the autograd.Function and
+the functional entry point.
+
+The matrix products stay in torch (cat + addmm forward; mm and sum backward);
+only the two fused pointwise passes go through the C shim.
+"""
+
+import torch
+
+from . import _extension
+
+_ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
+_SUPPORTED_DTYPES = (torch.float32, torch.float64)
+
+
+def _shape(tensor):
+    return tuple(tensor.shape)
+
+
+def check_arguments(input, weights, bias, old_h, old_cell):
+    """Raises TypeError or ValueError, naming the argument, for anything the C
+    passes cannot take; returns nothing when all five are usable together."""
+    tensors = (input, weights, bias, old_h, old_cell)
+    for name, tensor in zip(_ARGUMENT_NAMES, tensors):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"lltm: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in _SUPPORTED_DTYPES:
+            raise TypeError(f"lltm: {name} has dtype {tensor.dtype}; "
+                            "lltm_ffi supports torch.float32 and torch.float64")
+    dtype, device = input.dtype, input.device
+    for name, tensor in zip(_ARGUMENT_NAMES[1:], tensors[1:]):
+        if tensor.dtype != dtype:
+            raise TypeError(f"lltm: {name} has dtype {tensor.dtype} but input has {dtype}; "
+                            "all arguments must have the same dtype")
+        if tensor.device != device:
+            raise ValueError(f"lltm: {name} is on {tensor.device} but input is on {device}; "
+                             "all arguments must be on the same device")
+    if device.type == "cuda":
+        if not _extension.CUDA_COMPILED:
+            raise _extension.LLTMError("lltm", _extension.lib.LLTM_ERROR_NO_CUDA,
+                                       _extension.error_message(_extension.lib.LLTM_ERROR_NO_CUDA))
+    elif device.type != "cpu":
+        raise ValueError(f"lltm: the arguments are on {device}; lltm_ffi runs on cpu and cuda")
+
+    for name, tensor in zip(_ARGUMENT_NAMES, tensors):
+        if tensor.dim() != 2 and not (name == "bias" and tensor.dim() == 1):
+            expected = "1 or 2 dimensions" if name == "bias" else "2 dimensions"
+            raise ValueError(f"lltm: {name} must have {expected}, got shape {_shape(tensor)}")
+    batch_size, input_features = input.shape
+    state_size = old_h.shape[1]
+    if old_h.shape[0] != batch_size:
+        raise ValueError(f"lltm: old_h has shape {_shape(old_h)} but input has shape "
+                         f"{_shape(input)}; they must have the same batch size")
+    if old_cell.shape != old_h.shape:
+        raise ValueError(f"lltm: old_cell has shape {_shape(old_cell)} but old_h has shape "
+                         f"{_shape(old_h)}; they must match")
+    gates_size = 3 * state_size
+    if weights.shape != (gates_size, state_size + input_features):
+        raise ValueError(
+            f"lltm: weights has shape {_shape(weights)} but must be (3 * state_size, "
+            f"state_size + input_features) = {(gates_size, state_size + input_features)} "
+            f"for input of shape {_shape(input)} and old_h of shape {_shape(old_h)}")
+    if bias.shape != (gates_size,) and bias.shape != (1, gates_size):
+        raise ValueError(f"lltm: bias has shape {_shape(bias)} but must be ({gates_size},) or "
+                         f"(1, {gates_size}) for weights of shape {_shape(weights)}")
+
+
+class LLTMFunction(torch.autograd.Function):
+    """The LLTM cell: (input, weights, bias, old_h, old_cell) -> (new_h, new_cell)."""
+
+    @staticmethod
+    def forward(ctx, input, weights, bias, old_h, old_cell):
+        check_arguments(input, weights, bias, old_h, old_cell)
+        X = torch.cat((old_h, input), dim=1)
+        gates = torch.addmm(bias, X, weights.t())
+        new_h, new_cell = _extension.forward(gates, old_cell.contiguous())
+        # The backward pass recomputes the gate activations from `gates`.
+        ctx.save_for_backward(X, weights, gates, new_cell)
+        ctx.bias_shape = bias.shape
+        return new_h, new_cell
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_cell):
+        X, weights, gates, new_cell = ctx.saved_tensors
+        d_old_cell, d_gates = _extension.backward(
+            grad_h.contiguous(), grad_cell.contiguous(), new_cell, gates)
+        needs_input, needs_weights, needs_bias, needs_old_h, needs_old_cell = ctx.needs_input_grad
+        d_input = d_weights = d_bias = d_old_h = None
+        if needs_input or needs_old_h:
+            d_X = d_gates.mm(weights)
+            state_size = new_cell.shape[1]
+            d_old_h, d_input = d_X[:, :state_size], d_X[:, state_size:]
+        if needs_weights:
+            d_weights = d_gates.t().mm(X)
+        if needs_bias:
+            d_bias = d_gates.sum(dim=0).view(ctx.bias_shape)
+        return d_input, d_weights, d_bias, d_old_h, d_old_cell if needs_old_cell else None
+
+
+def lltm(input, weights, bias, old_h, old_cell):
+    """One step of the LLTM cell; returns (new_h, new_cell), differentiable.
+
+    input (batch, input_features); weights (3 * state_size, state_size +
+    input_features), its columns ordered [old_h, input]; bias (3 * state_size)
+    or (1, 3 * state_size); old_h and old_cell (batch, state_size). float32 or
+    float64, all on one CPU or CUDA device.
+    """
+    return LLTMFunction.apply(input, weights, bias, old_h, old_cell)

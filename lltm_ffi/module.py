@@ -1,0 +1,36 @@
+"""The LLTM cell as an nn.Module, with the tutorial's parameters and call."""
+
+import math
+
+import torch
+
+from .function import lltm
+
+
+class LLTM(torch.nn.Module):
+    """rnn = LLTM(input_features, state_size); new_h, new_cell = rnn(X, (h, C))."""
+
+    def __init__(self, input_features, state_size, device=None, dtype=None):
+        super().__init__()
+        self.input_features = input_features
+        self.state_size = state_size
+        # Rows: input gate, output gate, candidate cell. Columns: [old_h, input].
+        self.weights = torch.nn.Parameter(
+            torch.empty(3 * state_size, state_size + input_features, device=device, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.empty(3 * state_size, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Uniform in +-1/sqrt(state_size), drawn from torch's global generator
+        (never reseeded here)."""
+        bound = 1.0 / math.sqrt(self.state_size)
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.uniform_(-bound, bound)
+
+    def forward(self, input, state):
+        old_h, old_cell = state
+        return lltm(input, self.weights, self.bias, old_h, old_cell)
+
+    def extra_repr(self):
+        return f"input_features={self.input_features}, state_size={self.state_size}"

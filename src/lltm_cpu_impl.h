@@ -1,0 +1,92 @@
+/* The CPU passes, written once for both element types: lltm_cpu.c includes
+ * this file twice, with SCALAR (float or double) and SUFFIX defined, after
+ * defining exp_SUFFIX, expm1_SUFFIX and tanh_SUFFIX for that type, so each
+ * type computes in its own precision. */
+
+#define LLTM_CONCAT_(a, b) a##b
+#define LLTM_CONCAT(a, b) LLTM_CONCAT_(a, b)
+#define LLTM_NAME(name) LLTM_CONCAT(name, SUFFIX)
+
+static inline SCALAR LLTM_NAME(sigmoid_)(SCALAR z) {
+  return (SCALAR)1 / ((SCALAR)1 + LLTM_NAME(exp_)(-z));
+}
+
+/* ELU with alpha = 1. */
+static inline SCALAR LLTM_NAME(elu_)(SCALAR z) {
+  return z > (SCALAR)0 ? z : LLTM_NAME(expm1_)(z);
+}
+
+static inline SCALAR LLTM_NAME(d_elu_)(SCALAR z) {
+  return z > (SCALAR)0 ? (SCALAR)1 : LLTM_NAME(exp_)(z);
+}
+
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(forward_row_)(int64_t state_size, const SCALAR* gate_row,
+                                    const SCALAR* old_cell, SCALAR* new_h,
+                                    SCALAR* new_cell) {
+#pragma omp simd
+  for (int64_t column = 0; column < state_size; ++column) {
+    const SCALAR input_gate = LLTM_NAME(sigmoid_)(gate_row[column]);
+    const SCALAR output_gate = LLTM_NAME(sigmoid_)(gate_row[state_size + column]);
+    const SCALAR candidate_cell = LLTM_NAME(elu_)(gate_row[2 * state_size + column]);
+    const SCALAR cell = old_cell[column] + candidate_cell * input_gate;
+    new_cell[column] = cell;
+    new_h[column] = LLTM_NAME(tanh_)(cell) * output_gate;
+  }
+}
+
+int LLTM_NAME(lltm_forward_cpu_)(int64_t batch_size, int64_t state_size,
+                                 const SCALAR* gates, const SCALAR* old_cell,
+                                 SCALAR* new_h, SCALAR* new_cell) {
+#pragma omp parallel for schedule(static) if (batch_size * state_size >= LLTM_CPU_PARALLEL_MIN)
+  for (int64_t row = 0; row < batch_size; ++row) {
+    const int64_t offset = row * state_size;
+    LLTM_NAME(forward_row_)(state_size, gates + 3 * offset, old_cell + offset,
+                            new_h + offset, new_cell + offset);
+  }
+  return LLTM_SUCCESS;
+}
+
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(backward_row_)(int64_t state_size, const SCALAR* grad_h,
+                                     const SCALAR* grad_cell, const SCALAR* new_cell,
+                                     const SCALAR* gate_row, SCALAR* d_old_cell,
+                                     SCALAR* d_gate_row) {
+#pragma omp simd
+  for (int64_t column = 0; column < state_size; ++column) {
+    const SCALAR candidate_pre = gate_row[2 * state_size + column];
+    const SCALAR input_gate = LLTM_NAME(sigmoid_)(gate_row[column]);
+    const SCALAR output_gate = LLTM_NAME(sigmoid_)(gate_row[state_size + column]);
+    const SCALAR candidate_cell = LLTM_NAME(elu_)(candidate_pre);
+
+    const SCALAR tanh_new_cell = LLTM_NAME(tanh_)(new_cell[column]);
+    const SCALAR d_output_gate = tanh_new_cell * grad_h[column];
+    const SCALAR d_new_cell =
+        ((SCALAR)1 - tanh_new_cell * tanh_new_cell) * output_gate * grad_h[column] +
+        grad_cell[column];
+
+    d_old_cell[column] = d_new_cell;
+    d_gate_row[column] = candidate_cell * d_new_cell * input_gate * ((SCALAR)1 - input_gate);
+    d_gate_row[state_size + column] = d_output_gate * output_gate * ((SCALAR)1 - output_gate);
+    d_gate_row[2 * state_size + column] =
+        input_gate * d_new_cell * LLTM_NAME(d_elu_)(candidate_pre);
+  }
+}
+
+int LLTM_NAME(lltm_backward_cpu_)(int64_t batch_size, int64_t state_size,
+                                  const SCALAR* grad_h, const SCALAR* grad_cell,
+                                  const SCALAR* new_cell, const SCALAR* gates,
+                                  SCALAR* d_old_cell, SCALAR* d_gates) {
+#pragma omp parallel for schedule(static) if (batch_size * state_size >= LLTM_CPU_PARALLEL_MIN)
+  for (int64_t row = 0; row < batch_size; ++row) {
+    const int64_t offset = row * state_size;
+    LLTM_NAME(backward_row_)(state_size, grad_h + offset, grad_cell + offset,
+                             new_cell + offset, gates + 3 * offset,
+                             d_old_cell + offset, d_gates + 3 * offset);
+  }
+  return LLTM_SUCCESS;
+}
+
+#undef LLTM_NAME
+#undef LLTM_CONCAT
+#undef LLTM_CONCAT_
