@@ -1,0 +1,152 @@
+"""Trains a small LLTM sequence model on a synthetic task on the best device
+available, after checking lltm_ffi against the reference there.
+
+    python -m lltm_ffi.demo [--steps 300] [--device cuda|cpu] [--plot loss.png]
+
+The task: read a sequence of random vectors and report, at the end, a squashed
+running sum of their first feature. The LLTM has no forget gate, so its cell
+state can carry the sum; the loss should fall by well over an order of magnitude.
+"""
+
+import argparse
+import sys
+import time
+
+import torch
+
+import lltm_ffi
+from lltm_ffi import selfcheck
+
+
+class SequenceRegressor(torch.nn.Module):
+    def __init__(self, input_features, state_size):
+        super().__init__()
+        self.cell = lltm_ffi.LLTM(input_features, state_size)
+        self.readout = torch.nn.Linear(state_size, 1)
+
+    def forward(self, sequence):
+        steps, batch_size, _ = sequence.shape
+        h = sequence.new_zeros(batch_size, self.cell.state_size)
+        cell = sequence.new_zeros(batch_size, self.cell.state_size)
+        for step in range(steps):
+            h, cell = self.cell(sequence[step], (h, cell))
+        return self.readout(h).squeeze(1)
+
+
+def make_batch(steps, batch_size, input_features, device, generator):
+    sequence = torch.randn(steps, batch_size, input_features, generator=generator).to(device)
+    target = torch.tanh(sequence[:, :, 0].sum(dim=0) / steps ** 0.5)
+    return sequence, target
+
+
+def best_device():
+    if torch.cuda.is_available() and lltm_ffi.CUDA_COMPILED:
+        return "cuda"
+    return "cpu"
+
+
+class Progress:
+    """tqdm when it is installed, a plain updating line otherwise."""
+
+    def __init__(self, total):
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            tqdm = None
+        if not sys.stderr.isatty():  # a log file gets a line every tenth of the run
+            tqdm = None
+        self.bar = tqdm(total=total, unit="step") if tqdm else None
+        self.total = total
+        self.done = 0
+
+    def update(self, loss):
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.4f}")
+        elif sys.stderr.isatty():
+            print(f"\r  step {self.done}/{self.total}  loss {loss:.4f}", end="", file=sys.stderr,
+                  flush=True)
+        elif self.done % max(1, self.total // 10) == 0 or self.done == self.total:
+            print(f"  step {self.done}/{self.total}  loss {loss:.4f}", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        elif sys.stderr.isatty():
+            print(file=sys.stderr)
+
+
+def save_plot(losses, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed; no loss curve written to {path}")
+        return
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.plot(losses)
+    axes.set_yscale("log")
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss (MSE)")
+    axes.set_title("LLTM sequence model (lltm_ffi)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    print(f"loss curve written to {path}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                        help="default: cuda when a GPU is present and CUDA is compiled in")
+    parser.add_argument("--plot", default="lltm_demo_loss.png",
+                        help="where to save the loss curve when matplotlib is installed")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    device = args.device or best_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no GPU")
+
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    print(f"lltm_ffi {lltm_ffi.__version__} on {device} ({name}), torch {torch.__version__}")
+    errors = selfcheck.compare_with_reference(16, 32, 128, torch.float32, device)
+    worst_name, worst_error = selfcheck.worst(errors)
+    agrees = worst_error <= selfcheck.TOLERANCES[torch.float32]
+    print(f"agreement with the PyTorch reference (16x32x128, float32, outputs and 5 gradients): "
+          f"worst relative error {worst_error:.2e} ({worst_name}) -> {'ok' if agrees else 'FAILED'}")
+    if not agrees:
+        return 1
+
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+    steps, batch_size, input_features, state_size = 20, 64, 8, 64
+    model = SequenceRegressor(input_features, state_size).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    progress = Progress(args.steps)
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        sequence, target = make_batch(steps, batch_size, input_features, device, generator)
+        loss = torch.nn.functional.mse_loss(model(sequence), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        progress.update(losses[-1])
+    progress.close()
+    elapsed = time.perf_counter() - start
+
+    first = sum(losses[:10]) / len(losses[:10])
+    last = sum(losses[-10:]) / len(losses[-10:])
+    print(f"trained {args.steps} steps of a {steps}-step sequence, batch {batch_size}: "
+          f"loss {first:.4f} -> {last:.4f} ({first / last:.1f}x lower), "
+          f"{elapsed / args.steps * 1e3:.2f} ms per step")
+    save_plot(losses, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Agreement of lltm_ffi with the pure-PyTorch reference on fresh random
+inputs: outputs and all five gradients, as relative errors against the
+reference computed in float64. Used by test.py, the test suite, the demo and
+the benchmark's agreement check."""
+
+import torch
+
+from . import reference
+from .function import lltm
+
+OUTPUT_NAMES = ("new_h", "new_cell")
+GRADIENT_NAMES = ("d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell")
+
+# Largest relative error (in norm) accepted for each element type: float32
+# carries ~6e-8 per operation and the matrix products sum over thousands of terms.
+TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+def random_inputs(batch_size, input_features, state_size, dtype, device, generator=None):
+    """(input, weights, bias, old_h, old_cell) drawn like real use: unit
+    normal activations and states, weights and bias as LLTM initialises them."""
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator, dtype=dtype).to(device)
+
+    bound = 1.0 / max(state_size, 1) ** 0.5
+    weights = (torch.rand(3 * state_size, state_size + input_features, generator=generator,
+                          dtype=dtype) * 2 - 1) * bound
+    bias = (torch.rand(3 * state_size, generator=generator, dtype=dtype) * 2 - 1) * bound
+    return (normal(batch_size, input_features), weights.to(device), bias.to(device),
+            normal(batch_size, state_size), normal(batch_size, state_size))
+
+
+def relative_error(value, expected):
+    """||value - expected|| / ||expected||, in float64; 0 for two empty tensors."""
+    expected = expected.double()
+    difference = (value.double() - expected).norm().item()
+    scale = expected.norm().item()
+    if difference == 0.0:
+        return 0.0
+    return difference / scale if scale > 0 else float("inf")
+
+
+def _outputs_and_gradients(function, inputs, grad_h, grad_cell):
+    leaves = [tensor.detach().clone().requires_grad_(True) for tensor in inputs]
+    new_h, new_cell = function(*leaves)
+    torch.autograd.backward((new_h, new_cell), (grad_h, grad_cell))
+    # Gradients in the tutorial's order: input, weights, bias, old_h, old_cell.
+    return (new_h.detach(), new_cell.detach()), tuple(leaf.grad for leaf in leaves)
+
+
+def compare_with_reference(batch_size, input_features, state_size, dtype, device,
+                           seed=None, function=lltm):
+    """Runs `function` and the reference on the same random inputs and output
+    gradients; returns {name: relative error} for both outputs and all five
+    gradients, plus the seed used (so a failure can be replayed)."""
+    generator = torch.Generator()
+    seed = generator.seed() if seed is None else generator.manual_seed(seed).initial_seed()
+    inputs = random_inputs(batch_size, input_features, state_size, dtype, device, generator)
+    grad_h = torch.randn(batch_size, state_size, generator=generator, dtype=dtype).to(device)
+    grad_cell = torch.randn(batch_size, state_size, generator=generator, dtype=dtype).to(device)
+
+    outputs, gradients = _outputs_and_gradients(function, inputs, grad_h, grad_cell)
+    inputs64 = [tensor.double() for tensor in inputs]
+    expected_outputs, expected_gradients = _outputs_and_gradients(
+        reference.lltm, inputs64, grad_h.double(), grad_cell.double())
+
+    errors = {"seed": seed}
+    for names, values, expected in ((OUTPUT_NAMES, outputs, expected_outputs),
+                                    (GRADIENT_NAMES, gradients, expected_gradients)):
+        for name, value, reference_value in zip(names, values, expected):
+            if value.shape != reference_value.shape:
+                raise AssertionError(f"{name} has shape {tuple(value.shape)}, "
+                                     f"reference {tuple(reference_value.shape)}")
+            errors[name] = relative_error(value, reference_value)
+    return errors
+
+
+def worst(errors):
+    """The largest error in a compare_with_reference result and its name."""
+    name = max((key for key in errors if key != "seed"), key=lambda key: errors[key])
+    return name, errors[name]

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in one call: build, test, benchmark.
+#
+#   scripts/gpu_session.sh [STEP...]     steps: build test pytest bench kernels demo (default: all)
+#
+# Each step's full log goes to $OUT/STEP.log (OUT defaults to ./gpu_out); a
+# table of steps, results and times is printed last. Wheels in .whl/ (cffi and
+# pycparser for a machine without them or a network) are installed first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build test pytest bench kernels demo)
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, cffi; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cffi", cffi.__version__, "GPUs", torch.cuda.device_count())'
+  nvcc --version | tail -1
+} > "$OUT/environment.log" 2>&1
+cat "$OUT/environment.log"
+
+command_for() {
+  case "$1" in
+    build)   echo "make clean && make" ;;
+    test)    echo "python3 test.py" ;;
+    pytest)  echo "python3 -m pytest -q -rs tests" ;;
+    bench)   echo "python3 benchmark.py --compare -c --output $OUT/compare_cuda.md" ;;
+    kernels) echo "python3 benchmark.py --kernels -c" ;;
+    demo)    echo "python3 -m lltm_ffi.demo --plot $OUT/demo_loss.png" ;;
+    *)       echo "" ;;
+  esac
+}
+
+table=()
+for step in "${steps[@]}"; do
+  command=$(command_for "$step")
+  if [ -z "$command" ]; then echo "unknown step: $step" >&2; exit 2; fi
+  echo "=== $step: $command"
+  start=$(date +%s.%N)
+  bash -c "$command" > "$OUT/$step.log" 2>&1
+  status=$?
+  seconds=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
+  tail -n 25 "$OUT/$step.log"
+  table+=("$(printf '%-8s %-5s %7ss  %s' "$step" "$([ $status -eq 0 ] && echo ok || echo FAIL)" "$seconds" "$(grep -v '^\s*$' "$OUT/$step.log" | tail -n 1 | cut -c1-90)")")
+done
+
+echo
+echo "step     result    time  last line"
+printf '%s\n' "${table[@]}"
