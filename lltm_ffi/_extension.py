@@ -56,7 +56,7 @@ ffi, lib, MODULE_PATH = _load()
 CUDA_COMPILED = bool(lib.lltm_cuda_compiled())
 
 _cast = ffi.cast
-_POINTER_TYPES = {torch.float32: "float *", torch.float64: "double *"}
+POINTER_TYPES = {torch.float32: "float *", torch.float64: "double *"}
 _CPU_FORWARD = {torch.float32: lib.lltm_forward_cpu_float, torch.float64: lib.lltm_forward_cpu_double}
 _CPU_BACKWARD = {torch.float32: lib.lltm_backward_cpu_float, torch.float64: lib.lltm_backward_cpu_double}
 _CUDA_FORWARD = {torch.float32: lib.lltm_forward_cuda_float, torch.float64: lib.lltm_forward_cuda_double}
@@ -80,7 +80,7 @@ def _call(cpu_functions, cuda_functions, name, reference, sizes, tensors):
     """Calls the pass for `reference`'s dtype and device with `sizes` and the
     addresses of `tensors`. The tensors stay referenced until the call returns,
     so the casts (which own nothing) stay valid."""
-    pointer_type = _POINTER_TYPES[reference.dtype]
+    pointer_type = POINTER_TYPES[reference.dtype]
     pointers = [_cast(pointer_type, tensor.data_ptr()) for tensor in tensors]
     device = reference.device
     if device.type == "cuda":

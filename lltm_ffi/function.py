@@ -7,7 +7,7 @@ only the two fused pointwise passes go through the C shim.
 
 import torch
 
-from . import _extension
+from . import _extension, ops
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 _SUPPORTED_DTYPES = (torch.float32, torch.float64)
@@ -19,7 +19,39 @@ def _shape(tensor):
 
 def check_arguments(input, weights, bias, old_h, old_cell):
     """Raises TypeError or ValueError, naming the argument, for anything the C
-    passes cannot take; returns nothing when all five are usable together."""
+    passes cannot take; returns nothing when all five are usable together.
+    The common, valid case costs one expression; the diagnosis runs only
+    when it fails."""
+    try:
+        dtype, device = input.dtype, input.device
+        valid = (dtype in _SUPPORTED_DTYPES
+                 and weights.dtype is dtype and bias.dtype is dtype
+                 and old_h.dtype is dtype and old_cell.dtype is dtype
+                 and weights.device == device and bias.device == device
+                 and old_h.device == device and old_cell.device == device
+                 and input.dim() == 2 and weights.dim() == 2 and old_h.dim() == 2
+                 and old_cell.shape == old_h.shape and old_h.shape[0] == input.shape[0]
+                 and weights.shape == (3 * old_h.shape[1], old_h.shape[1] + input.shape[1])
+                 and bias.shape[-1] == weights.shape[0]
+                 and (bias.dim() == 1 or bias.shape == (1, weights.shape[0])))
+    except (AttributeError, TypeError, IndexError, RuntimeError):
+        valid = False
+    if not valid:
+        _diagnose(input, weights, bias, old_h, old_cell)
+    if device.type != "cpu":
+        _check_device(device)
+
+
+def _check_device(device):
+    if device.type == "cuda":
+        if not _extension.CUDA_COMPILED:
+            code = _extension.lib.LLTM_ERROR_NO_CUDA
+            raise _extension.LLTMError("lltm", code, _extension.error_message(code))
+    else:
+        raise ValueError(f"lltm: the arguments are on {device}; lltm_ffi runs on cpu and cuda")
+
+
+def _diagnose(input, weights, bias, old_h, old_cell):
     tensors = (input, weights, bias, old_h, old_cell)
     for name, tensor in zip(_ARGUMENT_NAMES, tensors):
         if not isinstance(tensor, torch.Tensor):
@@ -35,12 +67,6 @@ def check_arguments(input, weights, bias, old_h, old_cell):
         if tensor.device != device:
             raise ValueError(f"lltm: {name} is on {tensor.device} but input is on {device}; "
                              "all arguments must be on the same device")
-    if device.type == "cuda":
-        if not _extension.CUDA_COMPILED:
-            raise _extension.LLTMError("lltm", _extension.lib.LLTM_ERROR_NO_CUDA,
-                                       _extension.error_message(_extension.lib.LLTM_ERROR_NO_CUDA))
-    elif device.type != "cpu":
-        raise ValueError(f"lltm: the arguments are on {device}; lltm_ffi runs on cpu and cuda")
 
     for name, tensor in zip(_ARGUMENT_NAMES, tensors):
         if tensor.dim() != 2 and not (name == "bias" and tensor.dim() == 1):
@@ -63,6 +89,7 @@ def check_arguments(input, weights, bias, old_h, old_cell):
     if bias.shape != (gates_size,) and bias.shape != (1, gates_size):
         raise ValueError(f"lltm: bias has shape {_shape(bias)} but must be ({gates_size},) or "
                          f"(1, {gates_size}) for weights of shape {_shape(weights)}")
+    raise AssertionError("check_arguments rejected arguments that _diagnose accepts")
 
 
 class LLTMFunction(torch.autograd.Function):
@@ -97,12 +124,43 @@ class LLTMFunction(torch.autograd.Function):
         return d_input, d_weights, d_bias, d_old_h, d_old_cell if needs_old_cell else None
 
 
+def _traceable_lltm(input, weights, bias, old_h, old_cell):
+    """The cell through the registered operators, for torch.compile and autocast."""
+    X = torch.cat((old_h, input), dim=1)
+    gates = torch.addmm(bias, X, weights.t())
+    return ops.forward_pass(gates.to(old_cell.dtype), old_cell)
+
+
+def _autocast_lltm(input, weights, bias, old_h, old_cell, device_type):
+    """Under autocast the matrix products run in the autocast dtype, as nn.Linear
+    would, and the pointwise passes in float32 on the upcast gates; new_h and
+    new_cell come out float32."""
+    for name, tensor in zip(_ARGUMENT_NAMES, (input, weights, bias, old_h, old_cell)):
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            raise TypeError(f"lltm: {name} has dtype {getattr(tensor, 'dtype', type(tensor))}; "
+                            "lltm_ffi under autocast takes floating-point tensors")
+    input, weights, bias, old_h, old_cell = (
+        tensor.float() for tensor in (input, weights, bias, old_h, old_cell))
+    check_arguments(input, weights, bias, old_h, old_cell)
+    matmul_dtype = torch.get_autocast_dtype(device_type)
+    with torch.autocast(device_type, enabled=False):
+        return _traceable_lltm(input.to(matmul_dtype), weights.to(matmul_dtype),
+                               bias.to(matmul_dtype), old_h.to(matmul_dtype), old_cell)
+
+
 def lltm(input, weights, bias, old_h, old_cell):
     """One step of the LLTM cell; returns (new_h, new_cell), differentiable.
 
     input (batch, input_features); weights (3 * state_size, state_size +
     input_features), its columns ordered [old_h, input]; bias (3 * state_size)
     or (1, 3 * state_size); old_h and old_cell (batch, state_size). float32 or
-    float64, all on one CPU or CUDA device.
+    float64, all on one CPU or CUDA device. Under torch.autocast the matrix
+    products run in the autocast dtype and the rest in float32 (float32 out).
     """
+    device_type = input.device.type if isinstance(input, torch.Tensor) else "cpu"
+    if torch.is_autocast_enabled(device_type):
+        return _autocast_lltm(input, weights, bias, old_h, old_cell, device_type)
+    if torch.compiler.is_compiling():
+        check_arguments(input, weights, bias, old_h, old_cell)
+        return _traceable_lltm(input, weights, bias, old_h, old_cell)
     return LLTMFunction.apply(input, weights, bias, old_h, old_cell)
