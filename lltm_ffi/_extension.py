@@ -29,12 +29,15 @@ class LLTMBuildError(ImportError):
 
 
 def _load():
+    package = Path(__file__).resolve().parent
+    if not any(package.glob("_lltm_ffi*.so")):
+        raise LLTMBuildError(f"lltm_ffi's compiled module is not built (no _lltm_ffi*.so in "
+                             f"{package}); build it with `make` in {ROOT}")
     try:
         from . import _lltm_ffi
     except ImportError as error:
-        raise LLTMBuildError(
-            f"lltm_ffi's compiled module is missing or does not load ({error}); "
-            f"build it with `make` in {ROOT}") from error
+        raise LLTMBuildError(f"lltm_ffi's compiled module does not load ({error}); "
+                             f"rebuild it with `make clean && make` in {ROOT}") from error
     ffi, lib = _lltm_ffi.ffi, _lltm_ffi.lib
     built_version = ffi.string(lib.lltm_package_version()).decode()
     if built_version != _build_info.VERSION:

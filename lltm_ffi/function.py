@@ -6,11 +6,15 @@ only the two fused pointwise passes go through the C shim.
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _extension, ops
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 _SUPPORTED_DTYPES = (torch.float32, torch.float64)
+# Autocast's own device types that lltm_ffi runs on; asking autocast about
+# others (meta, say) raises.
+_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
 
 
 def _shape(tensor):
@@ -107,6 +111,7 @@ class LLTMFunction(torch.autograd.Function):
         return new_h, new_cell
 
     @staticmethod
+    @once_differentiable  # the C pass has no derivative of its own
     def backward(ctx, grad_h, grad_cell):
         X, weights, gates, new_cell = ctx.saved_tensors
         d_old_cell, d_gates = _extension.backward(
@@ -158,7 +163,7 @@ def lltm(input, weights, bias, old_h, old_cell):
     products run in the autocast dtype and the rest in float32 (float32 out).
     """
     device_type = input.device.type if isinstance(input, torch.Tensor) else "cpu"
-    if torch.is_autocast_enabled(device_type):
+    if device_type in _AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
         return _autocast_lltm(input, weights, bias, old_h, old_cell, device_type)
     if torch.compiler.is_compiling():
         check_arguments(input, weights, bias, old_h, old_cell)
