@@ -25,20 +25,20 @@ HEADERS := $(wildcard include/*.h) $(wildcard src/*.h)
 C_SOURCES := $(wildcard src/*.c)
 
 ifeq ($(CUDA),1)
-KERNEL_OBJECT := $(BUILD)/lltm_kernel.o
+KERNEL_OBJECTS := $(patsubst src/%.cu,$(BUILD)/%.o,$(wildcard src/*.cu))
 endif
 
 .PHONY: all test deps demo clean
 
 all: $(BUILD)/module.stamp
 
-$(BUILD)/lltm_kernel.o: src/lltm_kernel.cu $(HEADERS) Makefile
+$(BUILD)/%.o: src/%.cu $(HEADERS) Makefile
 	@mkdir -p $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -Iinclude -c $< -o $@
 
 # CUDA=0 and CUDA=1 builds write the same module, so the stamp records which one it is.
-$(BUILD)/module.stamp: build_ffi.py lltm_ffi/_build_info.py $(C_SOURCES) $(HEADERS) $(KERNEL_OBJECT) Makefile $(BUILD)/cuda-$(CUDA)
-	LLTM_KERNEL_OBJECT="$(KERNEL_OBJECT)" CUDA_HOME="$(CUDA_HOME)" $(PYTHON) build_ffi.py -q
+$(BUILD)/module.stamp: build_ffi.py lltm_ffi/_build_info.py $(C_SOURCES) $(HEADERS) $(KERNEL_OBJECTS) Makefile $(BUILD)/cuda-$(CUDA)
+	LLTM_KERNEL_OBJECTS="$(KERNEL_OBJECTS)" CUDA_HOME="$(CUDA_HOME)" $(PYTHON) build_ffi.py -q
 	@touch $@
 
 $(BUILD)/cuda-$(CUDA):

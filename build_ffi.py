@@ -1,7 +1,7 @@
 """Builds lltm_ffi/_lltm_ffi*.so with cffi in out-of-line API mode.
 
-Run by `make`, which first compiles src/lltm_kernel.cu with nvcc and names the
-object in LLTM_KERNEL_OBJECT; without it the module is CPU-only. The module
+Run by `make`, which first compiles src/*.cu with nvcc and names the objects
+in LLTM_KERNEL_OBJECTS (space-separated); without them the module is CPU-only. The module
 holds the C shim and the CPU passes and links the CUDA runtime statically, so
 it needs no torch header and no libtorch.
 """
@@ -26,7 +26,7 @@ def _load_build_info():
 
 
 build_info = _load_build_info()
-kernel_object = os.environ.get("LLTM_KERNEL_OBJECT", "")
+kernel_objects = os.environ.get("LLTM_KERNEL_OBJECTS", "").split()
 cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
 
 define_macros = [
@@ -37,10 +37,10 @@ include_dirs = [str(ROOT / "include")]
 extra_objects = []
 library_dirs = []
 libraries = []
-if kernel_object:
+if kernel_objects:
     define_macros.append(("LLTM_WITH_CUDA", "1"))
     include_dirs.append(os.path.join(cuda_home, "include"))
-    extra_objects.append(str(Path(kernel_object).resolve()))
+    extra_objects += [str(Path(kernel_object).resolve()) for kernel_object in kernel_objects]
     library_dirs.append(os.path.join(cuda_home, "lib64"))
     # The static runtime keeps the module independent of whichever
     # libcudart torch happens to ship.
@@ -65,4 +65,4 @@ if __name__ == "__main__":
     built = Path(ffibuilder.compile(tmpdir=str(ROOT / "build"), verbose="-q" not in sys.argv))
     installed = ROOT / "lltm_ffi" / built.name
     shutil.copyfile(built, installed)
-    print("built %s (CUDA: %s)" % (installed.relative_to(ROOT), "yes" if kernel_object else "no"))
+    print("built %s (CUDA: %s)" % (installed.relative_to(ROOT), "yes" if kernel_objects else "no"))
