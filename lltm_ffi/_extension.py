@@ -34,6 +34,10 @@ def _load():
         raise LLTMBuildError(f"lltm_ffi's compiled module is not built (no _lltm_ffi*.so in "
                              f"{package}); build it with `make` in {ROOT}")
     try:
+        import _cffi_backend  # noqa: F401  (what every cffi module needs at load)
+    except ImportError as error:
+        raise LLTMBuildError("lltm_ffi needs cffi: pip install cffi") from error
+    try:
         from . import _lltm_ffi
     except ImportError as error:
         raise LLTMBuildError(f"lltm_ffi's compiled module does not load ({error}); "
