@@ -2,6 +2,9 @@
  * this file to cdef() unchanged, so it holds declarations only (no #include,
  * no #ifdef). Pointers are raw device or host addresses; sizes come first,
  * then inputs, then outputs, then (CUDA only) the device and the stream.
+ * Every tensor is dense row-major, except grad_h and grad_cell in the backward
+ * passes, which come with their row and column strides (in elements): the
+ * gradients autograd hands over are often broadcast views (stride 0).
  * Every function returns 0 on success or an error code for lltm_error_string. */
 
 enum {
@@ -29,10 +32,14 @@ int lltm_forward_cpu_double(int64_t batch_size, int64_t state_size,
                             const double* gates, const double* old_cell,
                             double* new_h, double* new_cell);
 int lltm_backward_cpu_float(int64_t batch_size, int64_t state_size,
+                            int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                            int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                             const float* grad_h, const float* grad_cell,
                             const float* new_cell, const float* gates,
                             float* d_old_cell, float* d_gates);
 int lltm_backward_cpu_double(int64_t batch_size, int64_t state_size,
+                             int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                             int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                              const double* grad_h, const double* grad_cell,
                              const double* new_cell, const double* gates,
                              double* d_old_cell, double* d_gates);
@@ -48,11 +55,15 @@ int lltm_forward_cuda_double(int64_t batch_size, int64_t state_size,
                              double* new_h, double* new_cell,
                              int device, void* stream);
 int lltm_backward_cuda_float(int64_t batch_size, int64_t state_size,
+                             int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                             int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                              const float* grad_h, const float* grad_cell,
                              const float* new_cell, const float* gates,
                              float* d_old_cell, float* d_gates,
                              int device, void* stream);
 int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
+                              int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                              int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                               const double* grad_h, const double* grad_cell,
                               const double* new_cell, const double* gates,
                               double* d_old_cell, double* d_gates,

@@ -21,11 +21,15 @@ cudaError_t lltm_launch_forward_double(int64_t batch_size, int64_t state_size,
                                        cudaStream_t stream);
 
 cudaError_t lltm_launch_backward_float(int64_t batch_size, int64_t state_size,
+                                       int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                                       int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                                        const float* grad_h, const float* grad_cell,
                                        const float* new_cell, const float* gates,
                                        float* d_old_cell, float* d_gates,
                                        cudaStream_t stream);
 cudaError_t lltm_launch_backward_double(int64_t batch_size, int64_t state_size,
+                                        int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                                        int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                                         const double* grad_h, const double* grad_cell,
                                         const double* new_cell, const double* gates,
                                         double* d_old_cell, double* d_gates,

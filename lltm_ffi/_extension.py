@@ -83,19 +83,20 @@ def _check(function, code):
         raise LLTMError(function, code, error_message(code))
 
 
-def _call(cpu_functions, cuda_functions, name, reference, sizes, tensors):
-    """Calls the pass for `reference`'s dtype and device with `sizes` and the
-    addresses of `tensors`. The tensors stay referenced until the call returns,
-    so the casts (which own nothing) stay valid."""
+def _call(cpu_functions, cuda_functions, name, reference, arguments, tensors):
+    """Calls the pass for `reference`'s dtype and device with the integer
+    `arguments` (sizes, strides) and the addresses of `tensors`. The tensors
+    stay referenced until the call returns, so the casts (which own nothing)
+    stay valid."""
     pointer_type = POINTER_TYPES[reference.dtype]
     pointers = [_cast(pointer_type, tensor.data_ptr()) for tensor in tensors]
     device = reference.device
     if device.type == "cuda":
         index = device.index
         stream = _cast("void *", _current_raw_stream(index))
-        code = cuda_functions[reference.dtype](*sizes, *pointers, index, stream)
+        code = cuda_functions[reference.dtype](*arguments, *pointers, index, stream)
     else:
-        code = cpu_functions[reference.dtype](*sizes, *pointers)
+        code = cpu_functions[reference.dtype](*arguments, *pointers)
     _check(name, code)
 
 
@@ -112,10 +113,12 @@ def forward(gates, old_cell):
 
 def backward(grad_h, grad_cell, new_cell, gates):
     """d_old_cell (batch, state) and d_gates (batch, 3 * state) from the output
-    gradients and what forward saved; all contiguous."""
+    gradients (any strides, broadcast views included) and what forward saved
+    (contiguous)."""
     d_old_cell = torch.empty_like(new_cell)
     d_gates = torch.empty_like(gates)
     if new_cell.numel():
-        _call(_CPU_BACKWARD, _CUDA_BACKWARD, "lltm_backward", new_cell, new_cell.shape,
+        _call(_CPU_BACKWARD, _CUDA_BACKWARD, "lltm_backward", new_cell,
+              (*new_cell.shape, *grad_h.stride(), *grad_cell.stride()),
               (grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates))
     return d_old_cell, d_gates

@@ -114,8 +114,7 @@ class LLTMFunction(torch.autograd.Function):
     @once_differentiable  # the C pass has no derivative of its own
     def backward(ctx, grad_h, grad_cell):
         X, weights, gates, new_cell = ctx.saved_tensors
-        d_old_cell, d_gates = _extension.backward(
-            grad_h.contiguous(), grad_cell.contiguous(), new_cell, gates)
+        d_old_cell, d_gates = _extension.backward(grad_h, grad_cell, new_cell, gates)
         needs_input, needs_weights, needs_bias, needs_old_h, needs_old_cell = ctx.needs_input_grad
         d_input = d_weights = d_bias = d_old_h = None
         if needs_input or needs_old_h:

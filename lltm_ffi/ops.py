@@ -55,8 +55,7 @@ def backward_pass(grad_h: Tensor, grad_cell: Tensor, new_cell: Tensor,
     _check_pass("backward_pass", new_cell,
                 {"new_cell": new_cell, "grad_h": grad_h, "grad_cell": grad_cell, "gates": gates},
                 [state_shape, state_shape, state_shape, (batch_size, 3 * state_size)])
-    return _extension.backward(grad_h.contiguous(), grad_cell.contiguous(),
-                               new_cell.contiguous(), gates.contiguous())
+    return _extension.backward(grad_h, grad_cell, new_cell.contiguous(), gates.contiguous())
 
 
 @backward_pass.register_fake

@@ -47,42 +47,66 @@ int LLTM_NAME(lltm_forward_cpu_)(int64_t batch_size, int64_t state_size,
   return LLTM_SUCCESS;
 }
 
+/* One element of the backward pass; grad_h and grad_cell are this element's
+ * output gradients. */
+static inline void LLTM_NAME(backward_element_)(
+    SCALAR grad_h, SCALAR grad_cell, SCALAR new_cell, SCALAR input_pre, SCALAR output_pre,
+    SCALAR candidate_pre, SCALAR* d_old_cell, SCALAR* d_input_gate, SCALAR* d_output_gate,
+    SCALAR* d_candidate_cell) {
+  const SCALAR input_gate = LLTM_NAME(sigmoid_)(input_pre);
+  const SCALAR output_gate = LLTM_NAME(sigmoid_)(output_pre);
+  const SCALAR candidate_cell = LLTM_NAME(elu_)(candidate_pre);
+  const SCALAR tanh_new_cell = LLTM_NAME(tanh_)(new_cell);
+  const SCALAR d_new_cell =
+      ((SCALAR)1 - tanh_new_cell * tanh_new_cell) * output_gate * grad_h + grad_cell;
+  *d_old_cell = d_new_cell;
+  *d_input_gate = candidate_cell * d_new_cell * input_gate * ((SCALAR)1 - input_gate);
+  *d_output_gate = tanh_new_cell * grad_h * output_gate * ((SCALAR)1 - output_gate);
+  *d_candidate_cell = input_gate * d_new_cell * LLTM_NAME(d_elu_)(candidate_pre);
+}
+
+/* grad_h and grad_cell step by their column strides; the loop is versioned
+ * for the dense case (stride 1), which vectorises without gathers. */
 LLTM_VECTOR_CLONES
 static void LLTM_NAME(backward_row_)(int64_t state_size, const SCALAR* grad_h,
-                                     const SCALAR* grad_cell, const SCALAR* new_cell,
+                                     int64_t grad_h_column_stride, const SCALAR* grad_cell,
+                                     int64_t grad_cell_column_stride, const SCALAR* new_cell,
                                      const SCALAR* gate_row, SCALAR* d_old_cell,
                                      SCALAR* d_gate_row) {
+  if (grad_h_column_stride == 1 && grad_cell_column_stride == 1) {
 #pragma omp simd
-  for (int64_t column = 0; column < state_size; ++column) {
-    const SCALAR candidate_pre = gate_row[2 * state_size + column];
-    const SCALAR input_gate = LLTM_NAME(sigmoid_)(gate_row[column]);
-    const SCALAR output_gate = LLTM_NAME(sigmoid_)(gate_row[state_size + column]);
-    const SCALAR candidate_cell = LLTM_NAME(elu_)(candidate_pre);
-
-    const SCALAR tanh_new_cell = LLTM_NAME(tanh_)(new_cell[column]);
-    const SCALAR d_output_gate = tanh_new_cell * grad_h[column];
-    const SCALAR d_new_cell =
-        ((SCALAR)1 - tanh_new_cell * tanh_new_cell) * output_gate * grad_h[column] +
-        grad_cell[column];
-
-    d_old_cell[column] = d_new_cell;
-    d_gate_row[column] = candidate_cell * d_new_cell * input_gate * ((SCALAR)1 - input_gate);
-    d_gate_row[state_size + column] = d_output_gate * output_gate * ((SCALAR)1 - output_gate);
-    d_gate_row[2 * state_size + column] =
-        input_gate * d_new_cell * LLTM_NAME(d_elu_)(candidate_pre);
+    for (int64_t column = 0; column < state_size; ++column) {
+      LLTM_NAME(backward_element_)(
+          grad_h[column], grad_cell[column], new_cell[column], gate_row[column],
+          gate_row[state_size + column], gate_row[2 * state_size + column], &d_old_cell[column],
+          &d_gate_row[column], &d_gate_row[state_size + column],
+          &d_gate_row[2 * state_size + column]);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t column = 0; column < state_size; ++column) {
+      LLTM_NAME(backward_element_)(
+          grad_h[column * grad_h_column_stride], grad_cell[column * grad_cell_column_stride],
+          new_cell[column], gate_row[column], gate_row[state_size + column],
+          gate_row[2 * state_size + column], &d_old_cell[column], &d_gate_row[column],
+          &d_gate_row[state_size + column], &d_gate_row[2 * state_size + column]);
+    }
   }
 }
 
 int LLTM_NAME(lltm_backward_cpu_)(int64_t batch_size, int64_t state_size,
+                                  int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                                  int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                                   const SCALAR* grad_h, const SCALAR* grad_cell,
                                   const SCALAR* new_cell, const SCALAR* gates,
                                   SCALAR* d_old_cell, SCALAR* d_gates) {
 #pragma omp parallel for schedule(static) if (batch_size * state_size >= LLTM_CPU_PARALLEL_MIN)
   for (int64_t row = 0; row < batch_size; ++row) {
     const int64_t offset = row * state_size;
-    LLTM_NAME(backward_row_)(state_size, grad_h + offset, grad_cell + offset,
-                             new_cell + offset, gates + 3 * offset,
-                             d_old_cell + offset, d_gates + 3 * offset);
+    LLTM_NAME(backward_row_)(state_size, grad_h + row * grad_h_row_stride, grad_h_column_stride,
+                             grad_cell + row * grad_cell_row_stride, grad_cell_column_stride,
+                             new_cell + offset, gates + 3 * offset, d_old_cell + offset,
+                             d_gates + 3 * offset);
   }
   return LLTM_SUCCESS;
 }

@@ -139,8 +139,12 @@ extern "C" cudaError_t lltm_launch_forward_double(int64_t batch_size, int64_t st
   return launch_forward(batch_size, state_size, gates, old_cell, new_h, new_cell, stream);
 }
 
+// grad_h and grad_cell are read through (row, column) strides, in units of P:
+// autograd often hands over broadcast views (stride 0) that need no copy.
 template <typename Dtype, int kWidth, typename Index>
 __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_row,
+                                     const Index grad_h_row, const Index grad_h_column,
+                                     const Index grad_cell_row, const Index grad_cell_column,
                                      const Dtype* __restrict__ grad_h,
                                      const Dtype* __restrict__ grad_cell,
                                      const Dtype* __restrict__ new_cell,
@@ -158,8 +162,9 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
     const P output_pre = gate_packs[gate_index + packs_per_row];
     const P candidate_pre = gate_packs[gate_index + 2 * packs_per_row];
     const P cell = reinterpret_cast<const P*>(new_cell)[index];
-    const P d_h = reinterpret_cast<const P*>(grad_h)[index];
-    const P d_cell = reinterpret_cast<const P*>(grad_cell)[index];
+    const P d_h = reinterpret_cast<const P*>(grad_h)[row * grad_h_row + column * grad_h_column];
+    const P d_cell =
+        reinterpret_cast<const P*>(grad_cell)[row * grad_cell_row + column * grad_cell_column];
     P d_old, d_input_gate, d_output_gate, d_candidate_cell;
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
@@ -186,6 +191,8 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
 
 template <typename Dtype>
 static cudaError_t launch_backward(int64_t batch_size, int64_t state_size,
+                                   int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                                   int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                                    const Dtype* grad_h, const Dtype* grad_cell,
                                    const Dtype* new_cell, const Dtype* gates,
                                    Dtype* d_old_cell, Dtype* d_gates,
@@ -194,43 +201,61 @@ static cudaError_t launch_backward(int64_t batch_size, int64_t state_size,
   if (count == 0) return cudaSuccess;
   const int kWide = Wide<Dtype>::kWidth;
   const void* pointers[] = {grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates};
-  const bool wide = packs_fit<Dtype>(state_size, pointers, 6);
-  const bool small = fits_int32(3 * count);
+  // Packs need whole packs along each gradient's rows: unit column strides.
+  const bool wide = packs_fit<Dtype>(state_size, pointers, 6) &&
+                    grad_h_column_stride == 1 && grad_h_row_stride % kWide == 0 &&
+                    grad_cell_column_stride == 1 && grad_cell_row_stride % kWide == 0;
+  const int64_t last_row = batch_size - 1, last_column = state_size - 1;
+  const bool small = fits_int32(3 * count) &&
+                     fits_int32(last_row * grad_h_row_stride + last_column * grad_h_column_stride) &&
+                     fits_int32(last_row * grad_cell_row_stride + last_column * grad_cell_column_stride);
   const int64_t width = wide ? kWide : 1;
   const int64_t packs = count / width;
   const int64_t packs_per_row = state_size / width;
+  const int64_t h_row = grad_h_row_stride / width, h_column = wide ? 1 : grad_h_column_stride;
+  const int64_t c_row = grad_cell_row_stride / width, c_column = wide ? 1 : grad_cell_column_stride;
   const int blocks = CAFFE_GET_BLOCKS(packs);
   if (wide && small) {
     lltm_backward_kernel<Dtype, kWide, int32_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, (int32_t)packs_per_row, grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
+        packs, (int32_t)packs_per_row, (int32_t)h_row, (int32_t)h_column, (int32_t)c_row,
+        (int32_t)c_column, grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
   } else if (wide) {
     lltm_backward_kernel<Dtype, kWide, int64_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, packs_per_row, grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
+        packs, packs_per_row, h_row, h_column, c_row, c_column,
+        grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
   } else if (small) {
     lltm_backward_kernel<Dtype, 1, int32_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, (int32_t)packs_per_row, grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
+        packs, (int32_t)packs_per_row, (int32_t)h_row, (int32_t)h_column, (int32_t)c_row,
+        (int32_t)c_column, grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
   } else {
     lltm_backward_kernel<Dtype, 1, int64_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, packs_per_row, grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
+        packs, packs_per_row, h_row, h_column, c_row, c_column,
+        grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
   }
   CUDA_POST_KERNEL_CHECK;
   return cudaSuccess;
 }
 
 extern "C" cudaError_t lltm_launch_backward_float(int64_t batch_size, int64_t state_size,
+                                                  int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                                                  int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                                                   const float* grad_h, const float* grad_cell,
                                                   const float* new_cell, const float* gates,
                                                   float* d_old_cell, float* d_gates,
                                                   cudaStream_t stream) {
-  return launch_backward(batch_size, state_size, grad_h, grad_cell, new_cell, gates,
-                         d_old_cell, d_gates, stream);
+  return launch_backward(batch_size, state_size, grad_h_row_stride, grad_h_column_stride,
+                         grad_cell_row_stride, grad_cell_column_stride, grad_h, grad_cell,
+                         new_cell, gates, d_old_cell, d_gates, stream);
 }
 
 extern "C" cudaError_t lltm_launch_backward_double(int64_t batch_size, int64_t state_size,
+                                                   int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                                                   int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                                                    const double* grad_h, const double* grad_cell,
                                                    const double* new_cell, const double* gates,
                                                    double* d_old_cell, double* d_gates,
                                                    cudaStream_t stream) {
-  return launch_backward(batch_size, state_size, grad_h, grad_cell, new_cell, gates,
-                         d_old_cell, d_gates, stream);
+  return launch_backward(batch_size, state_size, grad_h_row_stride, grad_h_column_stride,
+                         grad_cell_row_stride, grad_cell_column_stride, grad_h, grad_cell,
+                         new_cell, gates, d_old_cell, d_gates, stream);
 }

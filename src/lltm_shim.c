@@ -73,6 +73,8 @@ int lltm_forward_cuda_double(int64_t batch_size, int64_t state_size,
 }
 
 int lltm_backward_cuda_float(int64_t batch_size, int64_t state_size,
+                             int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                             int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                              const float* grad_h, const float* grad_cell,
                              const float* new_cell, const float* gates,
                              float* d_old_cell, float* d_gates,
@@ -81,12 +83,16 @@ int lltm_backward_cuda_float(int64_t batch_size, int64_t state_size,
   const cudaError_t status = enter_device(device, &previous);
   if (status != cudaSuccess) return (int)status;
   return leave_device(device, previous,
-                      lltm_launch_backward_float(batch_size, state_size, grad_h, grad_cell,
+                      lltm_launch_backward_float(batch_size, state_size, grad_h_row_stride,
+                                                 grad_h_column_stride, grad_cell_row_stride,
+                                                 grad_cell_column_stride, grad_h, grad_cell,
                                                  new_cell, gates, d_old_cell, d_gates,
                                                  (cudaStream_t)stream));
 }
 
 int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
+                              int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                              int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                               const double* grad_h, const double* grad_cell,
                               const double* new_cell, const double* gates,
                               double* d_old_cell, double* d_gates,
@@ -95,7 +101,9 @@ int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
   const cudaError_t status = enter_device(device, &previous);
   if (status != cudaSuccess) return (int)status;
   return leave_device(device, previous,
-                      lltm_launch_backward_double(batch_size, state_size, grad_h, grad_cell,
+                      lltm_launch_backward_double(batch_size, state_size, grad_h_row_stride,
+                                                 grad_h_column_stride, grad_cell_row_stride,
+                                                 grad_cell_column_stride, grad_h, grad_cell,
                                                   new_cell, gates, d_old_cell, d_gates,
                                                   (cudaStream_t)stream));
 }
@@ -128,21 +136,29 @@ int lltm_forward_cuda_double(int64_t batch_size, int64_t state_size,
 }
 
 int lltm_backward_cuda_float(int64_t batch_size, int64_t state_size,
+                             int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                             int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                              const float* grad_h, const float* grad_cell,
                              const float* new_cell, const float* gates,
                              float* d_old_cell, float* d_gates,
                              int device, void* stream) {
-  (void)batch_size; (void)state_size; (void)grad_h; (void)grad_cell; (void)new_cell;
+  (void)batch_size; (void)state_size; (void)grad_h_row_stride; (void)grad_h_column_stride;
+  (void)grad_cell_row_stride; (void)grad_cell_column_stride;
+  (void)grad_h; (void)grad_cell; (void)new_cell;
   (void)gates; (void)d_old_cell; (void)d_gates; (void)device; (void)stream;
   return LLTM_ERROR_NO_CUDA;
 }
 
 int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
+                              int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                              int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
                               const double* grad_h, const double* grad_cell,
                               const double* new_cell, const double* gates,
                               double* d_old_cell, double* d_gates,
                               int device, void* stream) {
-  (void)batch_size; (void)state_size; (void)grad_h; (void)grad_cell; (void)new_cell;
+  (void)batch_size; (void)state_size; (void)grad_h_row_stride; (void)grad_h_column_stride;
+  (void)grad_cell_row_stride; (void)grad_cell_column_stride;
+  (void)grad_h; (void)grad_cell; (void)new_cell;
   (void)gates; (void)d_old_cell; (void)d_gates; (void)device; (void)stream;
   return LLTM_ERROR_NO_CUDA;
 }

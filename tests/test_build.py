@@ -97,7 +97,7 @@ def test_cpu_only_build_refuses_cuda_through_the_c_shim(cpu_only_build):
             code = function(2, 3, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0, ffi.NULL)
             assert code == lib.LLTM_ERROR_NO_CUDA, code
         for function in (lib.lltm_backward_cuda_float, lib.lltm_backward_cuda_double):
-            code = function(2, 3, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL,
+            code = function(2, 3, 3, 1, 3, 1, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL,
                             0, ffi.NULL)
             assert code == lib.LLTM_ERROR_NO_CUDA, code
         message = _extension.error_message(lib.LLTM_ERROR_NO_CUDA)

@@ -78,8 +78,19 @@ def test_all_arguments_noncontiguous_at_once(dtype, device, generator):
     assert_tensors_close(results[0] + results[1], expected[0] + expected[1], RESULT_NAMES)
 
 
-def test_noncontiguous_upstream_gradients(dtype, device, generator):
-    inputs = random_inputs(generator, SHAPE, dtype, device)
+def _misaligned(tensor):
+    """The same values, dense, but starting one element into a buffer: the
+    CUDA passes must notice the address is not 16-byte aligned."""
+    buffer = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
+    view = buffer[1:].view(tensor.shape)
+    view.copy_(tensor)
+    return view
+
+
+# State size 7 takes the one-element path of the CUDA passes; 8 the 16-byte path.
+@pytest.mark.parametrize("shape", [SHAPE, (4, 6, 8)], ids=["state7", "state8"])
+def test_noncontiguous_upstream_gradients(shape, dtype, device, generator):
+    inputs = random_inputs(generator, shape, dtype, device)
     grad_h, grad_cell = random_grad_outputs(inputs, generator)
     views = (grad_h.t().contiguous().t(), grad_cell[:1].expand_as(grad_cell))
     assert not views[0].is_contiguous() and views[1].stride()[0] == 0
@@ -87,6 +98,29 @@ def test_noncontiguous_upstream_gradients(dtype, device, generator):
     results = outputs_and_gradients(inputs, views)
     expected = outputs_and_gradients(inputs, [view.contiguous() for view in views])
     assert_tensors_close(results[1], expected[1], selfcheck.GRADIENT_NAMES)
+
+
+@pytest.mark.parametrize("shape", [SHAPE, (4, 6, 8)], ids=["state7", "state8"])
+def test_sliced_and_misaligned_upstream_gradients(shape, dtype, device, generator):
+    inputs = random_inputs(generator, shape, dtype, device)
+    grad_h, grad_cell = random_grad_outputs(inputs, generator)
+    views = (_interleaved_with_nan(grad_h), _misaligned(grad_cell))
+    assert views[0].stride() == (2 * shape[2], 2) and views[1].is_contiguous()
+
+    results = outputs_and_gradients(inputs, views)
+    expected = outputs_and_gradients(inputs, [view.contiguous() for view in views])
+    assert_tensors_close(results[1], expected[1], selfcheck.GRADIENT_NAMES)
+
+
+def test_misaligned_arguments(dtype, device, generator):
+    inputs = random_inputs(generator, (4, 6, 8), dtype, device)
+    views = [_misaligned(tensor) for tensor in inputs]
+    grad_outputs = random_grad_outputs(inputs, generator)
+    results = outputs_and_gradients(views, grad_outputs)
+    expected = outputs_and_gradients(inputs, grad_outputs)
+    assert_tensors_close(results[0] + results[1], expected[0] + expected[1], RESULT_NAMES)
+
+
 
 
 def test_sum_of_outputs_backward_matches_reference(device, generator):
