@@ -6,11 +6,20 @@ behind a cffi shim, used from PyTorch through data_ptr() and the current stream.
     rnn = lltm_ffi.LLTM(input_features, state_size)
 """
 
-from . import reference
+from . import _extension, reference
 from ._build_info import VERSION as __version__
-from ._extension import CUDA_COMPILED, LLTMBuildError, LLTMError
+from ._extension import LLTMBuildError, LLTMBuildWarning, LLTMError
 from .function import LLTMFunction, lltm
 from .module import LLTM
+from .round_ste import round_ste
 
-__all__ = ["CUDA_COMPILED", "LLTM", "LLTMBuildError", "LLTMError", "LLTMFunction",
-           "lltm", "reference"]
+
+def __getattr__(name):
+    # CUDA_COMPILED asks the compiled module, so a missing or stale build
+    # raises LLTMBuildError here rather than at import.
+    if name == "CUDA_COMPILED":
+        return _extension.cuda_compiled()
+    raise AttributeError(f"module 'lltm_ffi' has no attribute {name!r}")
+
+__all__ = ["CUDA_COMPILED", "LLTM", "LLTMBuildError", "LLTMBuildWarning", "LLTMError",
+           "LLTMFunction", "lltm", "reference", "round_ste"]

@@ -4,8 +4,14 @@ This is the only file that touches pointers: it takes data_ptr(), the sizes
 and the current CUDA stream of the tensors' device, and hands them to the C
 shim. The tensors it receives are already checked (lltm_ffi.function): right
 dtype, one device, contiguous, consistent shapes.
+
+A missing, unloadable or stale module is detected when the package is
+imported, which warns (LLTMBuildWarning); the error itself (LLTMBuildError)
+is raised by the first call that needs the module, so that the reference
+cell, the diagnostics and everything else that does not need it still work.
 """
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -26,6 +32,10 @@ class LLTMError(RuntimeError):
 
 class LLTMBuildError(ImportError):
     """The compiled module is missing, does not load, or is stale."""
+
+
+class LLTMBuildWarning(UserWarning):
+    """Issued at import when the compiled module cannot be used."""
 
 
 def _load():
@@ -59,15 +69,42 @@ def _load():
     return ffi, lib, _lltm_ffi.__file__
 
 
-ffi, lib, MODULE_PATH = _load()
-CUDA_COMPILED = bool(lib.lltm_cuda_compiled())
+try:
+    ffi, lib, MODULE_PATH = _load()
+    LOAD_ERROR = None
+except LLTMBuildError as error:
+    ffi = lib = MODULE_PATH = None
+    LOAD_ERROR = error
+    warnings.warn(str(error), LLTMBuildWarning, stacklevel=2)
 
-_cast = ffi.cast
+
+def require():
+    """The compiled module's lib, or LLTMBuildError saying what to do."""
+    if lib is None:
+        raise LLTMBuildError(str(LOAD_ERROR)) from LOAD_ERROR.__cause__
+    return lib
+
+
+def cuda_compiled():
+    return bool(require().lltm_cuda_compiled())
+
+
 POINTER_TYPES = {torch.float32: "float *", torch.float64: "double *"}
-_CPU_FORWARD = {torch.float32: lib.lltm_forward_cpu_float, torch.float64: lib.lltm_forward_cpu_double}
-_CPU_BACKWARD = {torch.float32: lib.lltm_backward_cpu_float, torch.float64: lib.lltm_backward_cpu_double}
-_CUDA_FORWARD = {torch.float32: lib.lltm_forward_cuda_float, torch.float64: lib.lltm_forward_cuda_double}
-_CUDA_BACKWARD = {torch.float32: lib.lltm_backward_cuda_float, torch.float64: lib.lltm_backward_cuda_double}
+
+
+def _functions(prefix):
+    """{dtype: lib.<prefix>_float or _double}; empty without a usable module."""
+    if lib is None:
+        return {}
+    return {torch.float32: getattr(lib, prefix + "_float"),
+            torch.float64: getattr(lib, prefix + "_double")}
+
+
+_cast = ffi.cast if ffi is not None else None
+_CPU_FORWARD = _functions("lltm_forward_cpu")
+_CPU_BACKWARD = _functions("lltm_backward_cpu")
+_CUDA_FORWARD = _functions("lltm_forward_cuda")
+_CUDA_BACKWARD = _functions("lltm_backward_cuda")
 
 # A raw cudaStream_t as an int, without building a torch.cuda.Stream object.
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -75,7 +112,7 @@ _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
 
 
 def error_message(code):
-    return ffi.string(lib.lltm_error_string(code)).decode()
+    return ffi.string(require().lltm_error_string(code)).decode()
 
 
 def _check(function, code):
@@ -88,6 +125,8 @@ def _call(cpu_functions, cuda_functions, name, reference, arguments, tensors):
     `arguments` (sizes, strides) and the addresses of `tensors`. The tensors
     stay referenced until the call returns, so the casts (which own nothing)
     stay valid."""
+    if lib is None:
+        require()
     pointer_type = POINTER_TYPES[reference.dtype]
     pointers = [_cast(pointer_type, tensor.data_ptr()) for tensor in tensors]
     device = reference.device

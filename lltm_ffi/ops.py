@@ -26,7 +26,7 @@ def _check_pass(name, reference, tensors, shapes):
         if tuple(tensor.shape) != shape:
             raise ValueError(f"lltm_ffi::{name}: {argument} has shape {tuple(tensor.shape)}, "
                              f"expected {shape}")
-    if reference.device.type == "cuda" and not _extension.CUDA_COMPILED:
+    if reference.device.type == "cuda" and not _extension.cuda_compiled():
         code = _extension.lib.LLTM_ERROR_NO_CUDA
         raise _extension.LLTMError(f"lltm_ffi::{name}", code, _extension.error_message(code))
 

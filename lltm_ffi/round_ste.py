@@ -1,0 +1,81 @@
+"""The differentiable round of the legacy round_cuda example, ported (the
+worked example of docs/PORTING.md):
+
+    y = lltm_ffi.round_ste(x)    # y = 1 where x >= 0.5, else 0; dy/dx taken as 1
+
+Forward rounds at 0.5 (meant for values in (0, 1); any value is accepted and
+NaN gives 0, as `x >= 0.5` does). Backward is a straight-through estimator:
+the gradient passes unchanged, as if the round were the identity. The true
+derivative is 0 almost everywhere, which would stop all learning upstream.
+"""
+
+import torch
+
+from . import _extension
+
+# The C pass for each (device type, dtype), looked up in the compiled module
+# at call time: importing lltm_ffi works without one (see _extension).
+_FORWARD_NAMES = {("cpu", torch.float32): "lltm_round_forward_cpu_float",
+                  ("cpu", torch.float64): "lltm_round_forward_cpu_double",
+                  ("cuda", torch.float32): "lltm_round_forward_cuda_float",
+                  ("cuda", torch.float64): "lltm_round_forward_cuda_double"}
+
+
+def check_argument(input):
+    """Raises TypeError or ValueError (or LLTMError for a CUDA tensor and a
+    module built without CUDA) for a tensor the C pass cannot take."""
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"round_ste: input must be a torch.Tensor, got {type(input).__name__}")
+    if input.dtype not in _extension.POINTER_TYPES:
+        raise TypeError(f"round_ste: input has dtype {input.dtype}; "
+                        "lltm_ffi supports torch.float32 and torch.float64")
+    device = input.device
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"round_ste: input is on {device}; lltm_ffi runs on cpu and cuda")
+    if device.type == "cuda" and not _extension.cuda_compiled():
+        code = _extension.lib.LLTM_ERROR_NO_CUDA
+        raise _extension.LLTMError("round_ste", code, _extension.error_message(code))
+
+
+def round_forward(input):
+    """1 where input >= 0.5, else 0: a new contiguous tensor of input's shape,
+    dtype and device. input must have passed check_argument."""
+    input = input.contiguous()
+    output = torch.empty_like(input, memory_format=torch.contiguous_format)
+    count = input.numel()
+    if count == 0:
+        return output
+    device = input.device
+    forward = getattr(_extension.require(), _FORWARD_NAMES[device.type, input.dtype])
+    ffi = _extension.ffi
+    pointer_type = _extension.POINTER_TYPES[input.dtype]
+    # The casts own nothing: input and output stay referenced through the call.
+    input_pointer = ffi.cast(pointer_type, input.data_ptr())
+    output_pointer = ffi.cast(pointer_type, output.data_ptr())
+    if device.type == "cuda":
+        stream = ffi.cast("void *", _extension._current_raw_stream(device.index))
+        code = forward(count, input_pointer, output_pointer, device.index, stream)
+    else:
+        code = forward(count, input_pointer, output_pointer)
+    _extension._check("lltm_round_forward", code)
+    return output
+
+
+class RoundSTE(torch.autograd.Function):
+    """round at 0.5 forward, identity backward (straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx, input):
+        return round_forward(input)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        # The estimator's gradient is the identity: no C pass, nothing saved,
+        # and the backward is itself differentiable.
+        return grad_output
+
+
+def round_ste(input):
+    """1 where input >= 0.5, else 0, with the gradient passed straight through."""
+    check_argument(input)
+    return RoundSTE.apply(input)
