@@ -20,6 +20,18 @@ device-to-device copy timed in the same run:
 
     python benchmark.py --kernels -c [-d] [-r RUNS]
 
+Where the host's microseconds go in one call at 16x32x128: each piece of the
+call path timed alone (host time per call, no synchronisation inside), the
+registered operators against the direct calls, and the floor a single kernel
+launch sets under this benchmark's synchronisation:
+
+    python benchmark.py --overhead [-c]
+
+The LLTM stepped over a (T, B, F) sequence, forward and backward, eager
+against one CUDA graph of the whole step replayed (time per step):
+
+    python benchmark.py --sequence -c
+
 py is lltm_ffi.reference.lltm, ffi is lltm_ffi.lltm and compile is
 torch.compile of lltm_ffi.reference.lltm, all three called with the parameters
 of one lltm_ffi.LLTM module. -c runs on the GPU, -d in float64 (else float32).
@@ -100,6 +112,10 @@ def build_parser():
                       help="all implementations side by side, at two sizes on CPU, three on CUDA")
     mode.add_argument("--kernels", action="store_true",
                       help="the two fused CUDA passes alone, in GB/s against a copy (needs -c)")
+    mode.add_argument("--overhead", action="store_true",
+                      help="host time of each piece of one call at 16x32x128")
+    mode.add_argument("--sequence", action="store_true",
+                      help="a sequence of LLTM steps, eager vs CUDA graph replay (needs -c)")
     parser.add_argument("-c", "--cuda", action="store_true", help="run on the GPU")
     parser.add_argument("-d", "--double", action="store_true", help="float64 instead of float32")
     parser.add_argument("-b", "--batch-size", dest="batch", type=positive_int,
@@ -127,6 +143,8 @@ def check_arguments(parser, args):
         parser.error("-o/--output is for --compare only")
     if args.kernels and not args.cuda:
         parser.error("--kernels times the CUDA passes alone: it needs -c/--cuda and a GPU")
+    if args.sequence and not args.cuda:
+        parser.error("--sequence compares eager calls with CUDA graph replay: it needs -c/--cuda")
     if args.cuda and not torch.cuda.is_available():
         why = ("is built without CUDA" if torch.version.cuda is None
                else "finds no usable CUDA GPU (torch.cuda.is_available() is False)")
@@ -656,6 +674,184 @@ def run_kernels(args, device, dtype):
     print("\n".join(lines))
 
 
+# --- Where the microseconds go ----------------------------------------------------------------
+
+class _Identity(torch.autograd.Function):
+    """An autograd.Function that does nothing: the cost of .apply itself."""
+
+    @staticmethod
+    def forward(ctx, input, weights, bias, old_h, old_cell):
+        return old_h, old_cell
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_cell):
+        return None, None, None, grad_h, grad_cell
+
+
+def host_microseconds(function, calls=2000, batches=7):
+    """Median over `batches` of the host time per call of `function`, called
+    `calls` times back to back; the device catches up between batches."""
+    synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    medians = []
+    for _ in range(batches):
+        synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        medians.append((time.perf_counter() - start) / calls * 1e6)
+        synchronize()
+    return statistics.median(medians)
+
+
+def synchronized_microseconds(steps, runs=300):
+    """Median microseconds of steps[0], with steps[1:] run (untimed) between
+    runs, each between two synchronisations, as the benchmark times a call."""
+    synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    times = []
+    for _ in range(runs):
+        for step in steps[1:]:
+            synchronize()
+            step()
+        times.append(microseconds(timed(steps[0], synchronize)[1]))
+    return statistics.median(times)
+
+
+def overhead_rows(device, dtype):
+    from lltm_ffi import function
+    size = Size(*DEFAULT_SIZE)
+    inputs = CellInputs.random(size, dtype, device)
+    input, weights, bias, h, cell = inputs.arguments()
+    X = torch.cat((h, input), dim=1)
+    gates = torch.nn.functional.linear(X, weights.detach(), bias.detach())
+    new_h, new_cell = _extension.forward(gates, cell)
+    grad_h, grad_cell = torch.randn_like(new_h), torch.randn_like(new_cell)
+    ffi = _extension.ffi
+    pointer_type = _extension.POINTER_TYPES[dtype]
+    pointers = [ffi.cast(pointer_type, tensor.data_ptr()) for tensor in (gates, cell, new_h, new_cell)]
+    if device.type == "cuda":
+        stream = ffi.cast("void *", torch.cuda.current_stream(device).cuda_stream)
+        c_pass = lambda: _extension._CUDA_FORWARD[dtype](*size_args, *pointers, device.index, stream)
+    else:
+        c_pass = lambda: _extension._CPU_FORWARD[dtype](*size_args, *pointers)
+    size_args = (size.batch, size.state)
+    ones = torch.ones((), device=device)
+
+    def step(lltm):
+        def run():
+            out_h, out_cell = lltm(*inputs.arguments())
+            (out_h.sum() + out_cell.sum()).backward()
+        return run
+
+    def tiny_forward():
+        return ones * 2
+
+    tiny_leaf = ones.clone().requires_grad_(True)
+    rows = [
+        ("check_arguments (validation)", lambda: function.check_arguments(*inputs.arguments())),
+        ("torch.cat((old_h, input))", lambda: torch.cat((h, input), dim=1)),
+        ("F.linear(X, weights, bias) (addmm)",
+         lambda: torch.nn.functional.linear(X, weights.detach(), bias.detach())),
+        ("2 x torch.empty_like (outputs)", lambda: (torch.empty_like(cell), torch.empty_like(cell))),
+        ("4 x ffi.cast(data_ptr())",
+         lambda: [ffi.cast(pointer_type, t.data_ptr()) for t in (gates, cell, new_h, new_cell)]),
+        ("C forward pass alone (shim + launch)", c_pass),
+        ("_extension.forward (allocate, cast, call)", lambda: _extension.forward(gates, cell)),
+        ("torch.ops.lltm_ffi.forward_pass (registered op)",
+         lambda: torch.ops.lltm_ffi.forward_pass(gates, cell)),
+        ("autograd.Function.apply of a no-op", lambda: _Identity.apply(*inputs.arguments())),
+        ("lltm_ffi.lltm forward", lambda: lltm_ffi.lltm(*inputs.arguments())),
+        ("reference forward", lambda: reference.lltm(*inputs.arguments())),
+        ("_extension.backward (allocate, cast, call)",
+         lambda: _extension.backward(grad_h, grad_cell, new_cell, gates)),
+        ("torch.ops.lltm_ffi.backward_pass (registered op)",
+         lambda: torch.ops.lltm_ffi.backward_pass(grad_h, grad_cell, new_cell, gates)),
+        ("lltm_ffi forward + backward step", step(lltm_ffi.lltm)),
+        ("reference forward + backward step", step(reference.lltm)),
+    ]
+    if device.type == "cuda":
+        rows.insert(5, ("current stream lookup", lambda: _extension._current_raw_stream(device.index)))
+    table = [[name, f"{host_microseconds(function_, calls=300 if 'step' in name else 2000):.2f}"]
+             for name, function_ in rows]
+    synchronized = [
+        ("one tiny op, timed between synchronisations", [tiny_forward]),
+        ("the same, right after a tiny backward",
+         [tiny_forward, lambda: (tiny_leaf * 2).backward()]),
+        ("lltm_ffi forward, timed as --compare does", [lambda: lltm_ffi.lltm(*inputs.arguments()),
+                                                        step(lltm_ffi.lltm)]),
+        ("reference forward, timed as --compare does", [lambda: reference.lltm(*inputs.arguments()),
+                                                         step(reference.lltm)]),
+    ]
+    table += [[name, f"{synchronized_microseconds(steps):.2f}"] for name, steps in synchronized]
+    return table
+
+
+def run_overhead(args, device, dtype):
+    note("timing the pieces of one call...")
+    rows = overhead_rows(device, dtype)
+    lines = ["# Where the host time of one LLTM call goes (16x32x128)", ""]
+    lines += environment_lines(device, dtype)
+    lines += ["", "Host microseconds per call (median of 7 batches of back-to-back calls; "
+              "the last four rows: median of 300 calls each timed between two synchronisations).",
+              ""]
+    lines.append(markdown_table(["piece", "us"], [":---", "---:"], rows))
+    print("\n".join(lines))
+
+
+# --- A sequence of steps, eager and as one CUDA graph ----------------------------------------
+
+SEQUENCE_SHAPE = (16, 16, 32, 128)  # steps, batch, features, state
+
+
+def run_sequence(args, device, dtype):
+    steps, batch, features, state = SEQUENCE_SHAPE
+    runs = args.runs or 200
+    model = lltm_ffi.LLTM(features, state, device=device, dtype=dtype)
+    sequence = torch.randn(steps, batch, features, device=device, dtype=dtype)
+    h0 = torch.zeros(batch, state, device=device, dtype=dtype)
+
+    def train_step(cell):
+        h, c = h0, h0
+        for step in range(steps):
+            h, c = cell(sequence[step], model.weights, model.bias, h, c)
+        (h.sum() + c.sum()).backward()
+
+    def eager(cell):
+        return lambda: train_step(cell)
+
+    # Capture one whole forward and backward over the sequence; replay it.
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            train_step(lltm_ffi.lltm)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    model.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        train_step(lltm_ffi.lltm)
+
+    candidates = {"reference, eager": eager(reference.lltm), "lltm_ffi, eager": eager(lltm_ffi.lltm),
+                  "lltm_ffi, CUDA graph replay": graph.replay}
+    for function_ in candidates.values():
+        for _ in range(WARMUP_RUNS):
+            function_()
+    times = {name: [] for name in candidates}
+    synchronize = torch.cuda.synchronize
+    for _ in range(runs):
+        for name, function_ in candidates.items():
+            times[name].append(timed(function_, synchronize)[1])
+    rows = [[name, f"{statistics.median(values) * 1e6 / steps:.1f}",
+             f"{min(values) * 1e6 / steps:.1f}"] for name, values in times.items()]
+    lines = [f"# LLTM over a sequence: {steps} steps of batch {batch}, {features} features, "
+             f"state {state}, forward and backward", ""]
+    lines += environment_lines(device, dtype)
+    lines += ["", f"Microseconds per step (whole sequence timed between synchronisations, "
+              f"divided by {steps}; {runs} runs, interleaved).", ""]
+    lines.append(markdown_table(["implementation", "median us/step", "min us/step"],
+                                [":---", "---:", "---:"], rows))
+    print("\n".join(lines))
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -667,6 +863,10 @@ def main(argv=None):
             run_compare(args, device, dtype)
         elif args.kernels:
             run_kernels(args, device, dtype)
+        elif args.overhead:
+            run_overhead(args, device, dtype)
+        elif args.sequence:
+            run_sequence(args, device, dtype)
         else:
             run_single(args, device, dtype)
     except Disagreement as error:

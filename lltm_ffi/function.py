@@ -28,17 +28,20 @@ def check_arguments(input, weights, bias, old_h, old_cell):
     when it fails."""
     try:
         dtype, device = input.dtype, input.device
+        batch_size, input_features = input.shape
+        rows, columns = weights.shape
+        state_size = old_h.shape[1]
         valid = (dtype in _SUPPORTED_DTYPES
                  and weights.dtype is dtype and bias.dtype is dtype
                  and old_h.dtype is dtype and old_cell.dtype is dtype
                  and weights.device == device and bias.device == device
                  and old_h.device == device and old_cell.device == device
-                 and input.dim() == 2 and weights.dim() == 2 and old_h.dim() == 2
-                 and old_cell.shape == old_h.shape and old_h.shape[0] == input.shape[0]
-                 and weights.shape == (3 * old_h.shape[1], old_h.shape[1] + input.shape[1])
-                 and bias.shape[-1] == weights.shape[0]
-                 and (bias.dim() == 1 or bias.shape == (1, weights.shape[0])))
-    except (AttributeError, TypeError, IndexError, RuntimeError):
+                 and old_h.dim() == 2 and old_cell.shape == old_h.shape
+                 and old_h.shape[0] == batch_size
+                 and rows == 3 * state_size and columns == state_size + input_features
+                 and bias.shape[-1] == rows and (bias.dim() == 1 or bias.shape[0] == 1)
+                 and bias.dim() <= 2)
+    except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
         valid = False
     if not valid:
         _diagnose(input, weights, bias, old_h, old_cell)
@@ -103,7 +106,7 @@ class LLTMFunction(torch.autograd.Function):
     def forward(ctx, input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
         X = torch.cat((old_h, input), dim=1)
-        gates = torch.addmm(bias, X, weights.t())
+        gates = torch.nn.functional.linear(X, weights, bias)
         new_h, new_cell = _extension.forward(gates, old_cell.contiguous())
         # The backward pass recomputes the gate activations from `gates`.
         ctx.save_for_backward(X, weights, gates, new_cell)
@@ -131,7 +134,7 @@ class LLTMFunction(torch.autograd.Function):
 def _traceable_lltm(input, weights, bias, old_h, old_cell):
     """The cell through the registered operators, for torch.compile and autocast."""
     X = torch.cat((old_h, input), dim=1)
-    gates = torch.addmm(bias, X, weights.t())
+    gates = torch.nn.functional.linear(X, weights, bias)
     return ops.forward_pass(gates.to(old_cell.dtype), old_cell)
 
 
