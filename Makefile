@@ -10,15 +10,9 @@ CUDA ?= $(if $(NVCC),1,0)
 # Where nvcc itself looks for its headers and libraries (nvcc may be a wrapper script).
 CUDA_HOME ?= $(if $(NVCC),$(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$$ TOP=//p')),/usr/local/cuda)
 
-# Turing to Blackwell as machine code, and PTX of the newest for GPUs after it.
-CUDA_ARCH ?= -gencode arch=compute_75,code=sm_75 \
-             -gencode arch=compute_80,code=sm_80 \
-             -gencode arch=compute_86,code=sm_86 \
-             -gencode arch=compute_89,code=sm_89 \
-             -gencode arch=compute_90,code=sm_90 \
-             -gencode arch=compute_100,code=sm_100 \
-             -gencode arch=compute_120,code=sm_120 \
-             -gencode arch=compute_120,code=compute_120
+# Turing to Blackwell as machine code, and PTX of the newest for GPUs after it:
+# the list lives in build_ffi.py, which a pip build uses without make.
+CUDA_ARCH ?= $(shell $(PYTHON) build_ffi.py --cuda-arch)
 NVCC_FLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC $(CUDA_ARCH)
 
 HEADERS := $(wildcard include/*.h) $(wildcard src/*.h)
@@ -60,3 +54,69 @@ demo: deps all
 
 clean:
 	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so
+
+# The module records the architectures its kernels were compiled for
+# (`python -m lltm_ffi` shows them).
+$(BUILD)/module.stamp: export LLTM_CUDA_ARCH = $(CUDA_ARCH)
+
+# The pip path, CPU-only: `pip install .` into a venv that borrows this
+# Python's torch, cffi and setuptools (so no build isolation, no network),
+# then an import-and-compute check from outside the checkout, so that the
+# installed copy is the one that runs.
+PIP_VENV := $(abspath $(BUILD)/pip-venv)
+
+.PHONY: pip-check
+pip-check:
+	@test -x $(PIP_VENV)/bin/python || $(PYTHON) -m venv --system-site-packages --without-pip $(PIP_VENV)
+	LLTM_CUDA=0 $(PIP_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps .
+	cd /tmp && $(PIP_VENV)/bin/python $(abspath scripts/pip_check.py)
+
+# Sanitizers ------------------------------------------------------------------
+# None of these is part of `make` or `make test`; each exits non-zero on any
+# report.
+#   make asan       the CPU passes (src/lltm_cpu.c) under AddressSanitizer and
+#                   UBSan, driven by tests/c/cpu_passes_check.c over odd sizes
+#                   and gradient layouts against a double-precision reference,
+#                   every buffer of exact size (seconds)
+#   make valgrind   the same driver, unsanitised, under valgrind (about 15 s)
+#   make memcheck   the CUDA tests under compute-sanitizer (needs a GPU); also
+#   make racecheck  and make initcheck
+# compute-sanitizer instruments the lltm kernels only (SANITIZER_KERNELS), not
+# torch's or cuBLAS's, and counts memory errors, not CUDA API errors; PyTorch's
+# caching allocator is off so that an access past a tensor is past its
+# allocation.
+SANITIZER_CFLAGS ?= -O3 -g -fno-omit-frame-pointer -Wall -Wextra -fopenmp
+ASAN_FLAGS ?= -fsanitize=address,undefined -fno-sanitize-recover=all
+CPU_CHECK_SOURCES := tests/c/cpu_passes_check.c src/lltm_cpu.c
+COMPUTE_SANITIZER ?= compute-sanitizer
+SANITIZER_KERNELS ?= --kernel-name kns=lltm_
+SANITIZER_FLAGS ?= $(SANITIZER_KERNELS) --report-api-errors no --error-exitcode 1
+# The CUDA tests that run the kernels (float32 and float64, odd sizes, both
+# kernel paths, batch 1, strided and misaligned arguments, threads and
+# streams), without the 40 GB ones (huge), torch.compile (minutes of
+# compiling), the deliberate CUDA faults, and CUDA graphs (capture needs the
+# caching allocator).
+SANITIZER_TESTS ?= tests -k "cuda and not huge and not compile and not fault and not graph"
+# initcheck sees the writes of instrumented kernels and of copies only, so it
+# runs the tests whose kernel inputs are all copies from the host.
+initcheck: SANITIZER_TESTS = tests/test_fused_pass_paths.py -k cuda
+
+.PHONY: asan valgrind memcheck racecheck initcheck
+
+$(BUILD)/cpu_passes_check_asan: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
+	@mkdir -p $(BUILD)
+	$(CC) $(SANITIZER_CFLAGS) $(ASAN_FLAGS) -Iinclude $(CPU_CHECK_SOURCES) -lm -o $@
+
+$(BUILD)/cpu_passes_check: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
+	@mkdir -p $(BUILD)
+	$(CC) $(SANITIZER_CFLAGS) -Iinclude $(CPU_CHECK_SOURCES) -lm -o $@
+
+asan: $(BUILD)/cpu_passes_check_asan
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $<
+
+valgrind: $(BUILD)/cpu_passes_check
+	valgrind -q --error-exitcode=1 $<
+
+memcheck racecheck initcheck: deps all
+	PYTORCH_NO_CUDA_MEMORY_CACHING=1 $(COMPUTE_SANITIZER) --tool $@ $(SANITIZER_FLAGS) \
+	  $(PYTHON) -m pytest -q -x -rs $(SANITIZER_TESTS)

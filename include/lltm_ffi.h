@@ -16,6 +16,12 @@ enum {
 /* 1 when the module was built with nvcc and the CUDA passes, else 0. */
 int lltm_cuda_compiled(void);
 
+/* What the CUDA part was built with, for bug reports (`python -m lltm_ffi`):
+ * the architectures the kernels carry ("sm_75 ... compute_120") and
+ * CUDART_VERSION (13000 for CUDA 13.0). A CPU-only build gives "" and 0. */
+const char* lltm_cuda_archs(void);
+int lltm_cuda_runtime_version(void);
+
 /* The text for a code returned by any function here (CUDA's own message for a
  * CUDA error). The string is static; never free it. */
 const char* lltm_error_string(int code);
@@ -68,3 +74,13 @@ int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
                               const double* new_cell, const double* gates,
                               double* d_old_cell, double* d_gates,
                               int device, void* stream);
+
+/* The differentiable round's forward pass (lltm_ffi.round_ste): output[i] is 1
+ * where input[i] >= 0.5, else 0, over `count` dense elements. Its backward
+ * pass is the identity and has no C function. */
+int lltm_round_forward_cpu_float(int64_t count, const float* input, float* output);
+int lltm_round_forward_cpu_double(int64_t count, const double* input, double* output);
+int lltm_round_forward_cuda_float(int64_t count, const float* input, float* output,
+                                  int device, void* stream);
+int lltm_round_forward_cuda_double(int64_t count, const double* input, double* output,
+                                   int device, void* stream);

@@ -85,8 +85,14 @@ def require():
     return lib
 
 
+# Read once: a plain bool is what torch.compile can trace through.
+_CUDA_COMPILED = bool(lib.lltm_cuda_compiled()) if lib is not None else None
+
+
 def cuda_compiled():
-    return bool(require().lltm_cuda_compiled())
+    if _CUDA_COMPILED is None:
+        require()
+    return _CUDA_COMPILED
 
 
 POINTER_TYPES = {torch.float32: "float *", torch.float64: "double *"}

@@ -7,9 +7,14 @@ Forward rounds at 0.5 (meant for values in (0, 1); any value is accepted and
 NaN gives 0, as `x >= 0.5` does). Backward is a straight-through estimator:
 the gradient passes unchanged, as if the round were the identity. The true
 derivative is 0 almost everywhere, which would stop all learning upstream.
+
+Eager calls go through RoundSTE (an autograd.Function); under torch.compile
+the same C pass runs as the operator lltm_ffi::round_forward, because dynamo
+cannot trace into a cffi call.
 """
 
 import torch
+from torch import Tensor
 
 from . import _extension
 
@@ -22,19 +27,16 @@ _FORWARD_NAMES = {("cpu", torch.float32): "lltm_round_forward_cpu_float",
 
 
 def check_argument(input):
-    """Raises TypeError or ValueError (or LLTMError for a CUDA tensor and a
-    module built without CUDA) for a tensor the C pass cannot take."""
+    """Raises TypeError or ValueError for a tensor the C pass cannot take.
+    Plain Python on the tensor's metadata, so torch.compile traces it. (A CUDA
+    tensor with a CPU-only build is refused by the C pass itself.)"""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"round_ste: input must be a torch.Tensor, got {type(input).__name__}")
     if input.dtype not in _extension.POINTER_TYPES:
         raise TypeError(f"round_ste: input has dtype {input.dtype}; "
                         "lltm_ffi supports torch.float32 and torch.float64")
-    device = input.device
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"round_ste: input is on {device}; lltm_ffi runs on cpu and cuda")
-    if device.type == "cuda" and not _extension.cuda_compiled():
-        code = _extension.lib.LLTM_ERROR_NO_CUDA
-        raise _extension.LLTMError("round_ste", code, _extension.error_message(code))
+    if input.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"round_ste: input is on {input.device}; lltm_ffi runs on cpu and cuda")
 
 
 def round_forward(input):
@@ -75,7 +77,24 @@ class RoundSTE(torch.autograd.Function):
         return grad_output
 
 
+@torch.library.custom_op("lltm_ffi::round_forward", mutates_args=(), device_types=("cpu", "cuda"))
+def round_forward_op(input: Tensor) -> Tensor:
+    """round_forward as an operator, for torch.compile."""
+    check_argument(input)
+    return round_forward(input)
+
+
+@round_forward_op.register_fake
+def _round_forward_fake(input):
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+round_forward_op.register_autograd(lambda ctx, grad_output: grad_output)
+
+
 def round_ste(input):
     """1 where input >= 0.5, else 0, with the gradient passed straight through."""
     check_argument(input)
+    if torch.compiler.is_compiling():
+        return round_forward_op(input)
     return RoundSTE.apply(input)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: build, test, benchmark.
 #
-#   scripts/gpu_session.sh [STEP...]     steps: build test pytest bench kernels demo (default: all)
+#   scripts/gpu_session.sh [STEP...]     steps: build diag test pytest bench kernels demo (default: all)
 #
 # Each step's full log goes to $OUT/STEP.log (OUT defaults to ./gpu_out); a
 # table of steps, results and times is printed last. Wheels in .whl/ (cffi and
@@ -19,7 +19,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(build test pytest bench kernels demo)
+[ ${#steps[@]} -eq 0 ] && steps=(build diag test pytest bench kernels demo)
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -31,6 +31,7 @@ cat "$OUT/environment.log"
 command_for() {
   case "$1" in
     build)   echo "make clean && make" ;;
+    diag)    echo "python3 -m lltm_ffi" ;;
     test)    echo "python3 test.py" ;;
     pytest)  echo "python3 -m pytest -q -rs tests" ;;
     bench)   echo "python3 benchmark.py --compare -c --output $OUT/compare_cuda.md" ;;

@@ -7,6 +7,7 @@
 
 #ifdef LLTM_WITH_CUDA
 #include "lltm_kernel.h"
+#include "round_kernel.h"
 #endif
 
 #ifndef LLTM_SOURCE_HASH
@@ -26,6 +27,12 @@ static const char no_cuda_message[] =
 #ifdef LLTM_WITH_CUDA
 
 int lltm_cuda_compiled(void) { return 1; }
+
+#ifndef LLTM_CUDA_ARCHS
+#error "build_ffi.py defines LLTM_CUDA_ARCHS in a CUDA build"
+#endif
+const char* lltm_cuda_archs(void) { return LLTM_CUDA_ARCHS; }
+int lltm_cuda_runtime_version(void) { return CUDART_VERSION; }
 
 const char* lltm_error_string(int code) {
   if (code == LLTM_ERROR_NO_CUDA) return no_cuda_message;
@@ -108,9 +115,29 @@ int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
                                                   (cudaStream_t)stream));
 }
 
+int lltm_round_forward_cuda_float(int64_t count, const float* input, float* output,
+                                  int device, void* stream) {
+  int previous;
+  const cudaError_t status = enter_device(device, &previous);
+  if (status != cudaSuccess) return (int)status;
+  return leave_device(device, previous,
+                      lltm_launch_round_forward_float(count, input, output, (cudaStream_t)stream));
+}
+
+int lltm_round_forward_cuda_double(int64_t count, const double* input, double* output,
+                                   int device, void* stream) {
+  int previous;
+  const cudaError_t status = enter_device(device, &previous);
+  if (status != cudaSuccess) return (int)status;
+  return leave_device(device, previous,
+                      lltm_launch_round_forward_double(count, input, output, (cudaStream_t)stream));
+}
+
 #else /* CPU-only build: the CUDA entry points exist and refuse. */
 
 int lltm_cuda_compiled(void) { return 0; }
+const char* lltm_cuda_archs(void) { return ""; }
+int lltm_cuda_runtime_version(void) { return 0; }
 
 const char* lltm_error_string(int code) {
   if (code == LLTM_ERROR_NO_CUDA) return no_cuda_message;
@@ -160,6 +187,18 @@ int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
   (void)grad_cell_row_stride; (void)grad_cell_column_stride;
   (void)grad_h; (void)grad_cell; (void)new_cell;
   (void)gates; (void)d_old_cell; (void)d_gates; (void)device; (void)stream;
+  return LLTM_ERROR_NO_CUDA;
+}
+
+int lltm_round_forward_cuda_float(int64_t count, const float* input, float* output,
+                                  int device, void* stream) {
+  (void)count; (void)input; (void)output; (void)device; (void)stream;
+  return LLTM_ERROR_NO_CUDA;
+}
+
+int lltm_round_forward_cuda_double(int64_t count, const double* input, double* output,
+                                   int device, void* stream) {
+  (void)count; (void)input; (void)output; (void)device; (void)stream;
   return LLTM_ERROR_NO_CUDA;
 }
 

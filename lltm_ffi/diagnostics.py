@@ -1,0 +1,195 @@
+"""`python -m lltm_ffi`: what a bug report needs, then a quick self-check.
+
+Prints the lltm_ffi, Python, torch and cffi versions, the GPUs torch sees,
+where the compiled module lives, what it was built with (CUDA or not, for
+which architectures, against which CUDA runtime) and whether it is usable
+(present, loads, not stale); then checks lltm and round_ste against their
+torch references on every device there is, in float32 and float64. Exits 1
+when the module is unusable or a check fails, else 0.
+
+A missing or stale module is reported, never raised: importing lltm_ffi only
+warns about it (see _extension), so this runs in exactly the situations a
+user needs it for.
+"""
+
+import platform
+import re
+import sys
+import traceback
+from pathlib import Path
+
+from . import _build_info
+
+# Small enough to take well under a second on any device.
+CHECK_SHAPE = (4, 8, 16)  # (batch, input_features, state_size)
+
+
+def _version_of(module_name):
+    try:
+        module = __import__(module_name)
+    except ImportError as error:
+        return None, f"not importable ({error})"
+    return module, getattr(module, "__version__", "unknown version")
+
+
+def _cuda_runtime_text(version):
+    """'13.0' for CUDART_VERSION 13000."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def covering_arch(arch_names, major, minor):
+    """The compiled architecture a GPU of compute capability major.minor runs:
+    machine code of the same major version and no newer minor, else PTX of no
+    newer version (compiled by the driver at load); None when neither exists."""
+    capability = major * 10 + minor
+    machine_code, ptx = [], []
+    for name in arch_names.split():
+        match = re.fullmatch(r"(sm|compute)_(\d+)([a-z]?)", name)
+        if not match:
+            continue
+        kind, number, suffix = match.group(1), int(match.group(2)), match.group(3)
+        # An "a" (or "f") target runs only on its own capability (or major version).
+        fits = number == capability if suffix == "a" else number <= capability
+        if kind == "sm" and fits and number // 10 == major:
+            machine_code.append((number, name))
+        elif kind == "compute" and fits:
+            ptx.append((number, f"{name} (PTX, compiled by the driver)"))
+    best = max(machine_code, default=None) or max(ptx, default=None)
+    return best[1] if best else None
+
+
+class _Report:
+    def __init__(self):
+        self.problems = []
+
+    def row(self, label, value):
+        print(f"{label + ':':<24}{value}")
+
+    def problem(self, text):
+        self.problems.append(text)
+
+
+def _describe_module(report, extension):
+    """Rows on the compiled module; returns its lib when it is usable, else None."""
+    package = Path(extension.__file__).resolve().parent
+    built = sorted(package.glob("_lltm_ffi*.so"))
+    report.row("compiled module", ", ".join(str(path) for path in built) or f"none in {package}")
+    lib, ffi = extension.lib, extension.ffi
+    if lib is None:
+        report.row("module status", f"NOT USABLE: {extension.LOAD_ERROR}")
+        report.problem(str(extension.LOAD_ERROR))
+        # A stale module still loads: say what it was built with all the same.
+        try:
+            from . import _lltm_ffi
+        except ImportError:
+            return None
+        lib, ffi = _lltm_ffi.lib, _lltm_ffi.ffi
+    else:
+        sources_here = (package.parent / "build_ffi.py").is_file()
+        report.row("module status", "ok, built from the current sources" if sources_here
+                   else "ok (installed without its sources: no staleness check)")
+
+    def text(function_name):
+        function = getattr(lib, function_name, None)
+        return ffi.string(function()).decode() if function else "unknown (an older build)"
+
+    report.row("built for version", text("lltm_package_version"))
+    report.row("built from sources", text("lltm_source_hash"))
+    if lib.lltm_cuda_compiled():
+        runtime = getattr(lib, "lltm_cuda_runtime_version", None)
+        report.row("CUDA compiled in", "yes")
+        report.row("CUDA architectures", text("lltm_cuda_archs"))
+        report.row("CUDA runtime (built)", _cuda_runtime_text(runtime()) if runtime else "unknown")
+    else:
+        report.row("CUDA compiled in", "no (CPU-only build)")
+    return lib if extension.lib is not None else None
+
+
+def _describe_gpus(report, torch, lib, ffi):
+    """Rows on the GPUs torch sees; returns those lltm_ffi can be checked on."""
+    if not torch.cuda.is_available():
+        why = "torch is a CPU-only build" if torch.version.cuda is None else "no usable GPU"
+        report.row("GPUs (torch)", f"none ({why})")
+        return []
+    devices = []
+    arch_names = (ffi.string(lib.lltm_cuda_archs()).decode()
+                  if lib is not None and lib.lltm_cuda_compiled() else None)
+    for index in range(torch.cuda.device_count()):
+        properties = torch.cuda.get_device_properties(index)
+        major, minor = properties.major, properties.minor
+        line = (f"{properties.name}, sm_{major}{minor}, "
+                f"{properties.total_memory / 2**30:.0f} GiB")
+        if arch_names is not None:
+            covering = covering_arch(arch_names, major, minor)
+            line += f"; runs {covering}" if covering else "; NOT covered by the compiled architectures"
+            if not covering:
+                report.problem(f"cuda:{index} (sm_{major}{minor}) is not among the architectures "
+                               f"lltm_ffi was compiled for ({arch_names})")
+        report.row(f"GPU cuda:{index}", line)
+        devices.append(f"cuda:{index}")
+    if arch_names is None:
+        if lib is not None:
+            report.problem("torch sees a GPU but lltm_ffi was built without CUDA; put nvcc on "
+                           "PATH and rebuild (`make clean && make`)")
+        return []
+    return devices
+
+
+def _self_check(device, dtype):
+    """None when lltm and round_ste agree with torch on `device`, else what went wrong."""
+    import torch
+
+    import lltm_ffi
+    from . import selfcheck
+
+    errors = selfcheck.compare_with_reference(*CHECK_SHAPE, dtype, device)
+    name, error = selfcheck.worst(errors)
+    if not error <= selfcheck.TOLERANCES[dtype]:
+        return (f"lltm: {name} relative error {error:.3g} > {selfcheck.TOLERANCES[dtype]:g} "
+                f"(seed {errors['seed']})")
+    values = torch.tensor([-1.0, 0.0, 0.25, 0.5, 0.75, 1.0, 2.0], dtype=dtype, device=device)
+    if not torch.equal(lltm_ffi.round_ste(values), (values >= 0.5).to(dtype)):
+        return "round_ste: forward differs from (x >= 0.5)"
+    return None
+
+
+def main():
+    report = _Report()
+    print("lltm_ffi diagnostics (paste all of this into a bug report)")
+    report.row("lltm_ffi", f"{_build_info.VERSION} ({Path(__file__).resolve().parent})")
+    report.row("python", f"{platform.python_version()} ({sys.executable})")
+    report.row("platform", platform.platform())
+    torch, torch_version = _version_of("torch")
+    if torch is not None:
+        torch_version += f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU-only)"
+    report.row("torch", torch_version)
+    report.row("cffi", _version_of("cffi")[1])
+
+    from . import _extension
+
+    lib = _describe_module(report, _extension)
+    devices = ["cpu"]
+    if torch is not None:
+        devices += _describe_gpus(report, torch, lib, _extension.ffi)
+
+    if lib is None:
+        report.row("self-check", "not run: the compiled module is not usable")
+    else:
+        for device in devices:
+            for dtype in (torch.float32, torch.float64):
+                label = f"check {device} {str(dtype).replace('torch.', '')}"
+                try:
+                    failure = _self_check(device, dtype)
+                except Exception as error:  # a CUDA error, say: report it, check the rest
+                    failure = "".join(traceback.format_exception_only(error)).strip()
+                report.row(label, "pass" if failure is None else f"FAIL: {failure}")
+                if failure is not None:
+                    report.problem(f"{label}: {failure}")
+
+    if report.problems:
+        print(f"\nresult: {len(report.problems)} problem(s)")
+        for text in report.problems:
+            print(f"  - {text}")
+        return 1
+    print("\nresult: ok")
+    return 0

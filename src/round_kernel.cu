@@ -1,0 +1,36 @@
+// The forward pass of the differentiable round (the legacy round_cuda
+// example), Caffe style: values at or above 0.5 become 1, all others 0 (NaN
+// included, as in torch's `x >= 0.5`). The backward pass is the identity (a
+// straight-through estimator), so it needs no kernel: see lltm_ffi/round_ste.py.
+
+#include "caffe_cuda_macro.h"
+#include "round_kernel.h"
+
+template <typename Dtype>
+__global__ void lltm_round_forward_kernel(const int64_t count,
+                                          const Dtype* __restrict__ input,
+                                          Dtype* __restrict__ output) {
+  CUDA_KERNEL_LOOP(index, count) {
+    output[index] = input[index] >= Dtype(0.5) ? Dtype(1) : Dtype(0);
+  }
+}
+
+template <typename Dtype>
+static cudaError_t launch_round_forward(int64_t count, const Dtype* input, Dtype* output,
+                                        cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  lltm_round_forward_kernel<Dtype>
+      <<<CAFFE_GET_BLOCKS(count), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(count, input, output);
+  CUDA_POST_KERNEL_CHECK;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t lltm_launch_round_forward_float(int64_t count, const float* input,
+                                                       float* output, cudaStream_t stream) {
+  return launch_round_forward(count, input, output, stream);
+}
+
+extern "C" cudaError_t lltm_launch_round_forward_double(int64_t count, const double* input,
+                                                        double* output, cudaStream_t stream) {
+  return launch_round_forward(count, input, output, stream);
+}

@@ -1,0 +1,109 @@
+"""`python -m lltm_ffi`: the report a bug report needs and the self-check,
+on this checkout's build (exit 0, every field right; the CUDA fields only
+with a GPU) and on copies whose module is missing or stale (the environment
+is still reported, the problem said plainly, exit 1)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lltm_ffi
+from conftest import REPO_ROOT
+from lltm_ffi import _extension
+from lltm_ffi.diagnostics import covering_arch
+from test_build import copy_sources, edit_after_build, make_cpu_only
+
+
+def run_diagnostics(directory):
+    """`python -m lltm_ffi` in `directory`, whose lltm_ffi comes first on sys.path."""
+    return subprocess.run([sys.executable, "-m", "lltm_ffi"], cwd=directory,
+                          capture_output=True, text=True)
+
+
+def fields(output):
+    """{label: value} of the report's `label: value` lines."""
+    return dict(re.findall(r"^([^:\n]+):\s+(.*)$", output, flags=re.MULTILINE))
+
+
+def test_report_on_this_build():
+    result = run_diagnostics(REPO_ROOT)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    report = fields(result.stdout)
+    lib, ffi = _extension.lib, _extension.ffi
+
+    assert report["lltm_ffi"].startswith(f"{lltm_ffi.__version__} ")
+    assert report["torch"].startswith(torch.__version__)
+    assert report["cffi"] == __import__("cffi").__version__
+    assert report["compiled module"] == str(_extension.MODULE_PATH)
+    assert report["module status"] == "ok, built from the current sources"
+    assert report["built from sources"] == ffi.string(lib.lltm_source_hash()).decode()
+    assert report["check cpu float32"] == "pass"
+    assert report["check cpu float64"] == "pass"
+    assert result.stdout.rstrip().endswith("result: ok")
+
+    if lltm_ffi.CUDA_COMPILED:
+        assert report["CUDA compiled in"] == "yes"
+        archs = ffi.string(lib.lltm_cuda_archs()).decode()
+        assert report["CUDA architectures"] == archs and "sm_90" in archs.split()
+        version = lib.lltm_cuda_runtime_version()
+        assert version >= 12000
+        assert report["CUDA runtime (built)"] == f"{version // 1000}.{version % 1000 // 10}"
+    else:
+        assert report["CUDA compiled in"] == "no (CPU-only build)"
+
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            assert report[f"GPU cuda:{index}"].startswith(torch.cuda.get_device_name(index))
+            assert report[f"check cuda:{index} float32"] == "pass"
+            assert report[f"check cuda:{index} float64"] == "pass"
+    else:
+        assert report["GPUs (torch)"].startswith("none")
+
+
+def assert_reports_environment_and_problem(result, *problem_words):
+    assert result.returncode == 1, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    report = fields(result.stdout)
+    for label in ("lltm_ffi", "python", "torch", "cffi", "compiled module"):
+        assert label in report, f"no {label!r} line in:\n{result.stdout}"
+    assert report["module status"].startswith("NOT USABLE: ")
+    assert report["self-check"].startswith("not run")
+    problems = result.stdout.split("result: 1 problem(s)")[1]
+    for word in problem_words:
+        assert word in report["module status"] and word in problems, result.stdout
+
+
+def test_report_without_a_built_module(tmp_path):
+    directory = copy_sources(tmp_path / "lltm")
+    assert_reports_environment_and_problem(run_diagnostics(directory), "not built", "`make`")
+
+
+def test_report_on_a_stale_module(tmp_path):
+    directory = copy_sources(tmp_path / "lltm")
+    make_cpu_only(directory)
+    edit_after_build(directory, directory / "src" / "round_cpu.c")
+    result = run_diagnostics(directory)
+    assert_reports_environment_and_problem(result, "stale", "`make`")
+    # What the stale module was built with is still shown.
+    assert fields(result.stdout)["CUDA compiled in"] == "no (CPU-only build)"
+
+
+ARCHS = "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_120"
+
+
+@pytest.mark.parametrize("capability, expected", [
+    ((7, 5), "sm_75"), ((8, 0), "sm_80"), ((8, 6), "sm_86"), ((8, 7), "sm_86"),
+    ((9, 0), "sm_90"), ((10, 0), "sm_100"), ((10, 3), "sm_100"), ((12, 0), "sm_120"),
+    ((12, 1), "sm_120"), ((13, 0), "compute_120 (PTX, compiled by the driver)"), ((7, 0), None),
+])
+def test_covering_arch(capability, expected):
+    assert covering_arch(ARCHS, *capability) == expected
+
+
+def test_covering_arch_of_arch_specific_and_ptx_only_builds():
+    assert covering_arch("sm_90a", 9, 0) == "sm_90a"
+    assert covering_arch("sm_90a", 10, 0) is None
+    assert covering_arch("compute_80", 8, 6) == "compute_80 (PTX, compiled by the driver)"
+    assert covering_arch("", 9, 0) is None

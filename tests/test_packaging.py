@@ -1,0 +1,92 @@
+"""The pip path beside make: one list of CUDA architectures and one nvcc
+command for both, the architecture names the module reports, and an editable
+install (CPU-only, in a copy) that passes the stale-build check after its
+build and fails it after a source edit. `make pip-check` covers a regular
+install into site-packages."""
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+import venv
+
+import pytest
+
+from conftest import REPO_ROOT
+from test_build import copy_sources
+
+
+def load_build_ffi():
+    spec = importlib.util.spec_from_file_location("build_ffi_under_test", REPO_ROOT / "build_ffi.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build_ffi = load_build_ffi()
+
+
+def test_make_and_build_ffi_compile_a_kernel_with_the_same_command():
+    result = subprocess.run(["make", "-n", "-B", "CUDA=1", "NVCC=nvcc", f"PYTHON={sys.executable}",
+                             "build/round_kernel.o"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    command = build_ffi.kernel_command("nvcc", "src/round_kernel.cu", "build/round_kernel.o",
+                                       build_ffi.DEFAULT_CUDA_ARCH)
+    assert shlex.join(command) in result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("flags, names", [
+    (None, "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_120"),
+    ("-gencode arch=compute_90,code=sm_90", "sm_90"),
+    ("-gencode arch=compute_90,code=[sm_90,compute_90]", "sm_90 compute_90"),
+    ("-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90a,code=sm_90a", "sm_90a"),
+    ("-arch=sm_86", "sm_86"),
+])
+def test_arch_names(flags, names):
+    assert build_ffi.arch_names(flags or build_ffi.DEFAULT_CUDA_ARCH) == names
+
+
+def run_in_venv(python, code, directory):
+    return subprocess.run([python, "-c", textwrap.dedent(code)], cwd=directory,
+                          capture_output=True, text=True)
+
+
+IMPORT_AND_CHECK = """\
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import lltm_ffi
+    import torch
+    stale = [str(warning.message) for warning in caught
+             if issubclass(warning.category, lltm_ffi.LLTMBuildWarning)]
+    print("package", lltm_ffi.__file__)
+    print("warnings", stale)
+    if not stale:
+        print("round", lltm_ffi.round_ste(torch.tensor([0.2, 0.5])).tolist())
+"""
+
+
+def test_editable_install_passes_the_stale_check_until_a_source_changes(tmp_path):
+    directory = copy_sources(tmp_path / "lltm")
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        (directory / name).write_bytes((REPO_ROOT / name).read_bytes())
+    environment = tmp_path / "venv"
+    venv.create(environment, system_site_packages=True, with_pip=False)
+    python = str(environment / "bin" / "python")
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "-e", "."],
+        cwd=directory, capture_output=True, text=True, env=dict(os.environ, LLTM_CUDA="0"))
+    assert install.returncode == 0, f"{install.stdout}\n{install.stderr}"
+
+    result = run_in_venv(python, IMPORT_AND_CHECK, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"package {directory / 'lltm_ffi' / '__init__.py'}" in result.stdout
+    assert "warnings []" in result.stdout and "round [0.0, 1.0]" in result.stdout
+
+    with open(directory / "src" / "round_cpu.c", "a") as source:
+        source.write("/* edited after the install */\n")
+    result = run_in_venv(python, IMPORT_AND_CHECK, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "stale" in result.stdout
