@@ -45,15 +45,18 @@ deps:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "torch==$(TORCH_VERSION)"
 	@$(PYTHON) -c "import cffi, pytest" 2>/dev/null || $(PYTHON) -m pip install -r requirements.txt
 
+# test.py, the CPU passes under ASan/UBSan, the
+# pip install path (CPU-only); pytest runs last, so its summary closes the output.
 test: deps all
 	$(PYTHON) test.py
+	$(MAKE) --no-print-directory asan pip-check
 	$(PYTHON) -m pytest -q tests
 
 demo: deps all
 	$(PYTHON) -m lltm_ffi.demo
 
 clean:
-	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so
+	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so lltm_ffi/_lltm_ffi*.so.new
 
 # The module records the architectures its kernels were compiled for
 # (`python -m lltm_ffi` shows them).

@@ -188,7 +188,11 @@ def main(arguments):
     ffibuilder = make_ffibuilder(kernel_objects)
     built = Path(ffibuilder.compile(tmpdir=str(ROOT / "build"), verbose="-q" not in arguments))
     installed = ROOT / "lltm_ffi" / built.name
-    shutil.copyfile(built, installed)
+    # A new file renamed over the old one: a process that has the old module
+    # loaded keeps its mapping instead of reading a half-written copy.
+    staging = installed.with_name(installed.name + ".new")
+    shutil.copyfile(built, staging)
+    os.replace(staging, installed)
     with_cuda = bool(kernels_from_make() or kernel_objects)
     print("built %s (CUDA: %s)" % (installed.relative_to(ROOT), "yes" if with_cuda else "no"))
 

@@ -145,9 +145,17 @@ def _call(cpu_functions, cuda_functions, name, reference, arguments, tensors):
     _check(name, code)
 
 
+def dense(tensor):
+    """`tensor` as C can read it: contiguous, with torch's lazy negation
+    (the negative bit of views such as x.conj().imag) applied. No copy when
+    it already is."""
+    return tensor.resolve_neg().contiguous()
+
+
 def forward(gates, old_cell):
     """new_h, new_cell of the cell from the pre-activation gates (batch, 3 * state)
-    and old_cell (batch, state), both contiguous."""
+    and old_cell (batch, state)."""
+    gates, old_cell = dense(gates), dense(old_cell)
     new_h = torch.empty_like(old_cell)
     new_cell = torch.empty_like(old_cell)
     if old_cell.numel():
@@ -158,8 +166,10 @@ def forward(gates, old_cell):
 
 def backward(grad_h, grad_cell, new_cell, gates):
     """d_old_cell (batch, state) and d_gates (batch, 3 * state) from the output
-    gradients (any strides, broadcast views included) and what forward saved
-    (contiguous)."""
+    gradients and what forward saved. The gradients are read through their
+    strides: autograd often hands over broadcast views, which need no copy."""
+    grad_h, grad_cell = grad_h.resolve_neg(), grad_cell.resolve_neg()
+    new_cell, gates = dense(new_cell), dense(gates)
     d_old_cell = torch.empty_like(new_cell)
     d_gates = torch.empty_like(gates)
     if new_cell.numel():

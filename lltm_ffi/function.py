@@ -12,6 +12,7 @@ from . import _extension, ops
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 _SUPPORTED_DTYPES = (torch.float32, torch.float64)
+_STRIDED = torch.strided
 # Autocast's own device types that lltm_ffi runs on; asking autocast about
 # others (meta, say) raises.
 _AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
@@ -32,6 +33,9 @@ def check_arguments(input, weights, bias, old_h, old_cell):
         rows, columns = weights.shape
         state_size = old_h.shape[1]
         valid = (dtype in _SUPPORTED_DTYPES
+                 and input.layout is _STRIDED and weights.layout is _STRIDED
+                 and bias.layout is _STRIDED and old_h.layout is _STRIDED
+                 and old_cell.layout is _STRIDED
                  and weights.dtype is dtype and bias.dtype is dtype
                  and old_h.dtype is dtype and old_cell.dtype is dtype
                  and weights.device == device and bias.device == device
@@ -66,6 +70,9 @@ def _diagnose(input, weights, bias, old_h, old_cell):
         if tensor.dtype not in _SUPPORTED_DTYPES:
             raise TypeError(f"lltm: {name} has dtype {tensor.dtype}; "
                             "lltm_ffi supports torch.float32 and torch.float64")
+        if tensor.layout is not _STRIDED:
+            raise TypeError(f"lltm: {name} has layout {tensor.layout}; lltm_ffi takes dense "
+                            "(torch.strided) tensors: convert it with .to_dense()")
     dtype, device = input.dtype, input.device
     for name, tensor in zip(_ARGUMENT_NAMES[1:], tensors[1:]):
         if tensor.dtype != dtype:
@@ -107,7 +114,7 @@ class LLTMFunction(torch.autograd.Function):
         check_arguments(input, weights, bias, old_h, old_cell)
         X = torch.cat((old_h, input), dim=1)
         gates = torch.nn.functional.linear(X, weights, bias)
-        new_h, new_cell = _extension.forward(gates, old_cell.contiguous())
+        new_h, new_cell = _extension.forward(gates, old_cell)
         # The backward pass recomputes the gate activations from `gates`.
         ctx.save_for_backward(X, weights, gates, new_cell)
         ctx.bias_shape = bias.shape

@@ -42,7 +42,7 @@ def check_argument(input):
 def round_forward(input):
     """1 where input >= 0.5, else 0: a new contiguous tensor of input's shape,
     dtype and device. input must have passed check_argument."""
-    input = input.contiguous()
+    input = _extension.dense(input)
     output = torch.empty_like(input, memory_format=torch.contiguous_format)
     count = input.numel()
     if count == 0:

@@ -41,15 +41,22 @@ const char* lltm_error_string(int code) {
 
 /* The stream belongs to `device`; a launch on it from another device fails,
  * so switch for the call and restore the caller's device after it. */
+/* A failed runtime call also leaves its error as the runtime's last error;
+ * clear it so the next launch's CUDA_POST_KERNEL_CHECK does not report it. */
+static cudaError_t cleared(cudaError_t status) {
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  return status;
+}
+
 static cudaError_t enter_device(int device, int* previous) {
-  const cudaError_t status = cudaGetDevice(previous);
+  const cudaError_t status = cleared(cudaGetDevice(previous));
   if (status != cudaSuccess) return status;
-  return *previous == device ? cudaSuccess : cudaSetDevice(device);
+  return *previous == device ? cudaSuccess : cleared(cudaSetDevice(device));
 }
 
 static int leave_device(int device, int previous, cudaError_t status) {
   if (previous != device) {
-    const cudaError_t restore = cudaSetDevice(previous);
+    const cudaError_t restore = cleared(cudaSetDevice(previous));
     if (status == cudaSuccess) status = restore;
   }
   return (int)status;

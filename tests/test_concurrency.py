@@ -1,0 +1,143 @@
+"""Several Python threads calling lltm_ffi.lltm forward and backward at once
+(cffi releases the GIL around the C passes, so they do run concurrently):
+each thread's results equal, bit for bit, a serial run of the same inputs.
+On the CPU each thread has its own tensors (some large enough for the passes'
+OpenMP loop); on a GPU each thread also has its own CUDA stream.
+
+    python -m pytest -q tests/test_concurrency.py
+"""
+
+import threading
+
+import pytest
+import torch
+
+import lltm_ffi
+from lltm_ffi import selfcheck
+
+THREADS = 4
+ITERATIONS = 20
+# (batch, input_features, state_size, dtype): odd sizes, batch 1, both CUDA
+# kernel paths (state % 4 == 0 and not), and 64 x 600 = 38400 elements, past
+# the CPU passes' OpenMP threshold (32768). Thread t takes case (i * (t + 1))
+# % 4 at iteration i: every thread its own sequence of shapes, the threads
+# often on the same shape at once.
+CASES = [
+    (3, 5, 7, torch.float32),
+    (1, 4, 8, torch.float64),
+    (13, 17, 19, torch.float32),
+    (64, 33, 600, torch.float64),
+]
+TIMEOUT = 300
+
+
+def _work(thread, device, generator):
+    """ITERATIONS (inputs, grad_outputs) pairs for one thread."""
+    work = []
+    for iteration in range(ITERATIONS):
+        batch_size, input_features, state_size, dtype = CASES[iteration * (thread + 1) % len(CASES)]
+        inputs = selfcheck.random_inputs(batch_size, input_features, state_size, dtype, device,
+                                         generator)
+        grads = [torch.randn(batch_size, state_size, generator=generator, dtype=dtype).to(device)
+                 for _ in range(2)]
+        work.append((inputs, grads))
+    return work
+
+
+def _step(inputs, grads):
+    leaves = [tensor.detach().requires_grad_(True) for tensor in inputs]
+    outputs = lltm_ffi.lltm(*leaves)
+    torch.autograd.backward(outputs, grads)
+    return [output.detach() for output in outputs] + [leaf.grad for leaf in leaves]
+
+
+def _pass_step(inputs, grads):
+    """The fused passes alone, through the registered operators."""
+    X = torch.cat((inputs[3], inputs[0]), dim=1)
+    gates = torch.addmm(inputs[2], X, inputs[1].t())
+    new_h, new_cell = torch.ops.lltm_ffi.forward_pass(gates, inputs[4])
+    d_old_cell, d_gates = torch.ops.lltm_ffi.backward_pass(grads[0], grads[1], new_cell, gates)
+    return [new_h, new_cell, d_old_cell, d_gates]
+
+
+def _run(step, work, stream=None):
+    if stream is None:
+        return [step(*item) for item in work]
+    # The inputs were made on the default stream; this stream waits for them.
+    stream.wait_stream(torch.cuda.default_stream(stream.device))
+    with torch.cuda.stream(stream):
+        results = [step(*item) for item in work]
+    stream.synchronize()
+    return results
+
+
+def _run_concurrently(step, works, streams):
+    """Each work list on its own thread (and stream), all released at once."""
+    barrier = threading.Barrier(len(works))
+    results, errors = [None] * len(works), [None] * len(works)
+
+    def thread_main(index):
+        try:
+            barrier.wait(timeout=TIMEOUT)
+            results[index] = _run(step, works[index], streams[index])
+        except BaseException as error:  # noqa: BLE001 -- re-raised in the test thread
+            errors[index] = error
+
+    threads = [threading.Thread(target=thread_main, args=(index,), daemon=True)
+               for index in range(len(works))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=TIMEOUT)
+        assert not thread.is_alive(), "a thread did not finish"
+    for index, error in enumerate(errors):
+        if error is not None:
+            raise AssertionError(f"thread {index} raised") from error
+    return results
+
+
+def _assert_bitwise_equal(concurrent, serial, names):
+    for thread, (got_thread, expected_thread) in enumerate(zip(concurrent, serial)):
+        for iteration, (got, expected) in enumerate(zip(got_thread, expected_thread)):
+            for name, value, wanted in zip(names, got, expected):
+                assert torch.equal(value, wanted), (
+                    f"thread {thread}, iteration {iteration} (shape {tuple(wanted.shape)}): {name} "
+                    f"differs from the serial run by up to "
+                    f"{(value.double() - wanted.double()).abs().max().item():.3g}")
+
+
+RESULT_NAMES = selfcheck.OUTPUT_NAMES + selfcheck.GRADIENT_NAMES
+PASS_NAMES = ("new_h", "new_cell", "d_old_cell", "d_gates")
+
+
+def _works(device, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return [_work(thread, device, generator) for thread in range(THREADS)]
+
+
+def test_threads_on_cpu_match_a_serial_run(seed):
+    works = _works(torch.device("cpu"), seed)
+    streams = [None] * len(works)
+    serial = [_run(_step, work) for work in works]
+    for _ in range(2):  # twice: different interleavings
+        _assert_bitwise_equal(_run_concurrently(_step, works, streams), serial, RESULT_NAMES)
+
+
+def test_threads_on_cpu_fused_passes_match_a_serial_run(seed):
+    works = _works(torch.device("cpu"), seed)
+    serial = [_run(_pass_step, work) for work in works]
+    concurrent = _run_concurrently(_pass_step, works, [None] * len(works))
+    _assert_bitwise_equal(concurrent, serial, PASS_NAMES)
+
+
+@pytest.mark.parametrize("step, names", [(_pass_step, PASS_NAMES), (_step, RESULT_NAMES)],
+                         ids=["fused_passes", "lltm"])
+def test_threads_with_own_cuda_streams_match_a_serial_run(step, names, cuda_device, seed):
+    """The fused passes alone first: should the full cell differ and they not,
+    the difference comes from cuBLAS, not from lltm_ffi."""
+    works = _works(cuda_device, seed)
+    streams = [torch.cuda.Stream(cuda_device) for _ in works]
+    torch.cuda.synchronize(cuda_device)
+    serial = [_run(step, work, stream) for work, stream in zip(works, streams)]
+    for _ in range(2):
+        _assert_bitwise_equal(_run_concurrently(step, works, streams), serial, names)

@@ -1,0 +1,153 @@
+"""Faults that come from CUDA itself, through the C shim (GPU only; skips
+cleanly without one): the shim returns CUDA's error code, _extension turns it
+into lltm_ffi.LLTMError with CUDA's own message, and the ordinary path still
+works afterwards in the same process.
+
+Only non-sticky errors are provoked (an invalid device ordinal, a stream of
+another device): a sticky one (an illegal address) would ruin the CUDA
+context for the rest of the test session.
+
+    python -m pytest -q tests/test_faults.py
+"""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import lltm_ffi
+from conftest import assert_agrees_with_reference, skip_without_gpu
+from lltm_ffi import _extension, selfcheck
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BATCH, STATE = 3, 5
+
+
+@pytest.fixture
+def cuda_lib():
+    """The compiled module's lib, where there is a GPU and the module has CUDA."""
+    skip_without_gpu()
+    if not lltm_ffi.CUDA_COMPILED:
+        pytest.skip("lltm_ffi was built without CUDA")
+    return _extension.require()
+
+
+def _pass_tensors(device):
+    """gates, old_cell, new_h, new_cell, grad_h, grad_cell, d_old_cell, d_gates (float32)."""
+    state_shape, gates_shape = (BATCH, STATE), (BATCH, 3 * STATE)
+    return [torch.randn(shape, device=device) for shape in
+            (gates_shape, state_shape, state_shape, state_shape, state_shape, state_shape,
+             state_shape, gates_shape)]
+
+
+def _pointers(tensors):
+    return [_extension.ffi.cast("float *", tensor.data_ptr()) for tensor in tensors]
+
+
+def _forward(lib, tensors, device_index, stream):
+    gates, old_cell, new_h, new_cell = tensors[:4]
+    return lib.lltm_forward_cuda_float(BATCH, STATE, *_pointers((gates, old_cell, new_h, new_cell)),
+                                       device_index, stream)
+
+
+def _backward(lib, tensors, device_index, stream):
+    gates, _, _, new_cell, grad_h, grad_cell, d_old_cell, d_gates = tensors
+    return lib.lltm_backward_cuda_float(
+        BATCH, STATE, STATE, 1, STATE, 1,
+        *_pointers((grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates)),
+        device_index, stream)
+
+
+def _assert_ordinary_path_works(device, seed, when):
+    """lltm_ffi.lltm forward and backward against the reference, on both kernel
+    paths (state 8: 16-byte packs; state 7: one element)."""
+    for shape in ((4, 6, 8), (3, 5, 7)):
+        try:
+            errors = selfcheck.compare_with_reference(*shape, torch.float32, device, seed=seed)
+            torch.cuda.synchronize(device)
+        except lltm_ffi.LLTMError as error:
+            pytest.fail(f"{when}, an ordinary call of shape {shape} failed: {error}. If this is "
+                        f"the fault's error again, the shim left it set in the CUDA runtime "
+                        f"(cudaGetLastError after the next launch returns it): clear it with "
+                        f"cudaGetLastError() where the shim returns an error")
+        assert_agrees_with_reference(errors, torch.float32)
+
+
+def test_device_that_does_not_exist_is_an_lltm_error_with_cuda_message(cuda_lib, seed):
+    device = torch.device("cuda", torch.cuda.current_device())
+    _assert_ordinary_path_works(device, seed, "before the fault")
+    tensors = _pass_tensors(device)
+    stream = _extension.ffi.cast("void *", torch.cuda.current_stream(device).cuda_stream)
+    missing = torch.cuda.device_count() + 7
+
+    for name, call in (("lltm_forward", _forward), ("lltm_backward", _backward)):
+        code = call(cuda_lib, tensors, missing, stream)
+        assert code != 0, f"{name} on device {missing} of {torch.cuda.device_count()} returned 0"
+        with pytest.raises(lltm_ffi.LLTMError) as raised:
+            _extension._check(name, code)
+        error = raised.value
+        assert isinstance(error, RuntimeError)
+        assert "invalid device ordinal" in str(error), str(error)
+        assert str(error).startswith(f"{name} failed: ") and f"(error code {code})" in str(error)
+        assert (error.function, error.code) == (name, code)
+
+    # The fault changed nothing the caller can see...
+    assert torch.cuda.current_device() == device.index
+    # ...and later calls in this process work.
+    _assert_ordinary_path_works(device, seed, "after the invalid-device fault")
+
+
+# The second fault runs in a child process: should a driver ever accept the
+# launch, the kernel would run on the other GPU with this GPU's pointers, a
+# sticky error that must not take the test session's CUDA context with it.
+_OTHER_DEVICE_STREAM = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    sys.path.insert(0, {tests!r})
+    import torch
+    import lltm_ffi
+    from lltm_ffi import _extension
+    import test_faults as faults
+
+    lib = _extension.require()
+    device = torch.device("cuda", 0)
+    other_stream = torch.cuda.Stream(device=1)  # a real stream (not the legacy default) of GPU 1
+    torch.cuda.synchronize(0)
+    tensors = faults._pass_tensors(device)
+    torch.cuda.synchronize(0)
+    stream = _extension.ffi.cast("void *", other_stream.cuda_stream)
+    for name, call in (("lltm_forward", faults._forward), ("lltm_backward", faults._backward)):
+        code = call(lib, tensors, 0, stream)
+        print(name, "code", code, "message", _extension.error_message(code) if code else "-")
+        assert code != 0, name + " on GPU 0 with a stream of GPU 1 returned 0"
+        try:
+            _extension._check(name, code)
+        except lltm_ffi.LLTMError as error:
+            message = _extension.error_message(code)
+            assert message and not message.startswith("unknown"), message
+            assert str(error) == f"{{name}} failed: {{message}} (error code {{code}})", str(error)
+            assert error.code == code
+        else:
+            raise AssertionError("_check did not raise for code %d" % code)
+    assert torch.cuda.current_device() == 0
+    seed = {seed}
+    for index in (0, 1):
+        faults._assert_ordinary_path_works(torch.device("cuda", index), seed,
+                                           "after the other-device-stream fault")
+    print("ok")
+""")
+
+
+def test_stream_of_another_gpu_is_an_lltm_error(cuda_lib, seed):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    code = _OTHER_DEVICE_STREAM.format(root=str(REPO_ROOT), tests=str(REPO_ROOT / "tests"),
+                                       seed=seed)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=300, cwd=REPO_ROOT)
+    assert child.returncode == 0 and child.stdout.rstrip().endswith("ok"), (
+        f"child exit status {child.returncode}\nstdout:\n{child.stdout}\n"
+        f"stderr:\n{child.stderr[-4000:]}")
