@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: build, test, benchmark.
 #
-#   scripts/gpu_session.sh [STEP...]     steps: build diag test pytest bench kernels demo (default: all)
+#   scripts/gpu_session.sh [STEP...]   steps: build diag test pytest bench kernels overhead sequence
+#                                      demo sanitizers (default: all but sanitizers)
 #
 # Each step's full log goes to $OUT/STEP.log (OUT defaults to ./gpu_out); a
 # table of steps, results and times is printed last. Wheels in .whl/ (cffi and
@@ -19,7 +20,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(build diag test pytest bench kernels demo)
+[ ${#steps[@]} -eq 0 ] && steps=(build diag test pytest bench kernels overhead sequence demo)
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -36,6 +37,9 @@ command_for() {
     pytest)  echo "python3 -m pytest -q -rs tests" ;;
     bench)   echo "python3 benchmark.py --compare -c --output $OUT/compare_cuda.md" ;;
     kernels) echo "python3 benchmark.py --kernels -c" ;;
+    overhead) echo "python3 benchmark.py --overhead -c" ;;
+    sequence) echo "python3 benchmark.py --sequence -c" ;;
+    sanitizers) echo "make memcheck && make racecheck && make initcheck" ;;
     demo)    echo "python3 -m lltm_ffi.demo --plot $OUT/demo_loss.png" ;;
     *)       echo "" ;;
   esac
