@@ -25,7 +25,7 @@ def run_diagnostics(directory):
 
 def fields(output):
     """{label: value} of the report's `label: value` lines."""
-    return dict(re.findall(r"^([^:\n]+):\s+(.*)$", output, flags=re.MULTILINE))
+    return dict(re.findall(r"^(.+?):\s+(.*)$", output, flags=re.MULTILINE))
 
 
 def test_report_on_this_build():

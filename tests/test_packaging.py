@@ -9,8 +9,10 @@ import os
 import shlex
 import subprocess
 import sys
+import site
 import textwrap
 import venv
+from pathlib import Path
 
 import pytest
 
@@ -68,13 +70,23 @@ IMPORT_AND_CHECK = """\
 """
 
 
+def make_venv(environment):
+    """A venv that sees this interpreter's packages (torch, cffi, setuptools)
+    even when this interpreter is itself a venv, whose packages
+    system_site_packages alone would not reach. Returns its python."""
+    venv.create(environment, system_site_packages=True, with_pip=False)
+    python = environment / "bin" / "python"
+    own_site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    (Path(own_site) / "parent_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return str(python)
+
+
 def test_editable_install_passes_the_stale_check_until_a_source_changes(tmp_path):
     directory = copy_sources(tmp_path / "lltm")
     for name in ("setup.py", "pyproject.toml", "README.md"):
         (directory / name).write_bytes((REPO_ROOT / name).read_bytes())
-    environment = tmp_path / "venv"
-    venv.create(environment, system_site_packages=True, with_pip=False)
-    python = str(environment / "bin" / "python")
+    python = make_venv(tmp_path / "venv")
     install = subprocess.run(
         [python, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "-e", "."],
         cwd=directory, capture_output=True, text=True, env=dict(os.environ, LLTM_CUDA="0"))
