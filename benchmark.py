@@ -728,6 +728,7 @@ def overhead_rows(device, dtype):
     ffi = _extension.ffi
     pointer_type = _extension.POINTER_TYPES[dtype]
     pointers = [ffi.cast(pointer_type, tensor.data_ptr()) for tensor in (gates, cell, new_h, new_cell)]
+    device = cell.device  # with its index
     if device.type == "cuda":
         stream = ffi.cast("void *", torch.cuda.current_stream(device).cuda_stream)
         c_pass = lambda: _extension._CUDA_FORWARD[dtype](*size_args, *pointers, device.index, stream)
