@@ -153,9 +153,9 @@ def dense(tensor):
 
 
 def forward(gates, old_cell):
-    """new_h, new_cell of the cell from the pre-activation gates (batch, 3 * state)
-    and old_cell (batch, state)."""
-    gates, old_cell = dense(gates), dense(old_cell)
+    """new_h, new_cell of the cell from the pre-activation gates (batch, 3 * state),
+    dense (as F.linear makes them), and old_cell (batch, state), any layout."""
+    old_cell = dense(old_cell)
     new_h = torch.empty_like(old_cell)
     new_cell = torch.empty_like(old_cell)
     if old_cell.numel():
@@ -166,10 +166,9 @@ def forward(gates, old_cell):
 
 def backward(grad_h, grad_cell, new_cell, gates):
     """d_old_cell (batch, state) and d_gates (batch, 3 * state) from the output
-    gradients and what forward saved. The gradients are read through their
-    strides: autograd often hands over broadcast views, which need no copy."""
+    gradients and what forward saved (dense). The gradients are read through
+    their strides: autograd often hands over broadcast views, which need no copy."""
     grad_h, grad_cell = grad_h.resolve_neg(), grad_cell.resolve_neg()
-    new_cell, gates = dense(new_cell), dense(gates)
     d_old_cell = torch.empty_like(new_cell)
     d_gates = torch.empty_like(gates)
     if new_cell.numel():

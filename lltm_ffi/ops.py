@@ -38,7 +38,7 @@ def forward_pass(gates: Tensor, old_cell: Tensor) -> tuple[Tensor, Tensor]:
     batch_size, state_size = old_cell.shape
     _check_pass("forward_pass", old_cell, {"old_cell": old_cell, "gates": gates},
                 [(batch_size, state_size), (batch_size, 3 * state_size)])
-    return _extension.forward(gates, old_cell)
+    return _extension.forward(_extension.dense(gates), old_cell)
 
 
 @forward_pass.register_fake
@@ -55,7 +55,8 @@ def backward_pass(grad_h: Tensor, grad_cell: Tensor, new_cell: Tensor,
     _check_pass("backward_pass", new_cell,
                 {"new_cell": new_cell, "grad_h": grad_h, "grad_cell": grad_cell, "gates": gates},
                 [state_shape, state_shape, state_shape, (batch_size, 3 * state_size)])
-    return _extension.backward(grad_h, grad_cell, new_cell, gates)
+    return _extension.backward(grad_h, grad_cell, _extension.dense(new_cell),
+                               _extension.dense(gates))
 
 
 @backward_pass.register_fake
