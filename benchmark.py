@@ -32,6 +32,11 @@ against one CUDA graph of the whole step replayed (time per step):
 
     python benchmark.py --sequence -c
 
+What float32 pointwise passes cost under bf16 autocast, next to the bf16
+matrix product (GPU time by CUDA events):
+
+    python benchmark.py --autocast -c
+
 py is lltm_ffi.reference.lltm, ffi is lltm_ffi.lltm and compile is
 torch.compile of lltm_ffi.reference.lltm, all three called with the parameters
 of one lltm_ffi.LLTM module. -c runs on the GPU, -d in float64 (else float32).
@@ -114,6 +119,8 @@ def build_parser():
                       help="the two fused CUDA passes alone, in GB/s against a copy (needs -c)")
     mode.add_argument("--overhead", action="store_true",
                       help="host time of each piece of one call at 16x32x128")
+    mode.add_argument("--autocast", action="store_true",
+                      help="the pieces of a forward under bf16 autocast, by CUDA events (needs -c)")
     mode.add_argument("--sequence", action="store_true",
                       help="a sequence of LLTM steps, eager vs CUDA graph replay (needs -c)")
     parser.add_argument("-c", "--cuda", action="store_true", help="run on the GPU")
@@ -143,6 +150,8 @@ def check_arguments(parser, args):
         parser.error("-o/--output is for --compare only")
     if args.kernels and not args.cuda:
         parser.error("--kernels times the CUDA passes alone: it needs -c/--cuda and a GPU")
+    if args.autocast and not args.cuda:
+        parser.error("--autocast times CUDA kernels: it needs -c/--cuda")
     if args.sequence and not args.cuda:
         parser.error("--sequence compares eager calls with CUDA graph replay: it needs -c/--cuda")
     if args.cuda and not torch.cuda.is_available():
@@ -798,6 +807,57 @@ def run_overhead(args, device, dtype):
     print("\n".join(lines))
 
 
+# --- Under autocast ------------------------------------------------------------------------------
+
+AUTOCAST_SIZES = (Size(256, 256, 512), Size(4096, 1024, 2048))
+
+
+def event_microseconds(function, repeats=100):
+    """Median GPU microseconds of function() by CUDA events, after a warm-up."""
+    for _ in range(WARMUP_RUNS):
+        function()
+    pairs = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in pairs) * 1e3
+
+
+def run_autocast(args, device):
+    rows = []
+    for size in AUTOCAST_SIZES:
+        inputs = CellInputs.random(size, torch.float32, device)
+        input, weights, bias, h, cell = (tensor.detach() for tensor in inputs.arguments())
+        X16 = torch.cat((h, input), dim=1).bfloat16()
+        weights16, bias16 = weights.bfloat16(), bias.bfloat16()
+        gates16 = torch.nn.functional.linear(X16, weights16, bias16)
+        gates32 = gates16.float()
+        pieces = {
+            "bf16 matrix product (F.linear)":
+                lambda: torch.nn.functional.linear(X16, weights16, bias16),
+            "gates bf16 -> float32 (the cast)": lambda: gates16.float(),
+            "float32 forward pass": lambda: _extension.forward(gates32, cell),
+        }
+        with torch.no_grad():
+            def under_autocast():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    return lltm_ffi.lltm(input, weights, bias, h, cell)
+            pieces["whole forward under autocast"] = under_autocast
+            pieces["whole forward, float32"] = lambda: lltm_ffi.lltm(input, weights, bias, h, cell)
+            for name, function_ in pieces.items():
+                rows.append([f"{size.batch}x{size.features}x{size.state}", name,
+                             f"{event_microseconds(function_):.1f}"])
+    lines = ["# The LLTM forward under bf16 autocast: where the GPU time goes", ""]
+    lines += environment_lines(device, torch.bfloat16)
+    lines += ["", "GPU microseconds (CUDA events, median of 100 after warm-up), no autograd.", ""]
+    lines.append(markdown_table(["size (BxFxS)", "piece", "us"], [":---", ":---", "---:"], rows))
+    print("\n".join(lines))
+
+
 # --- A sequence of steps, eager and as one CUDA graph ----------------------------------------
 
 SEQUENCE_SHAPE = (16, 16, 32, 128)  # steps, batch, features, state
@@ -868,6 +928,8 @@ def main(argv=None):
             run_overhead(args, device, dtype)
         elif args.sequence:
             run_sequence(args, device, dtype)
+        elif args.autocast:
+            run_autocast(args, device)
         else:
             run_single(args, device, dtype)
     except Disagreement as error:
