@@ -59,6 +59,19 @@ static bool packs_fit(int64_t state_size, const void* const* pointers, int count
   return true;
 }
 
+// The input gate, output gate and candidate cell pre-activations of one pack:
+// the same columns of the three thirds of a gates row.
+template <typename P>
+struct GatePacks {
+  P input, output, candidate;
+
+  template <typename Index>
+  __device__ __forceinline__ GatePacks(const P* gates, Index gate_index, Index packs_per_row)
+      : input(gates[gate_index]),
+        output(gates[gate_index + packs_per_row]),
+        candidate(gates[gate_index + 2 * packs_per_row]) {}
+};
+
 // Row and column arithmetic in 32 bits when every gates index fits: a 64-bit
 // division costs several times a 32-bit one.
 static inline bool fits_int32(int64_t value) { return value <= INT32_MAX; }
@@ -74,17 +87,14 @@ __global__ void lltm_forward_kernel(const int64_t count, const Index packs_per_r
   CUDA_KERNEL_LOOP(index, count) {
     const Index row = (Index)index / packs_per_row;
     const Index column = (Index)index - row * packs_per_row;
-    const Index gate_index = row * 3 * packs_per_row + column;
-    const P input_pre = gate_packs[gate_index];
-    const P output_pre = gate_packs[gate_index + packs_per_row];
-    const P candidate_pre = gate_packs[gate_index + 2 * packs_per_row];
+    const GatePacks<P> pre(gate_packs, row * 3 * packs_per_row + column, packs_per_row);
     const P old = reinterpret_cast<const P*>(old_cell)[index];
     P h, cell;
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
-      const Dtype input_gate = sigmoid(input_pre.value[k]);
-      const Dtype output_gate = sigmoid(output_pre.value[k]);
-      const Dtype candidate_cell = elu(candidate_pre.value[k]);
+      const Dtype input_gate = sigmoid(pre.input.value[k]);
+      const Dtype output_gate = sigmoid(pre.output.value[k]);
+      const Dtype candidate_cell = elu(pre.candidate.value[k]);
       cell.value[k] = old.value[k] + candidate_cell * input_gate;
       h.value[k] = tanh_of(cell.value[k]) * output_gate;
     }
@@ -158,9 +168,7 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
     const Index row = (Index)index / packs_per_row;
     const Index column = (Index)index - row * packs_per_row;
     const Index gate_index = row * 3 * packs_per_row + column;
-    const P input_pre = gate_packs[gate_index];
-    const P output_pre = gate_packs[gate_index + packs_per_row];
-    const P candidate_pre = gate_packs[gate_index + 2 * packs_per_row];
+    const GatePacks<P> pre(gate_packs, gate_index, packs_per_row);
     const P cell = reinterpret_cast<const P*>(new_cell)[index];
     const P d_h = reinterpret_cast<const P*>(grad_h)[row * grad_h_row + column * grad_h_column];
     const P d_cell =
@@ -168,9 +176,9 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
     P d_old, d_input_gate, d_output_gate, d_candidate_cell;
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
-      const Dtype input_gate = sigmoid(input_pre.value[k]);
-      const Dtype output_gate = sigmoid(output_pre.value[k]);
-      const Dtype candidate_cell = elu(candidate_pre.value[k]);
+      const Dtype input_gate = sigmoid(pre.input.value[k]);
+      const Dtype output_gate = sigmoid(pre.output.value[k]);
+      const Dtype candidate_cell = elu(pre.candidate.value[k]);
       const Dtype tanh_new_cell = tanh_of(cell.value[k]);
       const Dtype d_new_cell =
           (Dtype(1) - tanh_new_cell * tanh_new_cell) * output_gate * d_h.value[k] +
@@ -180,7 +188,7 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
           candidate_cell * d_new_cell * input_gate * (Dtype(1) - input_gate);
       d_output_gate.value[k] =
           tanh_new_cell * d_h.value[k] * output_gate * (Dtype(1) - output_gate);
-      d_candidate_cell.value[k] = input_gate * d_new_cell * d_elu(candidate_pre.value[k]);
+      d_candidate_cell.value[k] = input_gate * d_new_cell * d_elu(pre.candidate.value[k]);
     }
     reinterpret_cast<P*>(d_old_cell)[index] = d_old;
     d_gate_packs[gate_index] = d_input_gate;

@@ -6,6 +6,7 @@ LLTM_TEST_SEED to it replays the same inputs.
 """
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -120,3 +121,16 @@ def assert_agrees_with_reference(errors, dtype):
     details = ", ".join(f"{key}={value:.3g}" for key, value in errors.items() if key != "seed")
     assert error <= tolerance, (f"{name} relative error {error:.3g} exceeds {tolerance:g} "
                                 f"(seed {errors['seed']}; {details})")
+
+
+def replaced(inputs, name, value):
+    """A copy of the five arguments with the one called `name` replaced."""
+    inputs = list(inputs)
+    inputs[ARGUMENT_NAMES.index(name)] = value
+    return inputs
+
+
+def raises_with(exception, *fragments):
+    """pytest.raises for `exception` whose message holds every fragment, literally."""
+    return pytest.raises(exception, match="".join(f"(?=[\\s\\S]*{re.escape(str(fragment))})"
+                                                  for fragment in fragments))

@@ -26,33 +26,19 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+# conftest puts the checkout first on sys.path (for the child too, which runs
+# this file as a script from tests/).
+from conftest import ARGUMENT_NAMES, REPO_ROOT, SEED_VARIABLE, raises_with, replaced
 
 import lltm_ffi  # noqa: E402
 from lltm_ffi import reference, selfcheck  # noqa: E402
 
-ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
-SEED_VARIABLE = "LLTM_TEST_SEED"
 SHAPE = (3, 5, 7)  # batch, input_features, state_size
 B, F, S = SHAPE
 
 
 def _inputs(shape, dtype, device, generator):
     return list(selfcheck.random_inputs(*shape, dtype, device, generator))
-
-
-def _replaced(inputs, name, value):
-    inputs = list(inputs)
-    inputs[ARGUMENT_NAMES.index(name)] = value
-    return inputs
-
-
-def _raises(exception, *fragments):
-    """pytest.raises for `exception` whose message holds every fragment, literally."""
-    return pytest.raises(exception, match="".join(f"(?=[\\s\\S]*{re.escape(str(fragment))})"
-                                                  for fragment in fragments))
 
 
 def _devices():
@@ -74,8 +60,8 @@ BAD_DTYPES = [torch.int32, torch.int64, torch.bool, torch.float16, torch.bfloat1
 def test_unsupported_dtype(name, bad_dtype, device, generator):
     inputs = _inputs(SHAPE, torch.float32, device, generator)
     value = (inputs[ARGUMENT_NAMES.index(name)] * 10).to(bad_dtype)
-    with _raises(TypeError, f"lltm: {name} has dtype {bad_dtype}"):
-        lltm_ffi.lltm(*_replaced(inputs, name, value))
+    with raises_with(TypeError, f"lltm: {name} has dtype {bad_dtype}"):
+        lltm_ffi.lltm(*replaced(inputs, name, value))
 
 
 @pytest.mark.parametrize("name", ARGUMENT_NAMES)
@@ -83,28 +69,28 @@ def test_one_argument_of_the_other_float_dtype(name, device, generator):
     inputs = _inputs(SHAPE, torch.float32, device, generator)
     value = inputs[ARGUMENT_NAMES.index(name)].double()
     # Naming input when input is the odd one out is enough: the message names both.
-    with _raises(TypeError, name, "torch.float64", "torch.float32"):
-        lltm_ffi.lltm(*_replaced(inputs, name, value))
+    with raises_with(TypeError, name, "torch.float64", "torch.float32"):
+        lltm_ffi.lltm(*replaced(inputs, name, value))
 
 
 @pytest.mark.parametrize("name", ARGUMENT_NAMES)
 def test_not_a_tensor(name, generator):
     inputs = _inputs(SHAPE, torch.float32, "cpu", generator)
-    with _raises(TypeError, f"{name} must be a torch.Tensor", "NoneType"):
-        lltm_ffi.lltm(*_replaced(inputs, name, None))
+    with raises_with(TypeError, f"{name} must be a torch.Tensor", "NoneType"):
+        lltm_ffi.lltm(*replaced(inputs, name, None))
 
 
 @pytest.mark.parametrize("name", ARGUMENT_NAMES)
 def test_one_argument_on_the_meta_device(name, generator):
     inputs = _inputs(SHAPE, torch.float32, "cpu", generator)
     value = inputs[ARGUMENT_NAMES.index(name)].to("meta")
-    with _raises(ValueError, name, "meta", "same device"):
-        lltm_ffi.lltm(*_replaced(inputs, name, value))
+    with raises_with(ValueError, name, "meta", "same device"):
+        lltm_ffi.lltm(*replaced(inputs, name, value))
 
 
 def test_every_argument_on_the_meta_device(generator):
     inputs = [tensor.to("meta") for tensor in _inputs(SHAPE, torch.float32, "cpu", generator)]
-    with _raises(ValueError, "meta", "lltm_ffi runs on cpu and cuda"):
+    with raises_with(ValueError, "meta", "lltm_ffi runs on cpu and cuda"):
         lltm_ffi.lltm(*inputs)
 
 
@@ -114,8 +100,8 @@ def test_one_argument_on_another_device(name, odd_one, cuda_device, generator):
     others = "cpu" if odd_one == "cuda" else cuda_device
     inputs = _inputs(SHAPE, torch.float32, others, generator)
     value = inputs[ARGUMENT_NAMES.index(name)].to(odd_one)
-    with _raises(ValueError, name, "same device"):
-        lltm_ffi.lltm(*_replaced(inputs, name, value))
+    with raises_with(ValueError, name, "same device"):
+        lltm_ffi.lltm(*replaced(inputs, name, value))
 
 
 @pytest.mark.parametrize("name", ARGUMENT_NAMES)
@@ -124,8 +110,8 @@ def test_one_argument_on_another_gpu(name, generator):
         pytest.skip("needs 2 GPUs")
     inputs = _inputs(SHAPE, torch.float32, "cuda:0", generator)
     value = inputs[ARGUMENT_NAMES.index(name)].to("cuda:1")
-    with _raises(ValueError, name, "cuda:1", "cuda:0", "same device"):
-        lltm_ffi.lltm(*_replaced(inputs, name, value))
+    with raises_with(ValueError, name, "cuda:1", "cuda:0", "same device"):
+        lltm_ffi.lltm(*replaced(inputs, name, value))
 
 
 # (argument, shape of the replacement) for every rank an argument must not have.
@@ -143,8 +129,8 @@ WRONG_RANKS = [(name, shape) for name, shapes in {
 def test_wrong_rank(name, shape, device, generator):
     inputs = _inputs(SHAPE, torch.float32, device, generator)
     value = torch.randn(shape, generator=generator).to(device)
-    with _raises(ValueError, f"{name} must have", f"got shape {shape}"):
-        lltm_ffi.lltm(*_replaced(inputs, name, value))
+    with raises_with(ValueError, f"{name} must have", f"got shape {shape}"):
+        lltm_ffi.lltm(*replaced(inputs, name, value))
 
 
 # (argument, wrong shape): sizes that disagree with the other arguments.
@@ -172,8 +158,8 @@ WRONG_SIZES = [
 def test_wrong_size(name, shape, device, generator):
     inputs = _inputs(SHAPE, torch.float32, device, generator)
     value = torch.randn(shape, generator=generator).to(device)
-    with _raises(ValueError, name, f"shape {shape}"):
-        lltm_ffi.lltm(*_replaced(inputs, name, value))
+    with raises_with(ValueError, name, f"shape {shape}"):
+        lltm_ffi.lltm(*replaced(inputs, name, value))
 
 
 def test_old_h_and_old_cell_of_one_other_state_size(device, generator):
@@ -181,7 +167,7 @@ def test_old_h_and_old_cell_of_one_other_state_size(device, generator):
     inputs = _inputs(SHAPE, torch.float32, device, generator)
     inputs[3] = torch.randn(B, S + 1, generator=generator).to(device)
     inputs[4] = torch.randn(B, S + 1, generator=generator).to(device)
-    with _raises(ValueError, "weights has shape", f"old_h of shape {(B, S + 1)}"):
+    with raises_with(ValueError, "weights has shape", f"old_h of shape {(B, S + 1)}"):
         lltm_ffi.lltm(*inputs)
 
 
@@ -200,8 +186,8 @@ def _to_layout(tensor, layout):
 def test_non_strided_layout(name, layout, generator):
     inputs = _inputs(SHAPE, torch.float32, "cpu", generator)
     value = _to_layout(inputs[ARGUMENT_NAMES.index(name)], layout)
-    with _raises(TypeError, f"lltm: {name} has layout {value.layout}"):
-        lltm_ffi.lltm(*_replaced(inputs, name, value))
+    with raises_with(TypeError, f"lltm: {name} has layout {value.layout}"):
+        lltm_ffi.lltm(*replaced(inputs, name, value))
 
 
 # ---------------------------------------------------------------------------
@@ -271,7 +257,7 @@ def test_non_finite_value_gives_the_reference_results(name, value, dtype, device
     inputs = _inputs(SHAPE, dtype, device, generator)
     poisoned = inputs[ARGUMENT_NAMES.index(name)].clone()
     poisoned.view(-1)[poisoned.numel() // 2] = NON_FINITE[value]
-    inputs = _replaced(inputs, name, poisoned)
+    inputs = replaced(inputs, name, poisoned)
     grad_outputs = [torch.randn(B, S, generator=generator, dtype=dtype).to(device)
                     for _ in range(2)]
     got = _results(lltm_ffi.lltm, inputs, grad_outputs)
@@ -313,7 +299,7 @@ def test_nan_spreads_as_the_cell_says(name, element, device, generator):
     inputs = _inputs(SHAPE, torch.float32, device, generator)
     poisoned = inputs[ARGUMENT_NAMES.index(name)].clone()
     poisoned[element] = math.nan
-    inputs = _replaced(inputs, name, poisoned)
+    inputs = replaced(inputs, name, poisoned)
     for output_name, output, expected in zip(selfcheck.OUTPUT_NAMES, lltm_ffi.lltm(*inputs),
                                              NAN_FOOTPRINTS[name, element]):
         mask = torch.isnan(output).cpu()
