@@ -18,12 +18,10 @@ from torch import Tensor
 
 from . import _extension
 
-# The C pass for each (device type, dtype), looked up in the compiled module
-# at call time: importing lltm_ffi works without one (see _extension).
-_FORWARD_NAMES = {("cpu", torch.float32): "lltm_round_forward_cpu_float",
-                  ("cpu", torch.float64): "lltm_round_forward_cpu_double",
-                  ("cuda", torch.float32): "lltm_round_forward_cuda_float",
-                  ("cuda", torch.float64): "lltm_round_forward_cuda_double"}
+# The C passes by dtype ({} without a usable compiled module: importing
+# lltm_ffi works without one, and the first call says what to do).
+_CPU_FORWARD = _extension._functions("lltm_round_forward_cpu")
+_CUDA_FORWARD = _extension._functions("lltm_round_forward_cuda")
 
 
 def check_argument(input):
@@ -44,22 +42,9 @@ def round_forward(input):
     dtype and device. input must have passed check_argument."""
     input = _extension.dense(input)
     output = torch.empty_like(input, memory_format=torch.contiguous_format)
-    count = input.numel()
-    if count == 0:
-        return output
-    device = input.device
-    forward = getattr(_extension.require(), _FORWARD_NAMES[device.type, input.dtype])
-    ffi = _extension.ffi
-    pointer_type = _extension.POINTER_TYPES[input.dtype]
-    # The casts own nothing: input and output stay referenced through the call.
-    input_pointer = ffi.cast(pointer_type, input.data_ptr())
-    output_pointer = ffi.cast(pointer_type, output.data_ptr())
-    if device.type == "cuda":
-        stream = ffi.cast("void *", _extension._current_raw_stream(device.index))
-        code = forward(count, input_pointer, output_pointer, device.index, stream)
-    else:
-        code = forward(count, input_pointer, output_pointer)
-    _extension._check("lltm_round_forward", code)
+    if input.numel():
+        _extension._call(_CPU_FORWARD, _CUDA_FORWARD, "lltm_round_forward", input,
+                         (input.numel(),), (input, output))
     return output
 
 
