@@ -26,9 +26,18 @@ endif
 
 all: $(BUILD)/module.stamp
 
-$(BUILD)/%.o: src/%.cu $(HEADERS) Makefile
+$(BUILD)/%.o: src/%.cu $(HEADERS) Makefile $(BUILD)/cuda_arch.flags
 	@mkdir -p $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -Iinclude -c $< -o $@
+
+# The architectures of the last kernel build: rewritten (and so newer than the
+# objects) only when CUDA_ARCH changes, which recompiles the kernels.
+$(BUILD)/cuda_arch.flags: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(CUDA_ARCH)' | cmp -s - $@ || echo '$(CUDA_ARCH)' > $@
+
+.PHONY: FORCE
+FORCE:
 
 # CUDA=0 and CUDA=1 builds write the same module, so the stamp records which one it is.
 $(BUILD)/module.stamp: build_ffi.py lltm_ffi/_build_info.py $(C_SOURCES) $(HEADERS) $(KERNEL_OBJECTS) Makefile $(BUILD)/cuda-$(CUDA)
