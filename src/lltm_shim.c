@@ -62,28 +62,30 @@ static int leave_device(int device, int previous, cudaError_t status) {
   return (int)status;
 }
 
+/* The body of every CUDA entry point: run `launch` (a cudaError_t expression)
+ * on `device` and return its code, or the device switch's. */
+#define LLTM_ON_DEVICE(device, launch)                                   \
+  do {                                                                   \
+    int previous_device;                                                 \
+    const cudaError_t entered = enter_device((device), &previous_device); \
+    if (entered != cudaSuccess) return (int)entered;                     \
+    return leave_device((device), previous_device, (launch));            \
+  } while (0)
+
 int lltm_forward_cuda_float(int64_t batch_size, int64_t state_size,
                             const float* gates, const float* old_cell,
                             float* new_h, float* new_cell,
                             int device, void* stream) {
-  int previous;
-  const cudaError_t status = enter_device(device, &previous);
-  if (status != cudaSuccess) return (int)status;
-  return leave_device(device, previous,
-                      lltm_launch_forward_float(batch_size, state_size, gates, old_cell,
-                                                new_h, new_cell, (cudaStream_t)stream));
+  LLTM_ON_DEVICE(device, lltm_launch_forward_float(batch_size, state_size, gates, old_cell,
+                                                   new_h, new_cell, (cudaStream_t)stream));
 }
 
 int lltm_forward_cuda_double(int64_t batch_size, int64_t state_size,
                              const double* gates, const double* old_cell,
                              double* new_h, double* new_cell,
                              int device, void* stream) {
-  int previous;
-  const cudaError_t status = enter_device(device, &previous);
-  if (status != cudaSuccess) return (int)status;
-  return leave_device(device, previous,
-                      lltm_launch_forward_double(batch_size, state_size, gates, old_cell,
-                                                 new_h, new_cell, (cudaStream_t)stream));
+  LLTM_ON_DEVICE(device, lltm_launch_forward_double(batch_size, state_size, gates, old_cell,
+                                                    new_h, new_cell, (cudaStream_t)stream));
 }
 
 int lltm_backward_cuda_float(int64_t batch_size, int64_t state_size,
@@ -93,15 +95,11 @@ int lltm_backward_cuda_float(int64_t batch_size, int64_t state_size,
                              const float* new_cell, const float* gates,
                              float* d_old_cell, float* d_gates,
                              int device, void* stream) {
-  int previous;
-  const cudaError_t status = enter_device(device, &previous);
-  if (status != cudaSuccess) return (int)status;
-  return leave_device(device, previous,
-                      lltm_launch_backward_float(batch_size, state_size, grad_h_row_stride,
-                                                 grad_h_column_stride, grad_cell_row_stride,
-                                                 grad_cell_column_stride, grad_h, grad_cell,
-                                                 new_cell, gates, d_old_cell, d_gates,
-                                                 (cudaStream_t)stream));
+  LLTM_ON_DEVICE(device, lltm_launch_backward_float(batch_size, state_size, grad_h_row_stride,
+                                                    grad_h_column_stride, grad_cell_row_stride,
+                                                    grad_cell_column_stride, grad_h, grad_cell,
+                                                    new_cell, gates, d_old_cell, d_gates,
+                                                    (cudaStream_t)stream));
 }
 
 int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
@@ -111,33 +109,23 @@ int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
                               const double* new_cell, const double* gates,
                               double* d_old_cell, double* d_gates,
                               int device, void* stream) {
-  int previous;
-  const cudaError_t status = enter_device(device, &previous);
-  if (status != cudaSuccess) return (int)status;
-  return leave_device(device, previous,
-                      lltm_launch_backward_double(batch_size, state_size, grad_h_row_stride,
-                                                 grad_h_column_stride, grad_cell_row_stride,
-                                                 grad_cell_column_stride, grad_h, grad_cell,
-                                                  new_cell, gates, d_old_cell, d_gates,
-                                                  (cudaStream_t)stream));
+  LLTM_ON_DEVICE(device, lltm_launch_backward_double(batch_size, state_size, grad_h_row_stride,
+                                                     grad_h_column_stride, grad_cell_row_stride,
+                                                     grad_cell_column_stride, grad_h, grad_cell,
+                                                     new_cell, gates, d_old_cell, d_gates,
+                                                     (cudaStream_t)stream));
 }
 
 int lltm_round_forward_cuda_float(int64_t count, const float* input, float* output,
                                   int device, void* stream) {
-  int previous;
-  const cudaError_t status = enter_device(device, &previous);
-  if (status != cudaSuccess) return (int)status;
-  return leave_device(device, previous,
-                      lltm_launch_round_forward_float(count, input, output, (cudaStream_t)stream));
+  LLTM_ON_DEVICE(device, lltm_launch_round_forward_float(count, input, output,
+                                                         (cudaStream_t)stream));
 }
 
 int lltm_round_forward_cuda_double(int64_t count, const double* input, double* output,
                                    int device, void* stream) {
-  int previous;
-  const cudaError_t status = enter_device(device, &previous);
-  if (status != cudaSuccess) return (int)status;
-  return leave_device(device, previous,
-                      lltm_launch_round_forward_double(count, input, output, (cudaStream_t)stream));
+  LLTM_ON_DEVICE(device, lltm_launch_round_forward_double(count, input, output,
+                                                          (cudaStream_t)stream));
 }
 
 #else /* CPU-only build: the CUDA entry points exist and refuse. */
