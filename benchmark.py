@@ -11,7 +11,9 @@ All three side by side, taking turns run by run, at 16x32x128, 256x256x512
 and (on CUDA only) 4096x1024x2048 (batch x features x state), once each has
 been checked against the reference; prints a markdown table, writes it to
 --output (default bench_out/compare_{cpu,cuda}.md) and, when matplotlib is
-importable, a bar chart next to it (.png):
+importable, a bar chart next to it (.png). A fourth cell, "floor", which does
+no LLTM work, takes its turn with them: the least any cell costs under this
+timing on the machine at hand.
 
     python benchmark.py --compare [-c] [-d] [-r RUNS] [--output PATH]
 
@@ -51,6 +53,7 @@ import shlex
 import statistics
 import sys
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +63,9 @@ import lltm_ffi
 from lltm_ffi import _extension, reference, selfcheck
 
 IMPLEMENTATIONS = ("py", "ffi", "compile")
+# --compare also times "floor", a cell that does no LLTM work, in the same rotation.
+FLOOR = "floor"
+TIMED = IMPLEMENTATIONS + (FLOOR,)
 DEFAULT_SIZE = (16, 32, 128)  # the tutorial's batch, features, state
 DEFAULT_RUNS = 100  # the tutorial's, for one implementation
 WARMUP_RUNS = 20
@@ -204,6 +210,14 @@ def make_implementation(name):
     if name == "ffi":
         return lltm_ffi.lltm
     return torch.compile(reference.lltm, dynamic=False, fullgraph=True)
+
+
+def floor_cell(input, weights, bias, old_h, old_cell):
+    """No LLTM work at all: one reduction per parameter forward, the loss's own
+    nodes and one gradient kernel per parameter backward. Timed like the
+    implementations, it is the least any cell can take under this timing, and
+    floor/py the smallest ratio any implementation can reach on the machine."""
+    return weights.sum(), bias.sum()
 
 
 def synchronizer(device):
@@ -401,11 +415,13 @@ def run_compare(args, device, dtype):
             # torch.compile under its recompile limit, past which it runs eagerly.
             torch._dynamo.reset()
         inputs = CellInputs.random(size, dtype, device)
-        note(f"{size}: warming up, then {runs} runs of {', '.join(implementations)}...")
+        note(f"{size}: warming up, then {runs} runs of {', '.join(implementations)} and {FLOOR}...")
         for name, lltm in list(implementations.items()):
             with tolerating_compile_failure(name, implementations, failures):
                 warm_up(name, lltm, inputs, synchronize)
-        timings = time_interleaved(implementations, inputs, runs, synchronize, str(size))
+        warm_up(FLOOR, floor_cell, inputs, synchronize)
+        timings = time_interleaved({**implementations, FLOOR: floor_cell}, inputs, runs,
+                                   synchronize, str(size))
         results.append(SizeResult(size, runs, timings))
 
     output = args.output or Path("bench_out") / f"compare_{device.type}.md"
@@ -468,7 +484,7 @@ def min_us(timings, pass_name):
 
 def timing_rows(results):
     for result in results:
-        for name in IMPLEMENTATIONS:
+        for name in TIMED:
             timings = result.timings.get(name)
             if timings is None:
                 cells = ["failed"] * 4
@@ -479,14 +495,17 @@ def timing_rows(results):
             yield [str(result.size), name, str(result.runs), *cells]
 
 
+RATIOS = (("ffi", "py"), ("ffi", "compile"), (FLOOR, "py"))
+
+
 def ratio_rows(results):
     for result in results:
         cells = []
-        for other in ("py", "compile"):
+        for numerator, denominator in RATIOS:
             for pass_name in ("forward", "backward"):
-                if other in result.timings and "ffi" in result.timings:
-                    ratio = (median_us(result.timings["ffi"], pass_name)
-                             / median_us(result.timings[other], pass_name))
+                if numerator in result.timings and denominator in result.timings:
+                    ratio = (median_us(result.timings[numerator], pass_name)
+                             / median_us(result.timings[denominator], pass_name))
                     cells.append(f"{ratio:.2f}")
                 else:
                     cells.append("failed")
@@ -519,11 +538,16 @@ def compare_report(results, failures, worst, device, dtype, plot):
                        [":---", ":---", "---:", "---:", "---:", "---:", "---:"],
                        timing_rows(results)),
         "",
-        "Ratios of medians (below 1: ffi is faster):",
+        f"{FLOOR}: a cell that does no LLTM work (returns weights.sum() and bias.sum()), timed "
+        "in the same rotation: no implementation can take less here, and floor/py is the "
+        "smallest ratio any implementation can reach on this machine.",
         "",
-        markdown_table(["size (BxFxS)", "forward ffi/py", "backward ffi/py",
-                        "forward ffi/compile", "backward ffi/compile"],
-                       [":---", "---:", "---:", "---:", "---:"], ratio_rows(results)),
+        "Ratios of medians (below 1: the first is faster):",
+        "",
+        markdown_table(["size (BxFxS)"] + [f"{pass_name} {numerator}/{denominator}"
+                                           for numerator, denominator in RATIOS
+                                           for pass_name in ("forward", "backward")],
+                       [":---"] + ["---:"] * (2 * len(RATIOS)), ratio_rows(results)),
     ]
     if plot is not None:
         lines += ["", f"![median times]({plot.name})"]
@@ -540,10 +564,10 @@ def write_plot(results, path, title):
     except ImportError:
         return False
     figure, axes = pyplot.subplots(1, 2, figsize=(12, 4.5))
-    width = 0.8 / len(IMPLEMENTATIONS)
+    width = 0.8 / len(TIMED)
     for axis, pass_name in zip(axes, ("forward", "backward")):
-        for index, name in enumerate(IMPLEMENTATIONS):
-            positions = [position + (index - (len(IMPLEMENTATIONS) - 1) / 2) * width
+        for index, name in enumerate(TIMED):
+            positions = [position + (index - (len(TIMED) - 1) / 2) * width
                          for position in range(len(results))]
             medians = [median_us(result.timings[name], pass_name) if name in result.timings
                        else math.nan for result in results]
@@ -755,7 +779,24 @@ def overhead_rows(device, dtype):
     def tiny_forward():
         return ones * 2
 
+    def backward_steps(lltm):
+        """[timed backward, untimed forward before it]."""
+        outputs = []
+
+        def forward():
+            inputs.module.zero_grad()
+            outputs[:] = lltm(*inputs.arguments())
+
+        def backward():
+            out_h, out_cell = outputs
+            (out_h.sum() + out_cell.sum()).backward()
+        return [backward, forward]
+
     tiny_leaf = ones.clone().requires_grad_(True)
+    # What autograd hands LLTMFunction.backward, without autograd around it.
+    saved = types.SimpleNamespace(
+        saved_tensors=(X, weights.detach(), gates, new_cell), bias_shape=bias.shape,
+        needs_input_grad=(False, True, True, False, False))
     rows = [
         ("check_arguments (validation)", lambda: function.check_arguments(*inputs.arguments())),
         ("torch.cat((old_h, input))", lambda: torch.cat((h, input), dim=1)),
@@ -775,8 +816,11 @@ def overhead_rows(device, dtype):
          lambda: _extension.backward(grad_h, grad_cell, new_cell, gates)),
         ("torch.ops.lltm_ffi.backward_pass (registered op)",
          lambda: torch.ops.lltm_ffi.backward_pass(grad_h, grad_cell, new_cell, gates)),
+        ("LLTMFunction.backward body (pass, 2 x mm, sum)",
+         lambda: function.LLTMFunction.backward.__wrapped__(saved, grad_h, grad_cell)),
         ("lltm_ffi forward + backward step", step(lltm_ffi.lltm)),
         ("reference forward + backward step", step(reference.lltm)),
+        ("floor cell forward + backward step (no LLTM work)", step(floor_cell)),
     ]
     if device.type == "cuda":
         rows.insert(5, ("current stream lookup", lambda: _extension._current_raw_stream(device.index)))
@@ -790,18 +834,24 @@ def overhead_rows(device, dtype):
                                                         step(lltm_ffi.lltm)]),
         ("reference forward, timed as --compare does", [lambda: reference.lltm(*inputs.arguments()),
                                                          step(reference.lltm)]),
+        ("floor cell forward, timed as --compare does", [lambda: floor_cell(*inputs.arguments()),
+                                                          step(floor_cell)]),
+        ("lltm_ffi backward, timed as --compare does", backward_steps(lltm_ffi.lltm)),
+        ("reference backward, timed as --compare does", backward_steps(reference.lltm)),
+        ("floor cell backward, timed as --compare does", backward_steps(floor_cell)),
     ]
     table += [[name, f"{synchronized_microseconds(steps):.2f}"] for name, steps in synchronized]
-    return table
+    return table, len(synchronized)
 
 
 def run_overhead(args, device, dtype):
     note("timing the pieces of one call...")
-    rows = overhead_rows(device, dtype)
+    rows, synchronized_count = overhead_rows(device, dtype)
     lines = ["# Where the host time of one LLTM call goes (16x32x128)", ""]
     lines += environment_lines(device, dtype)
     lines += ["", "Host microseconds per call (median of 7 batches of back-to-back calls; "
-              "the last four rows: median of 300 calls each timed between two synchronisations).",
+              f"the last {synchronized_count} rows: median of 300 calls each timed between two "
+              "synchronisations, after the untimed steps --compare runs between them).",
               ""]
     lines.append(markdown_table(["piece", "us"], [":---", "---:"], rows))
     print("\n".join(lines))

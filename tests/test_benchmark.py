@@ -1,0 +1,154 @@
+"""benchmark.py's behaviour, not its timings: the tutorial's output line, the
+--compare report (every implementation and the floor cell, both ratio tables,
+the agreement line), its refusal to time an implementation that disagrees
+with the reference, and clear errors for arguments it cannot run."""
+
+import re
+
+import pytest
+import torch
+
+import benchmark
+from conftest import skip_without_gpu
+
+TUTORIAL_LINE = re.compile(r"Forward: \d+\.\d{3}/\d+\.\d{3} us \| Backward \d+\.\d{3}/\d+\.\d{3} us")
+# Small sizes and few runs: the report's machinery, quickly.
+SMALL_COMPARE_SIZES = (
+    (benchmark.Size(3, 5, 7), {"cpu": 2, "cuda": 2}),
+    (benchmark.Size(1, 4, 9), {"cpu": 2, "cuda": 2}),
+)
+
+
+@pytest.fixture
+def small_compare(monkeypatch):
+    monkeypatch.setattr(benchmark, "COMPARE_SIZES", SMALL_COMPARE_SIZES)
+    monkeypatch.setattr(benchmark, "WARMUP_RUNS", 2)
+
+
+def device_flags(device):
+    return ["-c"] if device.type == "cuda" else []
+
+
+@pytest.mark.parametrize("implementation", ["py", "ffi"])
+def test_one_implementation_prints_the_tutorial_line(implementation, device, capsys):
+    code = benchmark.main([implementation, *device_flags(device), "-r", "3", "-b", "5", "-f", "7",
+                           "-s", "9"])
+    assert code == 0
+    assert TUTORIAL_LINE.fullmatch(capsys.readouterr().out.strip())
+
+
+def test_compare_reports_every_implementation_and_the_floor(small_compare, device, tmp_path,
+                                                            capsys):
+    output = tmp_path / "compare.md"
+    assert benchmark.main(["--compare", *device_flags(device), "--output", str(output)]) == 0
+    report = output.read_text()
+    assert report.strip() == capsys.readouterr().out.strip()
+    assert "- agreement: the outputs and five gradients of every implementation" in report
+    for size, _ in SMALL_COMPARE_SIZES:
+        for name in benchmark.TIMED:
+            row = re.search(rf"^\| {size} \| {name} \| 2 \|(.*)\|$", report, flags=re.MULTILINE)
+            assert row, f"no timing row for {name} at {size}"
+            cells = [cell.strip() for cell in row.group(1).split("|")]
+            assert len(cells) == 4 and all(float(cell) > 0 for cell in cells), row.group(0)
+        ratios = re.search(rf"^\| {size} \|((?: [0-9.]+ \|){{6}})$", report, flags=re.MULTILINE)
+        assert ratios, f"no ratio row of six numbers at {size}"
+    assert "| forward floor/py | backward floor/py |" in report
+
+
+def test_compare_refuses_an_implementation_that_disagrees(small_compare, monkeypatch, tmp_path,
+                                                          capsys):
+    real = benchmark.make_implementation
+
+    def make_implementation(name):
+        if name != "ffi":
+            return real(name)
+
+        def off_by_a_little(*arguments):
+            new_h, new_cell = real("ffi")(*arguments)
+            return new_h * (1 + 1e-3), new_cell
+        return off_by_a_little
+
+    monkeypatch.setattr(benchmark, "make_implementation", make_implementation)
+    output = tmp_path / "compare.md"
+    assert benchmark.main(["--compare", "--output", str(output)]) == 1
+    error = capsys.readouterr().err
+    assert re.search(r"ffi disagrees with the reference at 3x5x7 \(float32\): new_h has relative "
+                     r"error [0-9.e-]+, tolerance 1e-05", error), error
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["ffi", "-r", "0"], "argument -r/--runs: must be positive, got 0"),
+    (["ffi", "-b", "x"], "argument -b/--batch-size: 'x' is not an integer"),
+    (["--compare", "-b", "4"], "-b/-f/-s set the size for one implementation"),
+    (["ffi", "-o", "out.md"], "-o/--output is for --compare only"),
+    (["--kernels"], "--kernels times the CUDA passes alone: it needs -c/--cuda"),
+    (["--sequence"], "--sequence compares eager calls with CUDA graph replay: it needs -c/--cuda"),
+    (["ffi", "--compare"], "not allowed with argument"),
+    ([], "one of the arguments"),
+])
+def test_bad_arguments_exit_2_saying_why(arguments, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(arguments)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cuda_flag_without_a_gpu_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("there is a GPU: -c is valid here")
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["ffi", "-c"])
+    assert exit_info.value.code == 2
+    assert "-c/--cuda: this torch" in capsys.readouterr().err
+
+
+def test_kernels_report_their_bandwidth_next_to_the_copy(monkeypatch, capsys):
+    skip_without_gpu()
+    monkeypatch.setattr(benchmark, "KERNEL_SIZES", ((257, 129), (64, 256)))
+    monkeypatch.setattr(benchmark, "WARMUP_RUNS", 2)
+    assert benchmark.main(["--kernels", "-c", "-r", "3"]) == 0
+    report = capsys.readouterr().out
+    for size in ("257x129", "64x256"):
+        for step in ("forward", "backward", "copy"):
+            assert re.search(rf"^\| {size} \| {step} \| [0-9.]+ \| [0-9.]+ \| \d+ \| [0-9.]+ \|$",
+                             report, flags=re.MULTILINE), f"no {step} row at {size}"
+
+
+def rows_of_numbers(report, columns):
+    """The markdown rows of `report` whose last `columns` cells are numbers."""
+    numbers = r" [0-9.]+ \|" * columns
+    return re.findall(rf"^\|.*\|{numbers}$", report, flags=re.MULTILINE)
+
+
+def test_overhead_times_every_piece(device, monkeypatch, capsys):
+    real_host, real_synchronized = benchmark.host_microseconds, benchmark.synchronized_microseconds
+    monkeypatch.setattr(benchmark, "host_microseconds",
+                        lambda function, calls, batches=1: real_host(function, 3, batches))
+    monkeypatch.setattr(benchmark, "synchronized_microseconds",
+                        lambda steps: real_synchronized(steps, runs=3))
+    assert benchmark.main(["--overhead", *device_flags(device)]) == 0
+    report = capsys.readouterr().out
+    rows = rows_of_numbers(report, 1)
+    assert len(rows) == (26 if device.type == "cuda" else 25), report
+    for piece in ("lltm_ffi.lltm forward", "LLTMFunction.backward body",
+                  "floor cell backward, timed as --compare does"):
+        assert any(piece in row for row in rows), piece
+
+
+def test_sequence_compares_eager_with_graph_replay(monkeypatch, capsys):
+    skip_without_gpu()
+    monkeypatch.setattr(benchmark, "SEQUENCE_SHAPE", (3, 5, 7, 9))
+    monkeypatch.setattr(benchmark, "WARMUP_RUNS", 2)
+    assert benchmark.main(["--sequence", "-c", "-r", "3"]) == 0
+    rows = rows_of_numbers(capsys.readouterr().out, 2)
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "reference, eager", "lltm_ffi, eager", "lltm_ffi, CUDA graph replay"]
+
+
+def test_autocast_times_the_pieces(monkeypatch, capsys):
+    skip_without_gpu()
+    monkeypatch.setattr(benchmark, "AUTOCAST_SIZES", (benchmark.Size(3, 5, 7),))
+    monkeypatch.setattr(benchmark, "WARMUP_RUNS", 2)
+    assert benchmark.main(["--autocast", "-c"]) == 0
+    assert len(rows_of_numbers(capsys.readouterr().out, 1)) == 5
