@@ -233,11 +233,16 @@ def timed(function, synchronize):
     return result, time.perf_counter() - start
 
 
+def backpropagate(new_h, new_cell):
+    """The tutorial's backward: (new_h.sum() + new_cell.sum()).backward()."""
+    (new_h.sum() + new_cell.sum()).backward()
+
+
 def forward_and_backward(lltm, inputs, synchronize):
     """Seconds of one forward and of one backward, as the tutorial times them."""
     inputs.module.zero_grad()
     (new_h, new_cell), forward = timed(lambda: lltm(*inputs.arguments()), synchronize)
-    _, backward = timed(lambda: (new_h.sum() + new_cell.sum()).backward(), synchronize)
+    _, backward = timed(lambda: backpropagate(new_h, new_cell), synchronize)
     return forward, backward
 
 
@@ -771,10 +776,7 @@ def overhead_rows(device, dtype):
     ones = torch.ones((), device=device)
 
     def step(lltm):
-        def run():
-            out_h, out_cell = lltm(*inputs.arguments())
-            (out_h.sum() + out_cell.sum()).backward()
-        return run
+        return lambda: backpropagate(*lltm(*inputs.arguments()))
 
     def tiny_forward():
         return ones * 2
@@ -787,16 +789,13 @@ def overhead_rows(device, dtype):
             inputs.module.zero_grad()
             outputs[:] = lltm(*inputs.arguments())
 
-        def backward():
-            out_h, out_cell = outputs
-            (out_h.sum() + out_cell.sum()).backward()
-        return [backward, forward]
+        return [lambda: backpropagate(*outputs), forward]
 
     tiny_leaf = ones.clone().requires_grad_(True)
     # What autograd hands LLTMFunction.backward, without autograd around it.
     saved = types.SimpleNamespace(
         saved_tensors=(X, weights.detach(), gates, new_cell), bias_shape=bias.shape,
-        needs_input_grad=(False, True, True, False, False))
+        needs_input_grad=tuple(tensor.requires_grad for tensor in inputs.arguments()))
     rows = [
         ("check_arguments (validation)", lambda: function.check_arguments(*inputs.arguments())),
         ("torch.cat((old_h, input))", lambda: torch.cat((h, input), dim=1)),
@@ -924,7 +923,7 @@ def run_sequence(args, device, dtype):
         h, c = h0, h0
         for step in range(steps):
             h, c = cell(sequence[step], model.weights, model.bias, h, c)
-        (h.sum() + c.sum()).backward()
+        backpropagate(h, c)
 
     def eager(cell):
         return lambda: train_step(cell)
