@@ -95,6 +95,14 @@ def cuda_compiled():
     return _CUDA_COMPILED
 
 
+def check_cuda_compiled(function):
+    """LLTMError with the shim's own message (LLTM_ERROR_NO_CUDA) when the
+    module was built without its CUDA kernels."""
+    if not cuda_compiled():
+        code = lib.LLTM_ERROR_NO_CUDA
+        raise LLTMError(function, code, error_message(code))
+
+
 POINTER_TYPES = {torch.float32: "float *", torch.float64: "double *"}
 
 

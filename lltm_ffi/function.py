@@ -55,9 +55,7 @@ def check_arguments(input, weights, bias, old_h, old_cell):
 
 def _check_device(device):
     if device.type == "cuda":
-        if not _extension.cuda_compiled():
-            code = _extension.lib.LLTM_ERROR_NO_CUDA
-            raise _extension.LLTMError("lltm", code, _extension.error_message(code))
+        _extension.check_cuda_compiled("lltm")
     else:
         raise ValueError(f"lltm: the arguments are on {device}; lltm_ffi runs on cpu and cuda")
 

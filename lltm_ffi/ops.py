@@ -26,9 +26,8 @@ def _check_pass(name, reference, tensors, shapes):
         if tuple(tensor.shape) != shape:
             raise ValueError(f"lltm_ffi::{name}: {argument} has shape {tuple(tensor.shape)}, "
                              f"expected {shape}")
-    if reference.device.type == "cuda" and not _extension.cuda_compiled():
-        code = _extension.lib.LLTM_ERROR_NO_CUDA
-        raise _extension.LLTMError(f"lltm_ffi::{name}", code, _extension.error_message(code))
+    if reference.device.type == "cuda":
+        _extension.check_cuda_compiled(f"lltm_ffi::{name}")
 
 
 @torch.library.custom_op("lltm_ffi::forward_pass", mutates_args=(), device_types=("cpu", "cuda"))
