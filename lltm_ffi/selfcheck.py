@@ -79,3 +79,20 @@ def worst(errors):
     """The largest error in a compare_with_reference result and its name."""
     name = max((key for key in errors if key != "seed"), key=lambda key: errors[key])
     return name, errors[name]
+
+
+def disagreement(batch_size, input_features, state_size, dtype, device, seed=None,
+                 function=lltm, tolerance=None):
+    """The one agreement check: None when `function` agrees with the reference
+    on fresh random inputs (outputs and all five gradients within `tolerance`,
+    TOLERANCES[dtype] by default); else a sentence naming the worst tensor, its
+    relative error, the tolerance and how to replay the inputs."""
+    errors = compare_with_reference(batch_size, input_features, state_size, dtype, device,
+                                    seed=seed, function=function)
+    name, error = worst(errors)
+    tolerance = TOLERANCES[dtype] if tolerance is None else tolerance
+    if error <= tolerance:
+        return None
+    return (f"{name} has relative error {error:.3g}, tolerance {tolerance:g} at "
+            f"{batch_size}x{input_features}x{state_size} ({str(dtype).replace('torch.', '')}, "
+            f"{device}; replay with seed={errors['seed']})")
