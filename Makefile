@@ -5,49 +5,23 @@ PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 BUILD := build
 
-NVCC ?= $(shell command -v nvcc 2>/dev/null)
-CUDA ?= $(if $(NVCC),1,0)
-# Where nvcc itself looks for its headers and libraries (nvcc may be a wrapper script).
-CUDA_HOME ?= $(if $(NVCC),$(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$$ TOP=//p')),/usr/local/cuda)
-
-# Turing to Blackwell as machine code, and PTX of the newest for GPUs after it:
-# the list lives in build_ffi.py, which a pip build uses without make.
-CUDA_ARCH ?= $(shell $(PYTHON) build_ffi.py --cuda-arch)
-NVCC_FLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC $(CUDA_ARCH)
+# build_ffi.py finds nvcc and CUDA and holds the nvcc flags and architectures
+# (for pip too); these variables only pass a choice on to it:
+#   make CUDA=0                  a CPU-only module (default: CUDA when nvcc is found)
+#   make NVCC=/path/to/nvcc      this nvcc instead of the one on PATH
+#   make CUDA_ARCH="-gencode arch=compute_90,code=sm_90"
+export LLTM_CUDA := $(CUDA)
+export LLTM_CUDA_ARCH := $(CUDA_ARCH)
+export NVCC
 
 HEADERS := $(wildcard include/*.h) $(wildcard src/*.h)
-C_SOURCES := $(wildcard src/*.c)
-
-ifeq ($(CUDA),1)
-KERNEL_OBJECTS := $(patsubst src/%.cu,$(BUILD)/%.o,$(wildcard src/*.cu))
-endif
 
 .PHONY: all test deps demo clean
 
-all: $(BUILD)/module.stamp
-
-$(BUILD)/%.o: src/%.cu $(HEADERS) Makefile $(BUILD)/cuda_arch.flags
-	@mkdir -p $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -Iinclude -c $< -o $@
-
-# The architectures of the last kernel build: rewritten (and so newer than the
-# objects) only when CUDA_ARCH changes, which recompiles the kernels.
-$(BUILD)/cuda_arch.flags: FORCE
-	@mkdir -p $(BUILD)
-	@echo '$(CUDA_ARCH)' | cmp -s - $@ || echo '$(CUDA_ARCH)' > $@
-
-.PHONY: FORCE
-FORCE:
-
-# CUDA=0 and CUDA=1 builds write the same module, so the stamp records which one it is.
-$(BUILD)/module.stamp: build_ffi.py lltm_ffi/_build_info.py $(C_SOURCES) $(HEADERS) $(KERNEL_OBJECTS) Makefile $(BUILD)/cuda-$(CUDA)
-	LLTM_KERNEL_OBJECTS="$(KERNEL_OBJECTS)" CUDA_HOME="$(CUDA_HOME)" $(PYTHON) build_ffi.py -q
-	@touch $@
-
-$(BUILD)/cuda-$(CUDA):
-	@mkdir -p $(BUILD)
-	@rm -f $(BUILD)/cuda-*
-	@touch $@
+# Always asks build_ffi.py, which rebuilds only what is missing, truncated or
+# out of date: make's file times cannot see a deleted or damaged module.
+all:
+	@$(PYTHON) build_ffi.py
 
 # Installs only what is missing, so it also works offline where everything is present.
 deps:
@@ -65,11 +39,7 @@ demo: deps all
 	$(PYTHON) -m lltm_ffi.demo
 
 clean:
-	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so lltm_ffi/_lltm_ffi*.so.new
-
-# The module records the architectures its kernels were compiled for
-# (`python -m lltm_ffi` shows them).
-$(BUILD)/module.stamp: export LLTM_CUDA_ARCH = $(CUDA_ARCH)
+	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so lltm_ffi/_lltm_ffi*.so.*
 
 # The pip path, CPU-only: `pip install .` into a venv that borrows this
 # Python's torch, cffi and setuptools (so no build isolation, no network),
@@ -84,8 +54,8 @@ pip-check:
 	cd /tmp && $(PIP_VENV)/bin/python $(abspath scripts/pip_check.py)
 
 # Sanitizers ------------------------------------------------------------------
-# None of these is part of `make` or `make test`; each exits non-zero on any
-# report.
+# `make test` runs asan; the others are run by hand. Each exits non-zero on
+# any report.
 #   make asan       the CPU passes (src/lltm_cpu.c) under AddressSanitizer and
 #                   UBSan, driven by tests/c/cpu_passes_check.c over odd sizes
 #                   and gradient layouts against a double-precision reference,

@@ -1,42 +1,42 @@
-"""Builds lltm_ffi/_lltm_ffi*.so with cffi in out-of-line API mode.
+"""Builds lltm_ffi/_lltm_ffi*.so with cffi in out-of-line API mode: the C shim
+and CPU passes, plus the CUDA kernels (src/*.cu, compiled with nvcc) when nvcc
+is found. The one place that finds nvcc and CUDA and holds the nvcc flags and
+architectures; `make` and pip both come here.
 
-Two ways in, one build:
-
-- `make` (the primary one) compiles src/*.cu with nvcc, names the objects in
-  LLTM_KERNEL_OBJECTS (empty for `make CUDA=0`) and runs this file;
+- `make` runs `python build_ffi.py`, which rebuilds whatever is missing,
+  truncated or out of date (kernel objects, then the module) and nothing else;
 - `pip install .` reaches `ffibuilder` through setuptools' cffi_modules
-  (setup.py). LLTM_KERNEL_OBJECTS is then unset, so this file finds nvcc
-  itself ($NVCC, PATH, $CUDA_HOME/bin) and compile_kernels() compiles src/*.cu
-  with the Makefile's flags; without nvcc, or with LLTM_CUDA=0, the module is
-  CPU-only. Running this file by hand does the same.
+  (setup.py), whose build step calls compile_kernels() first.
 
-The module holds the C shim and the CPU passes and links the CUDA runtime
-statically, so it needs no torch header and no libtorch.
+Settings, from the environment (make passes its variables of the same
+meaning): NVCC (nvcc to use; else PATH, else $CUDA_HOME/bin), LLTM_CUDA=0 (a
+CPU-only build), LLTM_CUDA_ARCH (nvcc -gencode flags instead of the default).
 
-    python build_ffi.py [-q]        build in place, as `make` does
-    python build_ffi.py --cuda-arch print the default nvcc -gencode flags
+    python build_ffi.py [-v]      build in place, as `make` does (-v: cffi's compile lines)
 """
 
+import hashlib
+import importlib.machinery
 import importlib.util
+import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+BUILD = ROOT / "build"
 
 # Turing to Blackwell as machine code, and PTX of the newest for GPUs after it
-# (CUDA 13 builds nothing older than sm_75). The Makefile's CUDA_ARCH default
-# is this, too: it asks `python build_ffi.py --cuda-arch`.
+# (CUDA 13 builds nothing older than sm_75).
 MACHINE_CODE_ARCHS = (75, 80, 86, 89, 90, 100, 120)
 DEFAULT_CUDA_ARCH = " ".join(
     [f"-gencode arch=compute_{sm},code=sm_{sm}" for sm in MACHINE_CODE_ARCHS]
     + [f"-gencode arch=compute_{MACHINE_CODE_ARCHS[-1]},code=compute_{MACHINE_CODE_ARCHS[-1]}"])
-# The Makefile's NVCC_FLAGS ahead of $(CUDA_ARCH); tests/test_packaging.py
-# checks that both compile a kernel with the same command.
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC")
 C_SOURCES = ("src/lltm_shim.c", "src/lltm_cpu.c", "src/round_cpu.c")
 
@@ -49,8 +49,11 @@ def _load_build_info():
     return module
 
 
+build_info = _load_build_info()
+
+
 def cuda_arch():
-    """The nvcc -gencode flags: $LLTM_CUDA_ARCH (make passes its CUDA_ARCH) or the default."""
+    """The nvcc -gencode flags: $LLTM_CUDA_ARCH or the default."""
     return os.environ.get("LLTM_CUDA_ARCH") or DEFAULT_CUDA_ARCH
 
 
@@ -65,31 +68,25 @@ def arch_names(flags):
     return " ".join(names)
 
 
-def kernels_from_make():
-    """The kernel objects make compiled ([] for `make CUDA=0`), or None when
-    make did not run this file."""
-    objects = os.environ.get("LLTM_KERNEL_OBJECTS")
-    return None if objects is None else objects.split()
-
-
 def find_nvcc():
-    """nvcc for a build without make: $NVCC, else the one on PATH, else
-    $CUDA_HOME/bin/nvcc; None when there is none or LLTM_CUDA=0."""
+    """$NVCC, else nvcc on PATH, else $CUDA_HOME/bin/nvcc; None when there is
+    none or LLTM_CUDA=0 asks for a CPU-only build."""
     if os.environ.get("LLTM_CUDA") == "0":
         return None
-    candidates = [os.environ.get("NVCC"), "nvcc"]
+    if os.environ.get("NVCC"):
+        found = shutil.which(os.environ["NVCC"])
+        if not found:
+            raise SystemExit(f"build_ffi.py: NVCC={os.environ['NVCC']} is not an executable")
+        return found
+    candidates = ["nvcc"]
     if os.environ.get("CUDA_HOME"):
         candidates.append(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"))
-    for candidate in candidates:
-        found = candidate and shutil.which(candidate)
-        if found:
-            return found
-    return None
+    return next(filter(None, map(shutil.which, candidates)), None)
 
 
 def cuda_home_of(nvcc):
     """Where nvcc itself looks for its headers and libraries (nvcc may be a
-    wrapper script elsewhere), as the Makefile finds it."""
+    wrapper script elsewhere)."""
     dryrun = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull],
                             capture_output=True, text=True)
     for line in (dryrun.stdout + dryrun.stderr).splitlines():
@@ -98,59 +95,77 @@ def cuda_home_of(nvcc):
     return str(Path(nvcc).resolve().parent.parent)
 
 
-def kernel_command(nvcc, source, output, flags):
-    """The nvcc command line for one .cu file, the Makefile's recipe (run in ROOT)."""
-    return [nvcc, *NVCC_FLAGS, *shlex.split(flags), "-Iinclude", "-c", source, "-o", output]
+def kernel_command(nvcc, source, output):
+    """The nvcc command line for one .cu file (run in ROOT)."""
+    return [nvcc, *NVCC_FLAGS, *shlex.split(cuda_arch()), "-Iinclude", "-c", source, "-o", output]
+
+
+def _digest(*parts):
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else str(part).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _install(data, destination):
+    """Writes `data` to `destination` through a temporary name of this
+    process's own, then renames it into place: a concurrent build never sees
+    a partial file, and a process that has the old one loaded keeps it."""
+    descriptor, staging = tempfile.mkstemp(dir=destination.parent, prefix=destination.name + ".")
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+        os.chmod(staging, 0o755)
+        os.replace(staging, destination)
+    except BaseException:
+        if os.path.exists(staging):
+            os.unlink(staging)
+        raise
 
 
 def compile_kernels(build_dir):
-    """Compiles every src/*.cu into build_dir when make has not and nvcc is
-    found; returns the objects to link ([] for a CPU-only build)."""
-    nvcc = None if kernels_from_make() is not None else find_nvcc()
+    """Compiles every src/*.cu into build_dir when nvcc is found, each object
+    named by a hash of its command and of every source it can include, so
+    an object is reused only when it is exactly what a compile would make;
+    returns the objects to link ([] for a CPU-only build)."""
+    nvcc = find_nvcc()
     if nvcc is None:
         return []
     build_dir = Path(build_dir).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
+    headers = [path.read_bytes() for path in sorted((ROOT / "include").glob("*.h"))]
     objects = []
     for source in sorted((ROOT / "src").glob("*.cu")):
-        output = str(build_dir / (source.stem + ".o"))
-        command = kernel_command(nvcc, source.relative_to(ROOT).as_posix(), output, cuda_arch())
-        print(shlex.join(command), flush=True)
-        subprocess.run(command, cwd=ROOT, check=True)
-        objects.append(output)
+        relative = source.relative_to(ROOT).as_posix()
+        command = kernel_command(nvcc, relative, "OUTPUT")
+        output = build_dir / f"{source.stem}-{_digest(*command, source.read_bytes(), *headers)}.o"
+        if not output.is_file():
+            with tempfile.TemporaryDirectory(dir=build_dir) as scratch:
+                command[-1] = str(Path(scratch) / output.name)
+                print(shlex.join(command), flush=True)
+                subprocess.run(command, cwd=ROOT, check=True)
+                os.replace(command[-1], output)
+        objects.append(str(output))
     return objects
 
 
 def make_ffibuilder(kernel_objects=(), for_setuptools=False):
-    """The cffi builder of lltm_ffi._lltm_ffi, with CUDA when make compiled the
-    kernels or (without make) nvcc is found; kernel_objects adds objects to link.
-    Sources are named from ROOT for setuptools, which runs there and refuses
-    absolute paths, and absolutely for ffibuilder.compile(), which changes
-    directory."""
+    """The cffi builder of lltm_ffi._lltm_ffi; with CUDA when kernel_objects
+    are given (setuptools adds them later, in setup.py) or, for setuptools,
+    when nvcc is found. Sources are named from ROOT for setuptools, which runs
+    there and refuses absolute paths, and absolutely for ffibuilder.compile(),
+    which changes directory."""
     import cffi
 
-    def source_path(name):
-        return name if for_setuptools else str(ROOT / name)
-
-    build_info = _load_build_info()
-    from_make = kernels_from_make()
-    if from_make is not None:
-        with_cuda = bool(from_make)
-        cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    else:
-        nvcc = find_nvcc()
-        with_cuda = nvcc is not None
-        cuda_home = os.environ.get("CUDA_HOME") or (nvcc and cuda_home_of(nvcc))
-
-    define_macros = [
-        ("LLTM_SOURCE_HASH", '"%s"' % build_info.source_hash(ROOT)),
-        ("LLTM_PACKAGE_VERSION", '"%s"' % build_info.VERSION),
-    ]
+    nvcc = find_nvcc()
+    with_cuda = bool(kernel_objects) or (for_setuptools and nvcc is not None)
+    define_macros = [("LLTM_SOURCE_HASH", '"%s"' % build_info.source_hash(ROOT)),
+                     ("LLTM_PACKAGE_VERSION", '"%s"' % build_info.VERSION)]
     include_dirs = [str(ROOT / "include")]
-    extra_objects = [str(Path(path).resolve()) for path in (from_make or [])] + list(kernel_objects)
-    library_dirs = []
-    libraries = []
+    library_dirs, libraries = [], []
     if with_cuda:
+        cuda_home = cuda_home_of(nvcc)
         define_macros += [("LLTM_WITH_CUDA", "1"),
                           ("LLTM_CUDA_ARCHS", '"%s"' % arch_names(cuda_arch()))]
         include_dirs.append(os.path.join(cuda_home, "include"))
@@ -164,10 +179,10 @@ def make_ffibuilder(kernel_objects=(), for_setuptools=False):
     ffibuilder.set_source(
         "lltm_ffi._lltm_ffi",
         '#include <stdint.h>\n#include "lltm_ffi.h"\n',
-        sources=[source_path(name) for name in C_SOURCES],
+        sources=[name if for_setuptools else str(ROOT / name) for name in C_SOURCES],
         include_dirs=include_dirs,
         define_macros=define_macros,
-        extra_objects=extra_objects,
+        extra_objects=list(kernel_objects),
         library_dirs=library_dirs,
         libraries=libraries,
         extra_compile_args=["-O3", "-fopenmp", "-Wall"],
@@ -180,24 +195,34 @@ def make_ffibuilder(kernel_objects=(), for_setuptools=False):
     return ffibuilder
 
 
-def main(arguments):
-    if arguments == ["--cuda-arch"]:
-        print(DEFAULT_CUDA_ARCH)
+def _module_state(module):
+    """What identifies an installed module file: its size and modification time."""
+    stat = module.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def build(verbose=False):
+    """Builds the module in place unless the one there was built from these
+    sources and settings and is still the file that build wrote: a missing,
+    truncated or replaced module is rebuilt whatever the file times say."""
+    BUILD.mkdir(exist_ok=True)
+    kernel_objects = compile_kernels(BUILD / "kernels")
+    installed = ROOT / "lltm_ffi" / ("_lltm_ffi" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    stamp = BUILD / f"module-{sys.implementation.cache_tag}.json"
+    recipe = {"sources": build_info.source_hash(ROOT),
+              "kernels": [Path(path).name for path in kernel_objects]}
+    if (installed.is_file() and stamp.is_file()
+            and json.loads(stamp.read_text()) == dict(recipe, state=_module_state(installed))):
+        print(f"{installed.relative_to(ROOT)} is up to date")
         return
-    kernel_objects = compile_kernels(ROOT / "build" / "kernels")
-    ffibuilder = make_ffibuilder(kernel_objects)
-    built = Path(ffibuilder.compile(tmpdir=str(ROOT / "build"), verbose="-q" not in arguments))
-    installed = ROOT / "lltm_ffi" / built.name
-    # A new file renamed over the old one: a process that has the old module
-    # loaded keeps its mapping instead of reading a half-written copy.
-    staging = installed.with_name(installed.name + ".new")
-    shutil.copyfile(built, staging)
-    os.replace(staging, installed)
-    with_cuda = bool(kernels_from_make() or kernel_objects)
-    print("built %s (CUDA: %s)" % (installed.relative_to(ROOT), "yes" if with_cuda else "no"))
+    with tempfile.TemporaryDirectory(dir=BUILD) as scratch:
+        built = make_ffibuilder(kernel_objects).compile(tmpdir=scratch, verbose=verbose)
+        _install(Path(built).read_bytes(), installed)
+    _install(json.dumps(dict(recipe, state=_module_state(installed))).encode(), stamp)
+    print("built %s (CUDA: %s)" % (installed.relative_to(ROOT), "yes" if kernel_objects else "no"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    build(verbose="-v" in sys.argv[1:])
 else:  # setup.py: cffi_modules=["build_ffi.py:ffibuilder"]
     ffibuilder = make_ffibuilder(for_setuptools=True)

@@ -8,7 +8,7 @@ behind a cffi shim, used from PyTorch through data_ptr() and the current stream.
 
 from . import _extension, reference
 from ._build_info import VERSION as __version__
-from ._extension import LLTMBuildError, LLTMBuildWarning, LLTMError
+from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 from .function import LLTMFunction, lltm
 from .module import LLTM
 from .round_ste import round_ste

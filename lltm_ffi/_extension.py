@@ -1,9 +1,7 @@
-"""The compiled cffi module and the two fused passes called through it.
-
-This is the only file that touches pointers: it takes data_ptr(), the sizes
-and the current CUDA stream of the tensors' device, and hands them to the C
-shim. The tensors it receives are already checked (lltm_ffi.function): right
-dtype, one device, contiguous, consistent shapes.
+"""The binding to the compiled cffi module: loading it (and refusing a stale
+build), one call-and-check helper for every C entry point, and the helper
+that puts a tensor in the form C reads. The op modules (ops.py, round_ste.py)
+check their arguments before anything here sees them.
 
 A missing, unloadable or stale module is detected when the package is
 imported, which warns (LLTMBuildWarning); the error itself (LLTMBuildError)
@@ -11,38 +9,66 @@ is raised by the first call that needs the module, so that the reference
 cell, the diagnostics and everything else that does not need it still work.
 """
 
+import importlib.machinery
+import struct
 import warnings
 from pathlib import Path
 
 import torch
 
 from . import _build_info
+from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class LLTMError(RuntimeError):
-    """A non-zero code from the C shim, with the shim's (CUDA's) own message."""
+def _elf_damage(path):
+    """Why the shared object at `path` cannot be loaded safely, or None. A file
+    cut short (an interrupted copy, a full disk) would be mapped anyway and
+    kill the process with SIGBUS at first touch; its ELF headers say how long
+    it must be, so compare before loading."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        header = file.read(64)
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4:6] != b"\x02\x01":
+            return "it is not a 64-bit little-endian ELF file"
+        (program_offset, section_offset, _, _, program_size, program_count, section_size,
+         section_count) = struct.unpack_from("<QQIHHHHH", header, 32)
+        ends = [program_offset + program_size * program_count,
+                section_offset + section_size * section_count]
+        if ends[0] <= size:
+            file.seek(program_offset)
+            table = file.read(program_size * program_count)
+            for index in range(program_count):
+                # p_offset and p_filesz of each segment: where it lies in the file.
+                offset, _, _, file_size = struct.unpack_from("<QQQQ", table,
+                                                             index * program_size + 8)
+                ends.append(offset + file_size)
+    if max(ends) > size:
+        return f"it is truncated ({size} bytes; its headers describe {max(ends)})"
+    return None
 
-    def __init__(self, function, code, message):
-        super().__init__(f"{function} failed: {message} (error code {code})")
-        self.function = function
-        self.code = code
 
-
-class LLTMBuildError(ImportError):
-    """The compiled module is missing, does not load, or is stale."""
-
-
-class LLTMBuildWarning(UserWarning):
-    """Issued at import when the compiled module cannot be used."""
+def _module_file(package):
+    """The file `from . import _lltm_ffi` would load, or None."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if (package / ("_lltm_ffi" + suffix)).is_file():
+            return package / ("_lltm_ffi" + suffix)
+    return None
 
 
 def _load():
     package = Path(__file__).resolve().parent
-    if not any(package.glob("_lltm_ffi*.so")):
-        raise LLTMBuildError(f"lltm_ffi's compiled module is not built (no _lltm_ffi*.so in "
-                             f"{package}); build it with `make` in {ROOT}")
+    module_file = _module_file(package)
+    if module_file is None:
+        others = sorted(path.name for path in package.glob("_lltm_ffi*.so"))
+        found = f" (only {', '.join(others)}, built for another Python)" if others else ""
+        raise LLTMBuildError(f"lltm_ffi's compiled module is not built: no _lltm_ffi module for "
+                             f"this Python in {package}{found}; build it with `make` in {ROOT}")
+    damage = _elf_damage(module_file)
+    if damage:
+        raise LLTMBuildError(f"lltm_ffi's compiled module ({module_file}) is damaged: {damage}; "
+                             f"rebuild it with `make` in {ROOT}")
     try:
         import _cffi_backend  # noqa: F401  (what every cffi module needs at load)
     except ImportError as error:
@@ -95,6 +121,10 @@ def cuda_compiled():
     return _CUDA_COMPILED
 
 
+def error_message(code):
+    return ffi.string(require().lltm_error_string(code)).decode()
+
+
 def check_cuda_compiled(function):
     """LLTMError with the shim's own message (LLTM_ERROR_NO_CUDA) when the
     module was built without its CUDA kernels."""
@@ -103,54 +133,38 @@ def check_cuda_compiled(function):
         raise LLTMError(function, code, error_message(code))
 
 
-POINTER_TYPES = {torch.float32: "float *", torch.float64: "double *"}
-
-
-def _functions(prefix):
-    """{dtype: lib.<prefix>_float or _double}; empty without a usable module."""
-    if lib is None:
-        return {}
-    return {torch.float32: getattr(lib, prefix + "_float"),
-            torch.float64: getattr(lib, prefix + "_double")}
-
-
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+_DTYPE_CODES = ({torch.float32: lib.LLTM_FLOAT32, torch.float64: lib.LLTM_FLOAT64}
+                if lib is not None else {})
+_NULL = ffi.NULL if ffi is not None else None
 _cast = ffi.cast if ffi is not None else None
-_CPU_FORWARD = _functions("lltm_forward_cpu")
-_CPU_BACKWARD = _functions("lltm_backward_cpu")
-_CUDA_FORWARD = _functions("lltm_forward_cuda")
-_CUDA_BACKWARD = _functions("lltm_backward_cuda")
 
 # A raw cudaStream_t as an int, without building a torch.cuda.Stream object.
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
-def error_message(code):
-    return ffi.string(require().lltm_error_string(code)).decode()
-
-
-def _check(function, code):
-    if code:
-        raise LLTMError(function, code, error_message(code))
-
-
-def _call(cpu_functions, cuda_functions, name, reference, arguments, tensors):
-    """Calls the pass for `reference`'s dtype and device with the integer
-    `arguments` (sizes, strides) and the addresses of `tensors`. The tensors
-    stay referenced until the call returns, so the casts (which own nothing)
-    stay valid."""
-    if lib is None:
-        require()
-    pointer_type = POINTER_TYPES[reference.dtype]
-    pointers = [_cast(pointer_type, tensor.data_ptr()) for tensor in tensors]
+def call(function, reference, sizes, tensors):
+    """Runs the C entry point lib.<function>(dtype, device, stream, *sizes,
+    *addresses of tensors) for `reference`'s dtype and device, on that
+    device's current CUDA stream; raises LLTMError with the shim's message for
+    a non-zero code. The tensors stay referenced until the call returns, so
+    the casts (which own nothing) stay valid."""
+    entry = getattr(require(), function)
     device = reference.device
     if device.type == "cuda":
         index = device.index
         stream = _cast("void *", _current_raw_stream(index))
-        code = cuda_functions[reference.dtype](*arguments, *pointers, index, stream)
     else:
-        code = cpu_functions[reference.dtype](*arguments, *pointers)
-    _check(name, code)
+        index, stream = lib.LLTM_CPU, _NULL
+    pointers = [_cast("void *", tensor.data_ptr()) for tensor in tensors]
+    check(function, entry(_DTYPE_CODES[reference.dtype], index, stream, *sizes, *pointers))
+
+
+def check(function, code):
+    """LLTMError naming `function`, with the shim's message, for a non-zero code."""
+    if code:
+        raise LLTMError(function, code, error_message(code))
 
 
 def dense(tensor):
@@ -158,29 +172,3 @@ def dense(tensor):
     (the negative bit of views such as x.conj().imag) applied. No copy when
     it already is."""
     return tensor.resolve_neg().contiguous()
-
-
-def forward(gates, old_cell):
-    """new_h, new_cell of the cell from the pre-activation gates (batch, 3 * state),
-    dense (as F.linear makes them), and old_cell (batch, state), any layout."""
-    old_cell = dense(old_cell)
-    new_h = torch.empty_like(old_cell)
-    new_cell = torch.empty_like(old_cell)
-    if old_cell.numel():
-        _call(_CPU_FORWARD, _CUDA_FORWARD, "lltm_forward", old_cell, old_cell.shape,
-              (gates, old_cell, new_h, new_cell))
-    return new_h, new_cell
-
-
-def backward(grad_h, grad_cell, new_cell, gates):
-    """d_old_cell (batch, state) and d_gates (batch, 3 * state) from the output
-    gradients and what forward saved (dense). The gradients are read through
-    their strides: autograd often hands over broadcast views, which need no copy."""
-    grad_h, grad_cell = grad_h.resolve_neg(), grad_cell.resolve_neg()
-    d_old_cell = torch.empty_like(new_cell)
-    d_gates = torch.empty_like(gates)
-    if new_cell.numel():
-        _call(_CPU_BACKWARD, _CUDA_BACKWARD, "lltm_backward", new_cell,
-              (*new_cell.shape, *grad_h.stride(), *grad_cell.stride()),
-              (grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates))
-    return d_old_cell, d_gates

@@ -1,17 +1,18 @@
 """The differentiable LLTM cell: argument checks, the autograd.Function and
 the functional entry point.
 
-The matrix products stay in torch (cat + addmm forward; mm and sum backward);
-only the two fused pointwise passes go through the C shim.
+The matrix products stay in torch (cat + linear forward; mm and sum
+backward); only the two fused pointwise passes (lltm_ffi.ops) go through the
+C shim.
 """
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _extension, ops
+from . import _arguments, ops
+from ._extension import SUPPORTED_DTYPES
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
-_SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _STRIDED = torch.strided
 # Autocast's own device types that lltm_ffi runs on; asking autocast about
 # others (meta, say) raises.
@@ -32,7 +33,7 @@ def check_arguments(input, weights, bias, old_h, old_cell):
         batch_size, input_features = input.shape
         rows, columns = weights.shape
         state_size = old_h.shape[1]
-        valid = (dtype in _SUPPORTED_DTYPES
+        valid = (dtype in SUPPORTED_DTYPES
                  and input.layout is _STRIDED and weights.layout is _STRIDED
                  and bias.layout is _STRIDED and old_h.layout is _STRIDED
                  and old_cell.layout is _STRIDED
@@ -50,35 +51,15 @@ def check_arguments(input, weights, bias, old_h, old_cell):
     if not valid:
         _diagnose(input, weights, bias, old_h, old_cell)
     if device.type != "cpu":
-        _check_device(device)
-
-
-def _check_device(device):
-    if device.type == "cuda":
-        _extension.check_cuda_compiled("lltm")
-    else:
-        raise ValueError(f"lltm: the arguments are on {device}; lltm_ffi runs on cpu and cuda")
+        _arguments.check_device("lltm", device)
 
 
 def _diagnose(input, weights, bias, old_h, old_cell):
     tensors = (input, weights, bias, old_h, old_cell)
     for name, tensor in zip(_ARGUMENT_NAMES, tensors):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"lltm: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.dtype not in _SUPPORTED_DTYPES:
-            raise TypeError(f"lltm: {name} has dtype {tensor.dtype}; "
-                            "lltm_ffi supports torch.float32 and torch.float64")
-        if tensor.layout is not _STRIDED:
-            raise TypeError(f"lltm: {name} has layout {tensor.layout}; lltm_ffi takes dense "
-                            "(torch.strided) tensors: convert it with .to_dense()")
-    dtype, device = input.dtype, input.device
+        _arguments.check_tensor("lltm", name, tensor)
     for name, tensor in zip(_ARGUMENT_NAMES[1:], tensors[1:]):
-        if tensor.dtype != dtype:
-            raise TypeError(f"lltm: {name} has dtype {tensor.dtype} but input has {dtype}; "
-                            "all arguments must have the same dtype")
-        if tensor.device != device:
-            raise ValueError(f"lltm: {name} is on {tensor.device} but input is on {device}; "
-                             "all arguments must be on the same device")
+        _arguments.check_matches("lltm", name, tensor, "input", input)
 
     for name, tensor in zip(_ARGUMENT_NAMES, tensors):
         if tensor.dim() != 2 and not (name == "bias" and tensor.dim() == 1):
@@ -112,7 +93,7 @@ class LLTMFunction(torch.autograd.Function):
         check_arguments(input, weights, bias, old_h, old_cell)
         X = torch.cat((old_h, input), dim=1)
         gates = torch.nn.functional.linear(X, weights, bias)
-        new_h, new_cell = _extension.forward(gates, old_cell)
+        new_h, new_cell = ops.forward(gates, old_cell)
         # The backward pass recomputes the gate activations from `gates`.
         ctx.save_for_backward(X, weights, gates, new_cell)
         ctx.bias_shape = bias.shape
@@ -122,7 +103,7 @@ class LLTMFunction(torch.autograd.Function):
     @once_differentiable  # the C pass has no derivative of its own
     def backward(ctx, grad_h, grad_cell):
         X, weights, gates, new_cell = ctx.saved_tensors
-        d_old_cell, d_gates = _extension.backward(grad_h, grad_cell, new_cell, gates)
+        d_old_cell, d_gates = ops.backward(grad_h, grad_cell, new_cell, gates)
         needs_input, needs_weights, needs_bias, needs_old_h, needs_old_cell = ctx.needs_input_grad
         d_input = d_weights = d_bias = d_old_h = None
         if needs_input or needs_old_h:
@@ -172,7 +153,7 @@ def lltm(input, weights, bias, old_h, old_cell):
     device_type = input.device.type if isinstance(input, torch.Tensor) else "cpu"
     if device_type in _AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
         return _autocast_lltm(input, weights, bias, old_h, old_cell, device_type)
-    if torch.compiler.is_compiling():
+    if _arguments.use_operator():
         check_arguments(input, weights, bias, old_h, old_cell)
         return _traceable_lltm(input, weights, bias, old_h, old_cell)
     return LLTMFunction.apply(input, weights, bias, old_h, old_cell)

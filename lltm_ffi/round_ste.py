@@ -16,25 +16,15 @@ cannot trace into a cffi call.
 import torch
 from torch import Tensor
 
-from . import _extension
-
-# The C passes by dtype ({} without a usable compiled module: importing
-# lltm_ffi works without one, and the first call says what to do).
-_CPU_FORWARD = _extension._functions("lltm_round_forward_cpu")
-_CUDA_FORWARD = _extension._functions("lltm_round_forward_cuda")
+from . import _arguments, _extension
 
 
 def check_argument(input):
-    """Raises TypeError or ValueError for a tensor the C pass cannot take.
-    Plain Python on the tensor's metadata, so torch.compile traces it. (A CUDA
-    tensor with a CPU-only build is refused by the C pass itself.)"""
-    if not isinstance(input, torch.Tensor):
-        raise TypeError(f"round_ste: input must be a torch.Tensor, got {type(input).__name__}")
-    if input.dtype not in _extension.POINTER_TYPES:
-        raise TypeError(f"round_ste: input has dtype {input.dtype}; "
-                        "lltm_ffi supports torch.float32 and torch.float64")
-    if input.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"round_ste: input is on {input.device}; lltm_ffi runs on cpu and cuda")
+    """Raises TypeError, ValueError or (a CUDA tensor with a CPU-only build)
+    LLTMError for a tensor the C pass cannot take. Plain Python on the
+    tensor's metadata, so torch.compile traces it."""
+    _arguments.check_tensor("round_ste", "input", input)
+    _arguments.check_device("round_ste", input.device, "input is")
 
 
 def round_forward(input):
@@ -43,8 +33,7 @@ def round_forward(input):
     input = _extension.dense(input)
     output = torch.empty_like(input, memory_format=torch.contiguous_format)
     if input.numel():
-        _extension._call(_CPU_FORWARD, _CUDA_FORWARD, "lltm_round_forward", input,
-                         (input.numel(),), (input, output))
+        _extension.call("lltm_round_forward", input, (input.numel(),), (input, output))
     return output
 
 
@@ -80,6 +69,6 @@ round_forward_op.register_autograd(lambda ctx, grad_output: grad_output)
 def round_ste(input):
     """1 where input >= 0.5, else 0, with the gradient passed straight through."""
     check_argument(input)
-    if torch.compiler.is_compiling():
+    if _arguments.use_operator():
         return round_forward_op(input)
     return RoundSTE.apply(input)

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "lltm_cpu.h"
+#include "lltm_dtype.h"
 #include "lltm_ffi.h"
 
 /* Below this many elements per tensor, waking threads costs more than the loop. */
@@ -89,3 +91,15 @@ static inline double tanh_double(double x) { return tanh(x); }
 #include "lltm_cpu_impl.h"
 #undef SCALAR
 #undef SUFFIX
+
+int lltm_cpu_forward(int dtype, int64_t batch_size, int64_t state_size, const void* gates,
+                     const void* old_cell, void* new_h, void* new_cell) {
+  return LLTM_TYPED_CALL(dtype, forward, batch_size, state_size, gates, old_cell, new_h, new_cell);
+}
+
+int lltm_cpu_backward(int dtype, int64_t batch_size, int64_t state_size,
+                      const int64_t grad_strides[4], const void* grad_h, const void* grad_cell,
+                      const void* new_cell, const void* gates, void* d_old_cell, void* d_gates) {
+  return LLTM_TYPED_CALL(dtype, backward, batch_size, state_size, grad_strides, grad_h, grad_cell,
+                         new_cell, gates, d_old_cell, d_gates);
+}

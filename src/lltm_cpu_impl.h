@@ -35,9 +35,8 @@ static void LLTM_NAME(forward_row_)(int64_t state_size, const SCALAR* gate_row,
   }
 }
 
-int LLTM_NAME(lltm_forward_cpu_)(int64_t batch_size, int64_t state_size,
-                                 const SCALAR* gates, const SCALAR* old_cell,
-                                 SCALAR* new_h, SCALAR* new_cell) {
+static int LLTM_NAME(forward_)(int64_t batch_size, int64_t state_size, const SCALAR* gates,
+                              const SCALAR* old_cell, SCALAR* new_h, SCALAR* new_cell) {
 #pragma omp parallel for schedule(static) if (batch_size * state_size >= LLTM_CPU_PARALLEL_MIN)
   for (int64_t row = 0; row < batch_size; ++row) {
     const int64_t offset = row * state_size;
@@ -94,17 +93,16 @@ static void LLTM_NAME(backward_row_)(int64_t state_size, const SCALAR* grad_h,
   }
 }
 
-int LLTM_NAME(lltm_backward_cpu_)(int64_t batch_size, int64_t state_size,
-                                  int64_t grad_h_row_stride, int64_t grad_h_column_stride,
-                                  int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
-                                  const SCALAR* grad_h, const SCALAR* grad_cell,
-                                  const SCALAR* new_cell, const SCALAR* gates,
-                                  SCALAR* d_old_cell, SCALAR* d_gates) {
+/* grad_strides: grad_h's row and column strides, then grad_cell's, in elements. */
+static int LLTM_NAME(backward_)(int64_t batch_size, int64_t state_size,
+                               const int64_t* grad_strides, const SCALAR* grad_h,
+                               const SCALAR* grad_cell, const SCALAR* new_cell,
+                               const SCALAR* gates, SCALAR* d_old_cell, SCALAR* d_gates) {
 #pragma omp parallel for schedule(static) if (batch_size * state_size >= LLTM_CPU_PARALLEL_MIN)
   for (int64_t row = 0; row < batch_size; ++row) {
     const int64_t offset = row * state_size;
-    LLTM_NAME(backward_row_)(state_size, grad_h + row * grad_h_row_stride, grad_h_column_stride,
-                             grad_cell + row * grad_cell_row_stride, grad_cell_column_stride,
+    LLTM_NAME(backward_row_)(state_size, grad_h + row * grad_strides[0], grad_strides[1],
+                             grad_cell + row * grad_strides[2], grad_strides[3],
                              new_cell + offset, gates + 3 * offset, d_old_cell + offset,
                              d_gates + 3 * offset);
   }

@@ -7,6 +7,8 @@
 // instead of reading them back, which moves fewer bytes than saving them.
 
 #include "caffe_cuda_macro.h"
+#include "lltm_dtype.h"
+#include "lltm_ffi.h"
 #include "lltm_kernel.h"
 
 // Overloads rather than one generic call: float math stays in float and
@@ -104,12 +106,15 @@ __global__ void lltm_forward_kernel(const int64_t count, const Index packs_per_r
 }
 
 template <typename Dtype>
-static cudaError_t launch_forward(int64_t batch_size, int64_t state_size,
-                                  const Dtype* gates, const Dtype* old_cell,
-                                  Dtype* new_h, Dtype* new_cell,
+static cudaError_t launch_forward(int64_t batch_size, int64_t state_size, const void* gates_,
+                                  const void* old_cell_, void* new_h_, void* new_cell_,
                                   cudaStream_t stream) {
   const int64_t count = batch_size * state_size;
   if (count == 0) return cudaSuccess;
+  const Dtype* gates = static_cast<const Dtype*>(gates_);
+  const Dtype* old_cell = static_cast<const Dtype*>(old_cell_);
+  Dtype* new_h = static_cast<Dtype*>(new_h_);
+  Dtype* new_cell = static_cast<Dtype*>(new_cell_);
   const int kWide = Wide<Dtype>::kWidth;
   const void* pointers[] = {gates, old_cell, new_h, new_cell};
   const bool wide = packs_fit<Dtype>(state_size, pointers, 4);
@@ -135,18 +140,11 @@ static cudaError_t launch_forward(int64_t batch_size, int64_t state_size,
   return cudaSuccess;
 }
 
-extern "C" cudaError_t lltm_launch_forward_float(int64_t batch_size, int64_t state_size,
-                                                 const float* gates, const float* old_cell,
-                                                 float* new_h, float* new_cell,
-                                                 cudaStream_t stream) {
-  return launch_forward(batch_size, state_size, gates, old_cell, new_h, new_cell, stream);
-}
-
-extern "C" cudaError_t lltm_launch_forward_double(int64_t batch_size, int64_t state_size,
-                                                  const double* gates, const double* old_cell,
-                                                  double* new_h, double* new_cell,
-                                                  cudaStream_t stream) {
-  return launch_forward(batch_size, state_size, gates, old_cell, new_h, new_cell, stream);
+extern "C" cudaError_t lltm_launch_forward(int dtype, int64_t batch_size, int64_t state_size,
+                                           const void* gates, const void* old_cell, void* new_h,
+                                           void* new_cell, cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_forward, batch_size, state_size, gates, old_cell, new_h,
+                         new_cell, stream);
 }
 
 // grad_h and grad_cell are read through (row, column) strides, in units of P:
@@ -197,16 +195,23 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
   }
 }
 
+// grad_strides: grad_h's row and column strides, then grad_cell's, in elements.
 template <typename Dtype>
 static cudaError_t launch_backward(int64_t batch_size, int64_t state_size,
-                                   int64_t grad_h_row_stride, int64_t grad_h_column_stride,
-                                   int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
-                                   const Dtype* grad_h, const Dtype* grad_cell,
-                                   const Dtype* new_cell, const Dtype* gates,
-                                   Dtype* d_old_cell, Dtype* d_gates,
+                                   const int64_t* grad_strides, const void* grad_h_,
+                                   const void* grad_cell_, const void* new_cell_,
+                                   const void* gates_, void* d_old_cell_, void* d_gates_,
                                    cudaStream_t stream) {
   const int64_t count = batch_size * state_size;
   if (count == 0) return cudaSuccess;
+  const Dtype* grad_h = static_cast<const Dtype*>(grad_h_);
+  const Dtype* grad_cell = static_cast<const Dtype*>(grad_cell_);
+  const Dtype* new_cell = static_cast<const Dtype*>(new_cell_);
+  const Dtype* gates = static_cast<const Dtype*>(gates_);
+  Dtype* d_old_cell = static_cast<Dtype*>(d_old_cell_);
+  Dtype* d_gates = static_cast<Dtype*>(d_gates_);
+  const int64_t grad_h_row_stride = grad_strides[0], grad_h_column_stride = grad_strides[1];
+  const int64_t grad_cell_row_stride = grad_strides[2], grad_cell_column_stride = grad_strides[3];
   const int kWide = Wide<Dtype>::kWidth;
   const void* pointers[] = {grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates};
   // Packs need whole packs along each gradient's rows: unit column strides.
@@ -244,26 +249,11 @@ static cudaError_t launch_backward(int64_t batch_size, int64_t state_size,
   return cudaSuccess;
 }
 
-extern "C" cudaError_t lltm_launch_backward_float(int64_t batch_size, int64_t state_size,
-                                                  int64_t grad_h_row_stride, int64_t grad_h_column_stride,
-                                                  int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
-                                                  const float* grad_h, const float* grad_cell,
-                                                  const float* new_cell, const float* gates,
-                                                  float* d_old_cell, float* d_gates,
-                                                  cudaStream_t stream) {
-  return launch_backward(batch_size, state_size, grad_h_row_stride, grad_h_column_stride,
-                         grad_cell_row_stride, grad_cell_column_stride, grad_h, grad_cell,
-                         new_cell, gates, d_old_cell, d_gates, stream);
-}
-
-extern "C" cudaError_t lltm_launch_backward_double(int64_t batch_size, int64_t state_size,
-                                                   int64_t grad_h_row_stride, int64_t grad_h_column_stride,
-                                                   int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
-                                                   const double* grad_h, const double* grad_cell,
-                                                   const double* new_cell, const double* gates,
-                                                   double* d_old_cell, double* d_gates,
-                                                   cudaStream_t stream) {
-  return launch_backward(batch_size, state_size, grad_h_row_stride, grad_h_column_stride,
-                         grad_cell_row_stride, grad_cell_column_stride, grad_h, grad_cell,
-                         new_cell, gates, d_old_cell, d_gates, stream);
+extern "C" cudaError_t lltm_launch_backward(int dtype, int64_t batch_size, int64_t state_size,
+                                            const int64_t grad_strides[4], const void* grad_h,
+                                            const void* grad_cell, const void* new_cell,
+                                            const void* gates, void* d_old_cell, void* d_gates,
+                                            cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_backward, batch_size, state_size, grad_strides, grad_h,
+                         grad_cell, new_cell, gates, d_old_cell, d_gates, stream);
 }

@@ -1,13 +1,16 @@
-/* The C shim cffi binds: the functions declared in include/lltm_ffi.h. The
- * CPU passes live in lltm_cpu.c; the CUDA entry points here put the calling
- * thread on the tensors' device, call the launcher, and put it back. */
+/* The C shim cffi binds: the entry points of include/lltm_ffi.h. Each one
+ * refuses an unknown dtype, then runs the CPU pass (lltm_cpu.c) or, on a
+ * CUDA device, the kernel launcher with the calling thread switched to that
+ * device for the call. A build without CUDA answers every CUDA device with
+ * LLTM_ERROR_NO_CUDA from the same entry points. */
+#include <stddef.h>
 #include <stdint.h>
 
+#include "lltm_cpu.h"
 #include "lltm_ffi.h"
 
 #ifdef LLTM_WITH_CUDA
 #include "lltm_kernel.h"
-#include "round_kernel.h"
 #endif
 
 #ifndef LLTM_SOURCE_HASH
@@ -20,9 +23,17 @@
 const char* lltm_source_hash(void) { return LLTM_SOURCE_HASH; }
 const char* lltm_package_version(void) { return LLTM_PACKAGE_VERSION; }
 
-static const char no_cuda_message[] =
-    "lltm_ffi was built without CUDA support; put nvcc on PATH (or set "
-    "CUDA_HOME) and rebuild with `make clean && make`";
+static const char* lltm_own_error_string(int code) {
+  switch (code) {
+    case LLTM_ERROR_NO_CUDA:
+      return "lltm_ffi was built without CUDA support; put nvcc on PATH (or set CUDA_HOME) "
+             "and rebuild with `make clean && make`";
+    case LLTM_ERROR_DTYPE:
+      return "unknown element type (lltm_ffi passes take LLTM_FLOAT32 or LLTM_FLOAT64)";
+    default:
+      return NULL;
+  }
+}
 
 #ifdef LLTM_WITH_CUDA
 
@@ -35,12 +46,10 @@ const char* lltm_cuda_archs(void) { return LLTM_CUDA_ARCHS; }
 int lltm_cuda_runtime_version(void) { return CUDART_VERSION; }
 
 const char* lltm_error_string(int code) {
-  if (code == LLTM_ERROR_NO_CUDA) return no_cuda_message;
-  return cudaGetErrorString((cudaError_t)code);
+  const char* own = lltm_own_error_string(code);
+  return own ? own : cudaGetErrorString((cudaError_t)code);
 }
 
-/* The stream belongs to `device`; a launch on it from another device fails,
- * so switch for the call and restore the caller's device after it. */
 /* A failed runtime call also leaves its error as the runtime's last error;
  * clear it so the next launch's CUDA_POST_KERNEL_CHECK does not report it. */
 static cudaError_t cleared(cudaError_t status) {
@@ -48,6 +57,8 @@ static cudaError_t cleared(cudaError_t status) {
   return status;
 }
 
+/* The stream belongs to `device`; a launch on it from another device fails,
+ * so switch for the call and restore the caller's device after it. */
 static cudaError_t enter_device(int device, int* previous) {
   const cudaError_t status = cleared(cudaGetDevice(previous));
   if (status != cudaSuccess) return status;
@@ -62,139 +73,64 @@ static int leave_device(int device, int previous, cudaError_t status) {
   return (int)status;
 }
 
-/* The body of every CUDA entry point: run `launch` (a cudaError_t expression)
- * on `device` and return its code, or the device switch's. */
-#define LLTM_ON_DEVICE(device, launch)                                   \
-  do {                                                                   \
-    int previous_device;                                                 \
+/* Runs `launch` (a cudaError_t expression) on `device` and returns its code,
+ * or the device switch's. */
+#define LLTM_ON_DEVICE(device, launch)                                    \
+  do {                                                                    \
+    int previous_device;                                                  \
     const cudaError_t entered = enter_device((device), &previous_device); \
-    if (entered != cudaSuccess) return (int)entered;                     \
-    return leave_device((device), previous_device, (launch));            \
+    if (entered != cudaSuccess) return (int)entered;                      \
+    return leave_device((device), previous_device, (launch));             \
   } while (0)
 
-int lltm_forward_cuda_float(int64_t batch_size, int64_t state_size,
-                            const float* gates, const float* old_cell,
-                            float* new_h, float* new_cell,
-                            int device, void* stream) {
-  LLTM_ON_DEVICE(device, lltm_launch_forward_float(batch_size, state_size, gates, old_cell,
-                                                   new_h, new_cell, (cudaStream_t)stream));
-}
-
-int lltm_forward_cuda_double(int64_t batch_size, int64_t state_size,
-                             const double* gates, const double* old_cell,
-                             double* new_h, double* new_cell,
-                             int device, void* stream) {
-  LLTM_ON_DEVICE(device, lltm_launch_forward_double(batch_size, state_size, gates, old_cell,
-                                                    new_h, new_cell, (cudaStream_t)stream));
-}
-
-int lltm_backward_cuda_float(int64_t batch_size, int64_t state_size,
-                             int64_t grad_h_row_stride, int64_t grad_h_column_stride,
-                             int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
-                             const float* grad_h, const float* grad_cell,
-                             const float* new_cell, const float* gates,
-                             float* d_old_cell, float* d_gates,
-                             int device, void* stream) {
-  LLTM_ON_DEVICE(device, lltm_launch_backward_float(batch_size, state_size, grad_h_row_stride,
-                                                    grad_h_column_stride, grad_cell_row_stride,
-                                                    grad_cell_column_stride, grad_h, grad_cell,
-                                                    new_cell, gates, d_old_cell, d_gates,
-                                                    (cudaStream_t)stream));
-}
-
-int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
-                              int64_t grad_h_row_stride, int64_t grad_h_column_stride,
-                              int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
-                              const double* grad_h, const double* grad_cell,
-                              const double* new_cell, const double* gates,
-                              double* d_old_cell, double* d_gates,
-                              int device, void* stream) {
-  LLTM_ON_DEVICE(device, lltm_launch_backward_double(batch_size, state_size, grad_h_row_stride,
-                                                     grad_h_column_stride, grad_cell_row_stride,
-                                                     grad_cell_column_stride, grad_h, grad_cell,
-                                                     new_cell, gates, d_old_cell, d_gates,
-                                                     (cudaStream_t)stream));
-}
-
-int lltm_round_forward_cuda_float(int64_t count, const float* input, float* output,
-                                  int device, void* stream) {
-  LLTM_ON_DEVICE(device, lltm_launch_round_forward_float(count, input, output,
-                                                         (cudaStream_t)stream));
-}
-
-int lltm_round_forward_cuda_double(int64_t count, const double* input, double* output,
-                                   int device, void* stream) {
-  LLTM_ON_DEVICE(device, lltm_launch_round_forward_double(count, input, output,
-                                                          (cudaStream_t)stream));
-}
-
-#else /* CPU-only build: the CUDA entry points exist and refuse. */
+#else /* CPU-only build */
 
 int lltm_cuda_compiled(void) { return 0; }
 const char* lltm_cuda_archs(void) { return ""; }
 int lltm_cuda_runtime_version(void) { return 0; }
 
 const char* lltm_error_string(int code) {
-  if (code == LLTM_ERROR_NO_CUDA) return no_cuda_message;
-  return "unknown lltm_ffi error code";
+  const char* own = lltm_own_error_string(code);
+  return own ? own : "unknown lltm_ffi error code";
 }
 
-int lltm_forward_cuda_float(int64_t batch_size, int64_t state_size,
-                            const float* gates, const float* old_cell,
-                            float* new_h, float* new_cell,
-                            int device, void* stream) {
-  (void)batch_size; (void)state_size; (void)gates; (void)old_cell;
-  (void)new_h; (void)new_cell; (void)device; (void)stream;
-  return LLTM_ERROR_NO_CUDA;
-}
-
-int lltm_forward_cuda_double(int64_t batch_size, int64_t state_size,
-                             const double* gates, const double* old_cell,
-                             double* new_h, double* new_cell,
-                             int device, void* stream) {
-  (void)batch_size; (void)state_size; (void)gates; (void)old_cell;
-  (void)new_h; (void)new_cell; (void)device; (void)stream;
-  return LLTM_ERROR_NO_CUDA;
-}
-
-int lltm_backward_cuda_float(int64_t batch_size, int64_t state_size,
-                             int64_t grad_h_row_stride, int64_t grad_h_column_stride,
-                             int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
-                             const float* grad_h, const float* grad_cell,
-                             const float* new_cell, const float* gates,
-                             float* d_old_cell, float* d_gates,
-                             int device, void* stream) {
-  (void)batch_size; (void)state_size; (void)grad_h_row_stride; (void)grad_h_column_stride;
-  (void)grad_cell_row_stride; (void)grad_cell_column_stride;
-  (void)grad_h; (void)grad_cell; (void)new_cell;
-  (void)gates; (void)d_old_cell; (void)d_gates; (void)device; (void)stream;
-  return LLTM_ERROR_NO_CUDA;
-}
-
-int lltm_backward_cuda_double(int64_t batch_size, int64_t state_size,
-                              int64_t grad_h_row_stride, int64_t grad_h_column_stride,
-                              int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
-                              const double* grad_h, const double* grad_cell,
-                              const double* new_cell, const double* gates,
-                              double* d_old_cell, double* d_gates,
-                              int device, void* stream) {
-  (void)batch_size; (void)state_size; (void)grad_h_row_stride; (void)grad_h_column_stride;
-  (void)grad_cell_row_stride; (void)grad_cell_column_stride;
-  (void)grad_h; (void)grad_cell; (void)new_cell;
-  (void)gates; (void)d_old_cell; (void)d_gates; (void)device; (void)stream;
-  return LLTM_ERROR_NO_CUDA;
-}
-
-int lltm_round_forward_cuda_float(int64_t count, const float* input, float* output,
-                                  int device, void* stream) {
-  (void)count; (void)input; (void)output; (void)device; (void)stream;
-  return LLTM_ERROR_NO_CUDA;
-}
-
-int lltm_round_forward_cuda_double(int64_t count, const double* input, double* output,
-                                   int device, void* stream) {
-  (void)count; (void)input; (void)output; (void)device; (void)stream;
-  return LLTM_ERROR_NO_CUDA;
-}
+/* `launch` is never compiled: there is no launcher to call. */
+#define LLTM_ON_DEVICE(device, launch) return LLTM_ERROR_NO_CUDA
 
 #endif /* LLTM_WITH_CUDA */
+
+/* The body of every entry point. */
+#define LLTM_RUN(dtype, device, cpu_pass, cuda_launch)                         \
+  do {                                                                         \
+    if ((dtype) != LLTM_FLOAT32 && (dtype) != LLTM_FLOAT64) return LLTM_ERROR_DTYPE; \
+    if ((device) == LLTM_CPU) return (cpu_pass);                               \
+    LLTM_ON_DEVICE((device), (cuda_launch));                                   \
+  } while (0)
+
+int lltm_forward(int dtype, int device, void* stream, int64_t batch_size, int64_t state_size,
+                 const void* gates, const void* old_cell, void* new_h, void* new_cell) {
+  LLTM_RUN(dtype, device,
+           lltm_cpu_forward(dtype, batch_size, state_size, gates, old_cell, new_h, new_cell),
+           lltm_launch_forward(dtype, batch_size, state_size, gates, old_cell, new_h, new_cell,
+                               (cudaStream_t)stream));
+}
+
+int lltm_backward(int dtype, int device, void* stream, int64_t batch_size, int64_t state_size,
+                  int64_t grad_h_row_stride, int64_t grad_h_column_stride,
+                  int64_t grad_cell_row_stride, int64_t grad_cell_column_stride,
+                  const void* grad_h, const void* grad_cell, const void* new_cell,
+                  const void* gates, void* d_old_cell, void* d_gates) {
+  const int64_t grad_strides[4] = {grad_h_row_stride, grad_h_column_stride,
+                                   grad_cell_row_stride, grad_cell_column_stride};
+  LLTM_RUN(dtype, device,
+           lltm_cpu_backward(dtype, batch_size, state_size, grad_strides, grad_h, grad_cell,
+                             new_cell, gates, d_old_cell, d_gates),
+           lltm_launch_backward(dtype, batch_size, state_size, grad_strides, grad_h, grad_cell,
+                                new_cell, gates, d_old_cell, d_gates, (cudaStream_t)stream));
+}
+
+int lltm_round_forward(int dtype, int device, void* stream, int64_t count, const void* input,
+                       void* output) {
+  LLTM_RUN(dtype, device, lltm_cpu_round_forward(dtype, count, input, output),
+           lltm_launch_round_forward(dtype, count, input, output, (cudaStream_t)stream));
+}

@@ -4,7 +4,9 @@
 // straight-through estimator), so it needs no kernel: see lltm_ffi/round_ste.py.
 
 #include "caffe_cuda_macro.h"
-#include "round_kernel.h"
+#include "lltm_dtype.h"
+#include "lltm_ffi.h"
+#include "lltm_kernel.h"
 
 template <typename Dtype>
 __global__ void lltm_round_forward_kernel(const int64_t count,
@@ -16,21 +18,16 @@ __global__ void lltm_round_forward_kernel(const int64_t count,
 }
 
 template <typename Dtype>
-static cudaError_t launch_round_forward(int64_t count, const Dtype* input, Dtype* output,
+static cudaError_t launch_round_forward(int64_t count, const void* input, void* output,
                                         cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  lltm_round_forward_kernel<Dtype>
-      <<<CAFFE_GET_BLOCKS(count), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(count, input, output);
+  lltm_round_forward_kernel<Dtype><<<CAFFE_GET_BLOCKS(count), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+      count, static_cast<const Dtype*>(input), static_cast<Dtype*>(output));
   CUDA_POST_KERNEL_CHECK;
   return cudaSuccess;
 }
 
-extern "C" cudaError_t lltm_launch_round_forward_float(int64_t count, const float* input,
-                                                       float* output, cudaStream_t stream) {
-  return launch_round_forward(count, input, output, stream);
-}
-
-extern "C" cudaError_t lltm_launch_round_forward_double(int64_t count, const double* input,
-                                                        double* output, cudaStream_t stream) {
-  return launch_round_forward(count, input, output, stream);
+extern "C" cudaError_t lltm_launch_round_forward(int dtype, int64_t count, const void* input,
+                                                 void* output, cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_round_forward, count, input, output, stream);
 }

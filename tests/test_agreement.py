@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 import lltm_ffi
 from conftest import assert_agrees_with_reference, random_inputs, random_like, shape_id
-from lltm_ffi import _extension, selfcheck
+from lltm_ffi import ops, selfcheck
 
 # (batch, input_features, state_size)
 SHAPES = [
@@ -90,8 +90,8 @@ def test_fused_passes_are_accurate_over_a_wide_range_of_gates(dtype, device, gen
     gates[:, ::17] *= 30  # deep in saturation, past where exp overflows in float32
     old_cell, grad_h, grad_cell = (normal(batch_size, state_size, scale=2.0) for _ in range(3))
 
-    new_h, new_cell = _extension.forward(gates, old_cell)
-    d_old_cell, d_gates = _extension.backward(grad_h, grad_cell, new_cell, gates)
+    new_h, new_cell = ops.forward(gates, old_cell)
+    d_old_cell, d_gates = ops.backward(grad_h, grad_cell, new_cell, gates)
 
     gates64, old_cell64 = (tensor.double().requires_grad_(True) for tensor in (gates, old_cell))
     expected_h, expected_cell = _reference_pointwise(gates64, old_cell64)

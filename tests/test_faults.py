@@ -45,21 +45,20 @@ def _pass_tensors(device):
 
 
 def _pointers(tensors):
-    return [_extension.ffi.cast("float *", tensor.data_ptr()) for tensor in tensors]
+    return [_extension.ffi.cast("void *", tensor.data_ptr()) for tensor in tensors]
 
 
 def _forward(lib, tensors, device_index, stream):
     gates, old_cell, new_h, new_cell = tensors[:4]
-    return lib.lltm_forward_cuda_float(BATCH, STATE, *_pointers((gates, old_cell, new_h, new_cell)),
-                                       device_index, stream)
+    return lib.lltm_forward(lib.LLTM_FLOAT32, device_index, stream, BATCH, STATE,
+                            *_pointers((gates, old_cell, new_h, new_cell)))
 
 
 def _backward(lib, tensors, device_index, stream):
     gates, _, _, new_cell, grad_h, grad_cell, d_old_cell, d_gates = tensors
-    return lib.lltm_backward_cuda_float(
-        BATCH, STATE, STATE, 1, STATE, 1,
-        *_pointers((grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates)),
-        device_index, stream)
+    return lib.lltm_backward(lib.LLTM_FLOAT32, device_index, stream, BATCH, STATE,
+                             STATE, 1, STATE, 1,
+                             *_pointers((grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates)))
 
 
 def _assert_ordinary_path_works(device, seed, when):
@@ -88,7 +87,7 @@ def test_device_that_does_not_exist_is_an_lltm_error_with_cuda_message(cuda_lib,
         code = call(cuda_lib, tensors, missing, stream)
         assert code != 0, f"{name} on device {missing} of {torch.cuda.device_count()} returned 0"
         with pytest.raises(lltm_ffi.LLTMError) as raised:
-            _extension._check(name, code)
+            _extension.check(name, code)
         error = raised.value
         assert isinstance(error, RuntimeError)
         assert "invalid device ordinal" in str(error), str(error)

@@ -1,6 +1,6 @@
 /* Checks the CPU passes of src/lltm_cpu.c on their own, for `make asan` and
- * `make valgrind`: lltm_forward_cpu_{float,double} and
- * lltm_backward_cpu_{float,double} on random inputs over many odd sizes
+ * `make valgrind`: lltm_cpu_forward and lltm_cpu_backward, in float and
+ * double, on random inputs over many odd sizes
  * (batch 1..7 and state 1..67, so that every vector tail length occurs, plus
  * sizes past the OpenMP threshold), with the output gradients in several
  * layouts (dense, broadcast rows, one broadcast value, column-major, every
@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lltm_cpu.h"
 #include "lltm_ffi.h"
 
 static uint64_t rng_state;
@@ -108,7 +109,7 @@ static void compare(const char* what, const char* type, const char* layout, int6
   ++failures;
 }
 
-#define DEFINE_CHECK(SCALAR, EPS)                                                              \
+#define DEFINE_CHECK(SCALAR, DTYPE, EPS)                                                      \
   static void check_##SCALAR(int64_t batch, int64_t state, int layout) {                      \
     const int64_t n = batch * state;                                                          \
     const char* layout_name = layout_names[layout];                                           \
@@ -129,15 +130,15 @@ static void compare(const char* what, const char* type, const char* layout, int6
       grad_h[i] = (SCALAR)draw();                                                             \
       grad_cell[i] = (SCALAR)draw();                                                          \
     }                                                                                         \
-    if (lltm_forward_cpu_##SCALAR(batch, state, gates, old_cell, new_h, new_cell) !=          \
+    const int64_t grad_strides[4] = {row_stride, column_stride, row_stride, column_stride};   \
+    if (lltm_cpu_forward(DTYPE, batch, state, gates, old_cell, new_h, new_cell) !=            \
         LLTM_SUCCESS) {                                                                       \
-      fprintf(stderr, "lltm_forward_cpu_" #SCALAR " returned an error\n");                    \
+      fprintf(stderr, "lltm_cpu_forward (" #SCALAR ") returned an error\n");                  \
       ++failures;                                                                             \
     }                                                                                         \
-    if (lltm_backward_cpu_##SCALAR(batch, state, row_stride, column_stride, row_stride,       \
-                                   column_stride, grad_h, grad_cell, new_cell, gates,         \
-                                   d_old_cell, d_gates) != LLTM_SUCCESS) {                    \
-      fprintf(stderr, "lltm_backward_cpu_" #SCALAR " returned an error\n");                   \
+    if (lltm_cpu_backward(DTYPE, batch, state, grad_strides, grad_h, grad_cell, new_cell,     \
+                          gates, d_old_cell, d_gates) != LLTM_SUCCESS) {                      \
+      fprintf(stderr, "lltm_cpu_backward (" #SCALAR ") returned an error\n");                 \
       ++failures;                                                                             \
     }                                                                                         \
     for (int64_t row = 0; row < batch; ++row) {                                               \
@@ -180,8 +181,8 @@ static void compare(const char* what, const char* type, const char* layout, int6
     free(d_gates);                                                                            \
   }
 
-DEFINE_CHECK(float, 5.9604644775390625e-08)   /* 2^-24 */
-DEFINE_CHECK(double, 1.1102230246251565e-16)  /* 2^-53 */
+DEFINE_CHECK(float, LLTM_FLOAT32, 5.9604644775390625e-08)   /* 2^-24 */
+DEFINE_CHECK(double, LLTM_FLOAT64, 1.1102230246251565e-16)  /* 2^-53 */
 
 static void check_both(int64_t batch, int64_t state, int layout) {
   check_float(batch, state, layout);

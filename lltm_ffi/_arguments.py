@@ -1,0 +1,51 @@
+"""What every op of lltm_ffi asks of its tensor arguments, with one wording
+for each refusal, and the choice between an op's eager path and its
+registered operator."""
+
+import torch
+
+from . import _extension
+from ._extension import SUPPORTED_DTYPES
+
+
+def check_tensor(op, name, tensor):
+    """TypeError naming `name` unless `tensor` is a dense float32/float64 tensor."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; "
+                        "lltm_ffi supports torch.float32 and torch.float64")
+    if tensor.is_nested:
+        raise TypeError(f"{op}: {name} is a nested tensor; lltm_ffi takes dense "
+                        "(torch.strided) tensors: pad it with torch.nested.to_padded_tensor()")
+    if tensor.layout is not torch.strided:
+        raise TypeError(f"{op}: {name} has layout {tensor.layout}; lltm_ffi takes dense "
+                        "(torch.strided) tensors: convert it with .to_dense()")
+
+
+def check_matches(op, name, tensor, reference_name, reference):
+    """TypeError or ValueError naming `name` unless `tensor` has the dtype and
+    device of `reference`."""
+    if tensor.dtype != reference.dtype:
+        raise TypeError(f"{op}: {name} has dtype {tensor.dtype} but {reference_name} has "
+                        f"{reference.dtype}; all arguments must have the same dtype")
+    if tensor.device != reference.device:
+        raise ValueError(f"{op}: {name} is on {tensor.device} but {reference_name} is on "
+                         f"{reference.device}; all arguments must be on the same device")
+
+
+def check_device(op, device, subject="the arguments are"):
+    """ValueError for a device lltm_ffi does not run on; LLTMError for a CUDA
+    device when the module was built without CUDA (the C shim's own refusal,
+    raised before anything is allocated)."""
+    if device.type == "cuda":
+        _extension.check_cuda_compiled(op)
+    elif device.type != "cpu":
+        raise ValueError(f"{op}: {subject} on {device}; lltm_ffi runs on cpu and cuda")
+
+
+def use_operator():
+    """True where an op must go through its registered torch.library operator
+    rather than call C directly: while torch.compile traces (dynamo cannot
+    trace into a cffi call)."""
+    return torch.compiler.is_compiling()
