@@ -78,12 +78,41 @@ struct GatePacks {
 // division costs several times a 32-bit one.
 static inline bool fits_int32(int64_t value) { return value <= INT32_MAX; }
 
+// The launchers take untyped pointers (one C signature for both element
+// types); the kernels take typed ones.
+template <typename Dtype>
+static inline const Dtype* as(const void* pointer) { return static_cast<const Dtype*>(pointer); }
+template <typename Dtype>
+static inline Dtype* as(void* pointer) { return static_cast<Dtype*>(pointer); }
+
+// One kernel variant: kWidth elements per access, Index for the arithmetic.
+template <int Width, typename IndexType>
+struct Variant {
+  static const int kWidth = Width;
+  typedef IndexType Index;
+};
+
+// Calls launch(Variant<...>()) with 16-byte packs when `wide`, and 32-bit
+// indices when `small`.
+template <typename Dtype, typename Launch>
+static void with_variant(bool wide, bool small, Launch launch) {
+  const int kWide = Wide<Dtype>::kWidth;
+  if (wide && small) {
+    launch(Variant<kWide, int32_t>());
+  } else if (wide) {
+    launch(Variant<kWide, int64_t>());
+  } else if (small) {
+    launch(Variant<1, int32_t>());
+  } else {
+    launch(Variant<1, int64_t>());
+  }
+}
+
 template <typename Dtype, int kWidth, typename Index>
 __global__ void lltm_forward_kernel(const int64_t count, const Index packs_per_row,
                                     const Dtype* __restrict__ gates,
                                     const Dtype* __restrict__ old_cell,
-                                    Dtype* __restrict__ new_h,
-                                    Dtype* __restrict__ new_cell) {
+                                    Dtype* __restrict__ new_h, Dtype* __restrict__ new_cell) {
   typedef Pack<Dtype, kWidth> P;
   const P* gate_packs = reinterpret_cast<const P*>(gates);
   CUDA_KERNEL_LOOP(index, count) {
@@ -106,15 +135,11 @@ __global__ void lltm_forward_kernel(const int64_t count, const Index packs_per_r
 }
 
 template <typename Dtype>
-static cudaError_t launch_forward(int64_t batch_size, int64_t state_size, const void* gates_,
-                                  const void* old_cell_, void* new_h_, void* new_cell_,
+static cudaError_t launch_forward(int64_t batch_size, int64_t state_size, const void* gates,
+                                  const void* old_cell, void* new_h, void* new_cell,
                                   cudaStream_t stream) {
   const int64_t count = batch_size * state_size;
   if (count == 0) return cudaSuccess;
-  const Dtype* gates = static_cast<const Dtype*>(gates_);
-  const Dtype* old_cell = static_cast<const Dtype*>(old_cell_);
-  Dtype* new_h = static_cast<Dtype*>(new_h_);
-  Dtype* new_cell = static_cast<Dtype*>(new_cell_);
   const int kWide = Wide<Dtype>::kWidth;
   const void* pointers[] = {gates, old_cell, new_h, new_cell};
   const bool wide = packs_fit<Dtype>(state_size, pointers, 4);
@@ -122,20 +147,14 @@ static cudaError_t launch_forward(int64_t batch_size, int64_t state_size, const 
   const int64_t width = wide ? kWide : 1;
   const int64_t packs = count / width;
   const int64_t packs_per_row = state_size / width;
-  const int blocks = CAFFE_GET_BLOCKS(packs);
-  if (wide && small) {
-    lltm_forward_kernel<Dtype, kWide, int32_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, (int32_t)packs_per_row, gates, old_cell, new_h, new_cell);
-  } else if (wide) {
-    lltm_forward_kernel<Dtype, kWide, int64_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, packs_per_row, gates, old_cell, new_h, new_cell);
-  } else if (small) {
-    lltm_forward_kernel<Dtype, 1, int32_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, (int32_t)packs_per_row, gates, old_cell, new_h, new_cell);
-  } else {
-    lltm_forward_kernel<Dtype, 1, int64_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, packs_per_row, gates, old_cell, new_h, new_cell);
-  }
+  with_variant<Dtype>(wide, small, [&](auto variant) {
+    typedef decltype(variant) V;
+    typedef typename V::Index Index;
+    lltm_forward_kernel<Dtype, V::kWidth, Index>
+        <<<CAFFE_GET_BLOCKS(packs), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+            packs, (Index)packs_per_row, as<Dtype>(gates), as<Dtype>(old_cell), as<Dtype>(new_h),
+            as<Dtype>(new_cell));
+  });
   CUDA_POST_KERNEL_CHECK;
   return cudaSuccess;
 }
@@ -157,8 +176,7 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
                                      const Dtype* __restrict__ grad_cell,
                                      const Dtype* __restrict__ new_cell,
                                      const Dtype* __restrict__ gates,
-                                     Dtype* __restrict__ d_old_cell,
-                                     Dtype* __restrict__ d_gates) {
+                                     Dtype* __restrict__ d_old_cell, Dtype* __restrict__ d_gates) {
   typedef Pack<Dtype, kWidth> P;
   const P* gate_packs = reinterpret_cast<const P*>(gates);
   P* d_gate_packs = reinterpret_cast<P*>(d_gates);
@@ -198,18 +216,11 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
 // grad_strides: grad_h's row and column strides, then grad_cell's, in elements.
 template <typename Dtype>
 static cudaError_t launch_backward(int64_t batch_size, int64_t state_size,
-                                   const int64_t* grad_strides, const void* grad_h_,
-                                   const void* grad_cell_, const void* new_cell_,
-                                   const void* gates_, void* d_old_cell_, void* d_gates_,
-                                   cudaStream_t stream) {
+                                   const int64_t* grad_strides, const void* grad_h,
+                                   const void* grad_cell, const void* new_cell, const void* gates,
+                                   void* d_old_cell, void* d_gates, cudaStream_t stream) {
   const int64_t count = batch_size * state_size;
   if (count == 0) return cudaSuccess;
-  const Dtype* grad_h = static_cast<const Dtype*>(grad_h_);
-  const Dtype* grad_cell = static_cast<const Dtype*>(grad_cell_);
-  const Dtype* new_cell = static_cast<const Dtype*>(new_cell_);
-  const Dtype* gates = static_cast<const Dtype*>(gates_);
-  Dtype* d_old_cell = static_cast<Dtype*>(d_old_cell_);
-  Dtype* d_gates = static_cast<Dtype*>(d_gates_);
   const int64_t grad_h_row_stride = grad_strides[0], grad_h_column_stride = grad_strides[1];
   const int64_t grad_cell_row_stride = grad_strides[2], grad_cell_column_stride = grad_strides[3];
   const int kWide = Wide<Dtype>::kWidth;
@@ -227,24 +238,15 @@ static cudaError_t launch_backward(int64_t batch_size, int64_t state_size,
   const int64_t packs_per_row = state_size / width;
   const int64_t h_row = grad_h_row_stride / width, h_column = wide ? 1 : grad_h_column_stride;
   const int64_t c_row = grad_cell_row_stride / width, c_column = wide ? 1 : grad_cell_column_stride;
-  const int blocks = CAFFE_GET_BLOCKS(packs);
-  if (wide && small) {
-    lltm_backward_kernel<Dtype, kWide, int32_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, (int32_t)packs_per_row, (int32_t)h_row, (int32_t)h_column, (int32_t)c_row,
-        (int32_t)c_column, grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
-  } else if (wide) {
-    lltm_backward_kernel<Dtype, kWide, int64_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, packs_per_row, h_row, h_column, c_row, c_column,
-        grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
-  } else if (small) {
-    lltm_backward_kernel<Dtype, 1, int32_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, (int32_t)packs_per_row, (int32_t)h_row, (int32_t)h_column, (int32_t)c_row,
-        (int32_t)c_column, grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
-  } else {
-    lltm_backward_kernel<Dtype, 1, int64_t><<<blocks, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-        packs, packs_per_row, h_row, h_column, c_row, c_column,
-        grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates);
-  }
+  with_variant<Dtype>(wide, small, [&](auto variant) {
+    typedef decltype(variant) V;
+    typedef typename V::Index Index;
+    lltm_backward_kernel<Dtype, V::kWidth, Index>
+        <<<CAFFE_GET_BLOCKS(packs), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+            packs, (Index)packs_per_row, (Index)h_row, (Index)h_column, (Index)c_row,
+            (Index)c_column, as<Dtype>(grad_h), as<Dtype>(grad_cell), as<Dtype>(new_cell),
+            as<Dtype>(gates), as<Dtype>(d_old_cell), as<Dtype>(d_gates));
+  });
   CUDA_POST_KERNEL_CHECK;
   return cudaSuccess;
 }
