@@ -37,6 +37,24 @@ int lltm_backward(int dtype, int device, void* stream, int64_t batch_size, int64
                   const void* grad_h, const void* grad_cell, const void* new_cell,
                   const void* gates, void* d_old_cell, void* d_gates);
 
+/* lltm_ffi.lltm_sequence: the cell over `steps` time steps, the loop in C.
+ * projected (steps, batch, 3 * state) holds each step's input part of the
+ * gates (input times the input columns of the weights, plus the bias);
+ * weights (3 * state, state) are the hidden columns, row stride
+ * weights_row_stride; h0 and c0 (batch, state) the initial state. Writes
+ * every step's new_h (outputs) and new_cell (cells), (steps, batch, state),
+ * and its gates. The backward pass takes the gradients of outputs and cells
+ * and writes d_gates (each step's gradient of its gates, also that of
+ * projected) and the gradients of h0 and c0. */
+int lltm_sequence_forward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
+                          int64_t state_size, int64_t weights_row_stride, const void* projected,
+                          const void* weights, const void* h0, const void* c0, void* outputs,
+                          void* cells, void* gates);
+int lltm_sequence_backward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
+                           int64_t state_size, int64_t weights_row_stride, const void* weights,
+                           const void* grad_outputs, const void* grad_cells, const void* cells,
+                           const void* gates, void* d_gates, void* d_h0, void* d_c0);
+
 /* lltm_ffi.round_ste's forward pass: output[i] is 1 where input[i] >= 0.5,
  * else 0, over `count` elements. Its backward pass is the identity. */
 int lltm_round_forward(int dtype, int device, void* stream, int64_t count, const void* input,

@@ -10,8 +10,9 @@ from . import _extension, reference
 from ._build_info import VERSION as __version__
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 from .function import LLTMFunction, lltm
-from .module import LLTM
+from .module import LLTM, LLTMSequence
 from .round_ste import round_ste
+from .sequence import lltm_sequence
 
 
 def __getattr__(name):
@@ -22,4 +23,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'lltm_ffi' has no attribute {name!r}")
 
 __all__ = ["CUDA_COMPILED", "LLTM", "LLTMBuildError", "LLTMBuildWarning", "LLTMError",
-           "LLTMFunction", "lltm", "reference", "round_ste"]
+           "LLTMFunction", "LLTMSequence", "lltm", "lltm_sequence", "reference", "round_ste"]

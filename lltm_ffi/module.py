@@ -5,6 +5,7 @@ import math
 import torch
 
 from .function import lltm
+from .sequence import lltm_sequence
 
 
 class LLTM(torch.nn.Module):
@@ -34,3 +35,28 @@ class LLTM(torch.nn.Module):
 
     def extra_repr(self):
         return f"input_features={self.input_features}, state_size={self.state_size}"
+
+
+class LLTMSequence(LLTM):
+    """The cell over whole sequences, called like nn.GRU:
+    outputs, (h_n, c_n) = LLTMSequence(input_features, state_size)(inputs, state=None).
+
+    inputs (steps, batch, input_features), or (batch, steps, input_features)
+    with batch_first=True (outputs likewise); state (h0, c0), zeros when None.
+    Its parameters are LLTM's, so either loads the other's state_dict."""
+
+    def __init__(self, input_features, state_size, batch_first=False, device=None, dtype=None):
+        super().__init__(input_features, state_size, device=device, dtype=dtype)
+        self.batch_first = batch_first
+
+    def forward(self, inputs, state=None):
+        if self.batch_first:
+            inputs = inputs.transpose(0, 1)
+        if state is None:
+            zeros = inputs.new_zeros(inputs.shape[1], self.state_size)
+            state = (zeros, zeros)
+        outputs, final_state = lltm_sequence(inputs, self.weights, self.bias, *state)
+        return (outputs.transpose(0, 1) if self.batch_first else outputs), final_state
+
+    def extra_repr(self):
+        return super().extra_repr() + (", batch_first=True" if self.batch_first else "")

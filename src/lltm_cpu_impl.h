@@ -109,6 +109,88 @@ static int LLTM_NAME(backward_)(int64_t batch_size, int64_t state_size,
   return LLTM_SUCCESS;
 }
 
+/* out[b, r] = base[b, r] + sum_k a[b, k] * weights[r, k], for the `rows`
+ * rows of weights (row stride weights_row_stride, `depth` columns used). */
+static void LLTM_NAME(times_weights_)(int64_t batch_size, int64_t rows, int64_t depth,
+                                      const SCALAR* a, const SCALAR* weights,
+                                      int64_t weights_row_stride, const SCALAR* base,
+                                      SCALAR* out) {
+#pragma omp parallel for schedule(static) if (batch_size * rows * depth >= LLTM_CPU_PARALLEL_MIN * 64)
+  for (int64_t b = 0; b < batch_size; ++b) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const SCALAR* w = weights + r * weights_row_stride;
+      SCALAR sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t k = 0; k < depth; ++k) sum += a[b * depth + k] * w[k];
+      out[b * rows + r] = base[b * rows + r] + sum;
+    }
+  }
+}
+
+/* out[b, j] = base[b, j] + sum_r a[b, r] * weights[r, j], for the `depth`
+ * rows of weights and `columns` of its columns; base may be NULL (zero). */
+static void LLTM_NAME(times_weights_transposed_)(int64_t batch_size, int64_t columns,
+                                                 int64_t depth, const SCALAR* a,
+                                                 const SCALAR* weights,
+                                                 int64_t weights_row_stride,
+                                                 const SCALAR* base, SCALAR* out) {
+#pragma omp parallel for schedule(static) if (batch_size * columns * depth >= LLTM_CPU_PARALLEL_MIN * 64)
+  for (int64_t b = 0; b < batch_size; ++b) {
+    SCALAR* out_row = out + b * columns;
+    for (int64_t j = 0; j < columns; ++j) out_row[j] = base ? base[b * columns + j] : 0;
+    for (int64_t r = 0; r < depth; ++r) {
+      const SCALAR factor = a[b * depth + r];
+      const SCALAR* w = weights + r * weights_row_stride;
+#pragma omp simd
+      for (int64_t j = 0; j < columns; ++j) out_row[j] += factor * w[j];
+    }
+  }
+}
+
+/* The whole-sequence layer's passes, step by step as lltm_kernel.cu's; see
+ * there for the arguments. d_h0 doubles as the gradient reaching each h_t. */
+static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64_t state_size,
+                                        int64_t weights_row_stride, const SCALAR* projected,
+                                        const SCALAR* weights, const SCALAR* h0, const SCALAR* c0,
+                                        SCALAR* outputs, SCALAR* cells, SCALAR* gates) {
+  const int64_t step = batch_size * state_size;
+  for (int64_t t = 0; t < steps; ++t) {
+    const SCALAR* old_h = t ? outputs + (t - 1) * step : h0;
+    const SCALAR* old_cell = t ? cells + (t - 1) * step : c0;
+    SCALAR* gates_t = gates + t * 3 * step;
+    LLTM_NAME(times_weights_)(batch_size, 3 * state_size, state_size, old_h, weights,
+                              weights_row_stride, projected + t * 3 * step, gates_t);
+    LLTM_NAME(forward_)(batch_size, state_size, gates_t, old_cell, outputs + t * step,
+                        cells + t * step);
+  }
+  return LLTM_SUCCESS;
+}
+
+static int LLTM_NAME(sequence_backward_)(int64_t steps, int64_t batch_size, int64_t state_size,
+                                         int64_t weights_row_stride, const SCALAR* weights,
+                                         const SCALAR* grad_outputs, const SCALAR* grad_cells,
+                                         const SCALAR* cells, const SCALAR* gates,
+                                         SCALAR* d_gates, SCALAR* d_h0, SCALAR* d_c0) {
+  const int64_t step = batch_size * state_size;
+  const int64_t dense[4] = {state_size, 1, state_size, 1};
+  for (int64_t t = steps - 1; t >= 0; --t) {
+    if (t + 1 < steps) {
+      LLTM_NAME(times_weights_transposed_)(batch_size, state_size, 3 * state_size,
+                                           d_gates + (t + 1) * 3 * step, weights,
+                                           weights_row_stride, grad_outputs + t * step, d_h0);
+      for (int64_t i = 0; i < step; ++i) d_c0[i] += grad_cells[t * step + i];
+    } else {
+      memcpy(d_h0, grad_outputs + t * step, (size_t)step * sizeof(SCALAR));
+      memcpy(d_c0, grad_cells + t * step, (size_t)step * sizeof(SCALAR));
+    }
+    LLTM_NAME(backward_)(batch_size, state_size, dense, d_h0, d_c0, cells + t * step,
+                         gates + t * 3 * step, d_c0, d_gates + t * 3 * step);
+  }
+  LLTM_NAME(times_weights_transposed_)(batch_size, state_size, 3 * state_size, d_gates,
+                                       weights, weights_row_stride, NULL, d_h0);
+  return LLTM_SUCCESS;
+}
+
 #undef LLTM_NAME
 #undef LLTM_CONCAT
 #undef LLTM_CONCAT_

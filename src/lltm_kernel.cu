@@ -39,6 +39,36 @@ __device__ __forceinline__ Dtype d_elu(Dtype z) {
   return z > Dtype(0) ? Dtype(1) : exp_of(z);
 }
 
+// One element of the forward pass: new_h and new_cell from the three gate
+// pre-activations and old_cell.
+template <typename Dtype>
+__device__ __forceinline__ void cell_forward(Dtype input_pre, Dtype output_pre,
+                                             Dtype candidate_pre, Dtype old_cell, Dtype* new_h,
+                                             Dtype* new_cell) {
+  const Dtype cell = old_cell + elu(candidate_pre) * sigmoid(input_pre);
+  *new_cell = cell;
+  *new_h = tanh_of(cell) * sigmoid(output_pre);
+}
+
+// One element of the backward pass: d_old_cell and the three gate gradients
+// from the output gradients, new_cell and the gate pre-activations.
+template <typename Dtype>
+__device__ __forceinline__ void cell_backward(Dtype d_h, Dtype d_cell, Dtype new_cell,
+                                              Dtype input_pre, Dtype output_pre,
+                                              Dtype candidate_pre, Dtype* d_old_cell,
+                                              Dtype* d_input, Dtype* d_output,
+                                              Dtype* d_candidate) {
+  const Dtype input_gate = sigmoid(input_pre);
+  const Dtype output_gate = sigmoid(output_pre);
+  const Dtype tanh_new_cell = tanh_of(new_cell);
+  const Dtype d_new_cell =
+      (Dtype(1) - tanh_new_cell * tanh_new_cell) * output_gate * d_h + d_cell;
+  *d_old_cell = d_new_cell;
+  *d_input = elu(candidate_pre) * d_new_cell * input_gate * (Dtype(1) - input_gate);
+  *d_output = tanh_new_cell * d_h * output_gate * (Dtype(1) - output_gate);
+  *d_candidate = input_gate * d_new_cell * d_elu(candidate_pre);
+}
+
 // The kernels move Pack<Dtype, kWidth>: kWidth consecutive elements of a row
 // in one access, 16 bytes when the row length and every pointer allow it
 // (more bytes in flight per thread), else one element.
@@ -123,11 +153,8 @@ __global__ void lltm_forward_kernel(const int64_t count, const Index packs_per_r
     P h, cell;
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
-      const Dtype input_gate = sigmoid(pre.input.value[k]);
-      const Dtype output_gate = sigmoid(pre.output.value[k]);
-      const Dtype candidate_cell = elu(pre.candidate.value[k]);
-      cell.value[k] = old.value[k] + candidate_cell * input_gate;
-      h.value[k] = tanh_of(cell.value[k]) * output_gate;
+      cell_forward(pre.input.value[k], pre.output.value[k], pre.candidate.value[k],
+                   old.value[k], &h.value[k], &cell.value[k]);
     }
     reinterpret_cast<P*>(new_cell)[index] = cell;
     reinterpret_cast<P*>(new_h)[index] = h;
@@ -192,19 +219,10 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
     P d_old, d_input_gate, d_output_gate, d_candidate_cell;
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
-      const Dtype input_gate = sigmoid(pre.input.value[k]);
-      const Dtype output_gate = sigmoid(pre.output.value[k]);
-      const Dtype candidate_cell = elu(pre.candidate.value[k]);
-      const Dtype tanh_new_cell = tanh_of(cell.value[k]);
-      const Dtype d_new_cell =
-          (Dtype(1) - tanh_new_cell * tanh_new_cell) * output_gate * d_h.value[k] +
-          d_cell.value[k];
-      d_old.value[k] = d_new_cell;
-      d_input_gate.value[k] =
-          candidate_cell * d_new_cell * input_gate * (Dtype(1) - input_gate);
-      d_output_gate.value[k] =
-          tanh_new_cell * d_h.value[k] * output_gate * (Dtype(1) - output_gate);
-      d_candidate_cell.value[k] = input_gate * d_new_cell * d_elu(pre.candidate.value[k]);
+      cell_backward(d_h.value[k], d_cell.value[k], cell.value[k], pre.input.value[k],
+                    pre.output.value[k], pre.candidate.value[k], &d_old.value[k],
+                    &d_input_gate.value[k], &d_output_gate.value[k],
+                    &d_candidate_cell.value[k]);
     }
     reinterpret_cast<P*>(d_old_cell)[index] = d_old;
     d_gate_packs[gate_index] = d_input_gate;
@@ -258,4 +276,191 @@ extern "C" cudaError_t lltm_launch_backward(int dtype, int64_t batch_size, int64
                                             cudaStream_t stream) {
   return LLTM_TYPED_CALL(dtype, launch_backward, batch_size, state_size, grad_strides, grad_h,
                          grad_cell, new_cell, gates, d_old_cell, d_gates, stream);
+}
+
+// The whole-sequence layer: one launch a time step each way, from a loop in
+// the launcher. A step's recurrent matrix product and its gate math are one
+// kernel: each block computes tiles of kTile x kTile (batch row, state
+// column) elements, accumulating the product over kDepth-wide slices staged
+// in shared memory, then applies the cell to its own elements.
+//
+// weights are the hidden columns of the cell's weights: (3 * state, state)
+// with row stride weights_row_stride; every other tensor is dense.
+static const int kTile = 16;
+static const int kDepth = 32;
+static const int kTileThreads = kTile * kTile;
+
+static int tile_blocks(int64_t batch_size, int64_t state_size) {
+  const int64_t tiles = ((batch_size + kTile - 1) / kTile) * ((state_size + kTile - 1) / kTile);
+  return (int)(tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS);
+}
+
+// A grid-stride loop over the (batch, state) tiles, CUDA_KERNEL_LOOP's shape
+// for kernels that work a tile a block.
+#define TILE_LOOP(row0, column0, batch_size, state_size)                                 \
+  for (int64_t tile = blockIdx.x,                                                        \
+               column_tiles = ((state_size) + kTile - 1) / kTile,                        \
+               tiles = (((batch_size) + kTile - 1) / kTile) * column_tiles,              \
+               row0 = (tile / column_tiles) * kTile, column0 = (tile % column_tiles) * kTile; \
+       tile < tiles;                                                                     \
+       tile += gridDim.x, row0 = (tile / column_tiles) * kTile,                          \
+               column0 = (tile % column_tiles) * kTile)
+
+// Forward step t: gates = projected + old_h W^T (all three gates of each
+// element in one thread), then the cell.
+template <typename Dtype>
+__global__ void lltm_sequence_forward_kernel(
+    const int64_t batch_size, const int64_t state_size, const Dtype* __restrict__ projected,
+    const Dtype* __restrict__ weights, const int64_t weights_row_stride,
+    const Dtype* __restrict__ old_h, const Dtype* __restrict__ old_cell,
+    Dtype* __restrict__ new_h, Dtype* __restrict__ new_cell, Dtype* __restrict__ gates) {
+  __shared__ Dtype h_slice[kTile][kDepth];
+  __shared__ Dtype w_slice[3][kTile][kDepth + 1];
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  TILE_LOOP(row0, column0, batch_size, state_size) {
+    Dtype sum[3] = {0, 0, 0};
+    for (int64_t k0 = 0; k0 < state_size; k0 += kDepth) {
+      for (int i = threadIdx.x; i < kTile * kDepth; i += kTileThreads) {
+        const int r = i / kDepth, k = i % kDepth;
+        const bool k_in = k0 + k < state_size;
+        const int64_t row = row0 + r, column = column0 + r;
+        h_slice[r][k] = k_in && row < batch_size ? old_h[row * state_size + k0 + k] : Dtype(0);
+#pragma unroll
+        for (int g = 0; g < 3; ++g) {
+          w_slice[g][r][k] = k_in && column < state_size
+              ? weights[(g * state_size + column) * weights_row_stride + k0 + k] : Dtype(0);
+        }
+      }
+      __syncthreads();
+#pragma unroll 8
+      for (int k = 0; k < kDepth; ++k) {
+        const Dtype h = h_slice[ty][k];
+#pragma unroll
+        for (int g = 0; g < 3; ++g) sum[g] += h * w_slice[g][tx][k];
+      }
+      __syncthreads();
+    }
+    const int64_t row = row0 + ty, column = column0 + tx;
+    if (row < batch_size && column < state_size) {
+      const int64_t gate = row * 3 * state_size + column, element = row * state_size + column;
+      Dtype pre[3];
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+        pre[g] = projected[gate + g * state_size] + sum[g];
+        gates[gate + g * state_size] = pre[g];
+      }
+      cell_forward(pre[0], pre[1], pre[2], old_cell[element], &new_h[element],
+                   &new_cell[element]);
+    }
+  }
+}
+
+template <typename Dtype>
+static cudaError_t launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t state_size,
+                                           int64_t weights_row_stride, const void* projected,
+                                           const void* weights, const void* h0, const void* c0,
+                                           void* outputs, void* cells, void* gates,
+                                           cudaStream_t stream) {
+  const int64_t step = batch_size * state_size;
+  if (step == 0) return cudaSuccess;
+  for (int64_t t = 0; t < steps; ++t) {
+    const Dtype* old_h = t ? as<Dtype>(outputs) + (t - 1) * step : as<Dtype>(h0);
+    const Dtype* old_cell = t ? as<Dtype>(cells) + (t - 1) * step : as<Dtype>(c0);
+    lltm_sequence_forward_kernel<Dtype>
+        <<<tile_blocks(batch_size, state_size), kTileThreads, 0, stream>>>(
+            batch_size, state_size, as<Dtype>(projected) + t * 3 * step, as<Dtype>(weights),
+            weights_row_stride, old_h, old_cell, as<Dtype>(outputs) + t * step,
+            as<Dtype>(cells) + t * step, as<Dtype>(gates) + t * 3 * step);
+    CUDA_POST_KERNEL_CHECK;
+  }
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t lltm_launch_sequence_forward(
+    int dtype, int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
+    const void* projected, const void* weights, const void* h0, const void* c0, void* outputs,
+    void* cells, void* gates, cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_sequence_forward, steps, batch_size, state_size,
+                         weights_row_stride, projected, weights, h0, c0, outputs, cells, gates,
+                         stream);
+}
+
+// Backward step t: d_h = grad_output + d_gates_next W (the gradient reaching
+// h_t from step t + 1; none after the last step), then the cell's backward
+// pass with d_cell (the gradient reaching c_t from step t + 1, kept in place)
+// plus grad_cell. With cells == NULL it only writes d_h (the gradient of h0).
+template <typename Dtype>
+__global__ void lltm_sequence_backward_kernel(
+    const int64_t batch_size, const int64_t state_size, const Dtype* __restrict__ weights,
+    const int64_t weights_row_stride, const Dtype* __restrict__ d_gates_next,
+    const Dtype* __restrict__ grad_output, const Dtype* __restrict__ grad_cell,
+    const Dtype* __restrict__ cells, const Dtype* __restrict__ gates,
+    Dtype* __restrict__ d_cell, Dtype* __restrict__ d_gates, Dtype* __restrict__ d_h_out) {
+  __shared__ Dtype g_slice[kTile][kDepth];
+  __shared__ Dtype w_slice[kDepth][kTile + 1];
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int64_t gates_size = 3 * state_size;
+  TILE_LOOP(row0, column0, batch_size, state_size) {
+    Dtype sum = 0;
+    for (int64_t k0 = 0; d_gates_next && k0 < gates_size; k0 += kDepth) {
+      for (int i = threadIdx.x; i < kTile * kDepth; i += kTileThreads) {
+        const int r = i / kDepth, k = i % kDepth;
+        const int64_t row = row0 + r;
+        g_slice[r][k] = row < batch_size && k0 + k < gates_size
+            ? d_gates_next[row * gates_size + k0 + k] : Dtype(0);
+        const int kw = i / kTile, c = i % kTile;
+        w_slice[kw][c] = column0 + c < state_size && k0 + kw < gates_size
+            ? weights[(k0 + kw) * weights_row_stride + column0 + c] : Dtype(0);
+      }
+      __syncthreads();
+#pragma unroll 8
+      for (int k = 0; k < kDepth; ++k) sum += g_slice[ty][k] * w_slice[k][tx];
+      __syncthreads();
+    }
+    const int64_t row = row0 + ty, column = column0 + tx;
+    if (row < batch_size && column < state_size) {
+      const int64_t element = row * state_size + column, gate = row * gates_size + column;
+      if (cells == NULL) {
+        d_h_out[element] = sum;
+      } else {
+        const Dtype carried = d_gates_next ? d_cell[element] : Dtype(0);
+        cell_backward(grad_output[element] + sum, carried + grad_cell[element], cells[element],
+                      gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
+                      &d_cell[element], &d_gates[gate], &d_gates[gate + state_size],
+                      &d_gates[gate + 2 * state_size]);
+      }
+    }
+  }
+}
+
+template <typename Dtype>
+static cudaError_t launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t state_size,
+                                            int64_t weights_row_stride, const void* weights,
+                                            const void* grad_outputs, const void* grad_cells,
+                                            const void* cells, const void* gates, void* d_gates,
+                                            void* d_h0, void* d_c0, cudaStream_t stream) {
+  const int64_t step = batch_size * state_size;
+  if (step == 0) return cudaSuccess;
+  const int blocks = tile_blocks(batch_size, state_size);
+  for (int64_t t = steps - 1; t >= -1; --t) {
+    const Dtype* d_gates_next = t + 1 < steps ? as<Dtype>(d_gates) + (t + 1) * 3 * step : NULL;
+    const bool cell = t >= 0;
+    lltm_sequence_backward_kernel<Dtype><<<blocks, kTileThreads, 0, stream>>>(
+        batch_size, state_size, as<Dtype>(weights), weights_row_stride, d_gates_next,
+        cell ? as<Dtype>(grad_outputs) + t * step : NULL,
+        cell ? as<Dtype>(grad_cells) + t * step : NULL,
+        cell ? as<Dtype>(cells) + t * step : NULL, cell ? as<Dtype>(gates) + t * 3 * step : NULL,
+        as<Dtype>(d_c0), cell ? as<Dtype>(d_gates) + t * 3 * step : NULL, as<Dtype>(d_h0));
+    CUDA_POST_KERNEL_CHECK;
+  }
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t lltm_launch_sequence_backward(
+    int dtype, int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
+    const void* weights, const void* grad_outputs, const void* grad_cells, const void* cells,
+    const void* gates, void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_sequence_backward, steps, batch_size, state_size,
+                         weights_row_stride, weights, grad_outputs, grad_cells, cells, gates,
+                         d_gates, d_h0, d_c0, stream);
 }

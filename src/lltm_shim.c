@@ -129,6 +129,32 @@ int lltm_backward(int dtype, int device, void* stream, int64_t batch_size, int64
                                 new_cell, gates, d_old_cell, d_gates, (cudaStream_t)stream));
 }
 
+int lltm_sequence_forward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
+                          int64_t state_size, int64_t weights_row_stride, const void* projected,
+                          const void* weights, const void* h0, const void* c0, void* outputs,
+                          void* cells, void* gates) {
+  LLTM_RUN(dtype, device,
+           lltm_cpu_sequence_forward(dtype, steps, batch_size, state_size, weights_row_stride,
+                                     projected, weights, h0, c0, outputs, cells, gates),
+           lltm_launch_sequence_forward(dtype, steps, batch_size, state_size, weights_row_stride,
+                                        projected, weights, h0, c0, outputs, cells, gates,
+                                        (cudaStream_t)stream));
+}
+
+int lltm_sequence_backward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
+                           int64_t state_size, int64_t weights_row_stride, const void* weights,
+                           const void* grad_outputs, const void* grad_cells, const void* cells,
+                           const void* gates, void* d_gates, void* d_h0, void* d_c0) {
+  LLTM_RUN(dtype, device,
+           lltm_cpu_sequence_backward(dtype, steps, batch_size, state_size, weights_row_stride,
+                                      weights, grad_outputs, grad_cells, cells, gates, d_gates,
+                                      d_h0, d_c0),
+           lltm_launch_sequence_backward(dtype, steps, batch_size, state_size,
+                                         weights_row_stride, weights, grad_outputs, grad_cells,
+                                         cells, gates, d_gates, d_h0, d_c0,
+                                         (cudaStream_t)stream));
+}
+
 int lltm_round_forward(int dtype, int device, void* stream, int64_t count, const void* input,
                        void* output) {
   LLTM_RUN(dtype, device, lltm_cpu_round_forward(dtype, count, input, output),

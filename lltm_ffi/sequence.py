@@ -1,0 +1,171 @@
+"""The LLTM over whole sequences, the time loop in C: lltm_sequence and the
+operators lltm_ffi::sequence_forward and lltm_ffi::sequence_backward.
+
+Only the recurrence is sequential: the input part of every step's gates
+(inputs times the input columns of the weights, plus the bias) is one matrix
+product in torch before the loop, and the hidden weights' gradient one after
+it. The loop itself, each step's product with the hidden weights and its
+gate math, is one C call each way (lltm_sequence_forward/_backward).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import _arguments, _extension
+
+_ARGUMENT_NAMES = ("inputs", "weights", "bias", "h0", "c0")
+
+
+def _shape(tensor):
+    return tuple(tensor.shape)
+
+
+def check_arguments(inputs, weights, bias, h0, c0):
+    """TypeError or ValueError, naming the argument, for anything the C loop
+    cannot take."""
+    tensors = (inputs, weights, bias, h0, c0)
+    for name, tensor in zip(_ARGUMENT_NAMES, tensors):
+        _arguments.check_tensor("lltm_sequence", name, tensor)
+    for name, tensor in zip(_ARGUMENT_NAMES[1:], tensors[1:]):
+        _arguments.check_matches("lltm_sequence", name, tensor, "inputs", inputs)
+    if inputs.dim() != 3:
+        raise ValueError(f"lltm_sequence: inputs must have 3 dimensions (steps, batch, "
+                         f"input_features), got shape {_shape(inputs)}")
+    for name, tensor in (("h0", h0), ("c0", c0), ("weights", weights)):
+        if tensor.dim() != 2:
+            raise ValueError(f"lltm_sequence: {name} must have 2 dimensions, got shape "
+                             f"{_shape(tensor)}")
+    steps, batch_size, input_features = inputs.shape
+    state_size = h0.shape[1]
+    if h0.shape[0] != batch_size or c0.shape != h0.shape:
+        raise ValueError(f"lltm_sequence: h0 and c0 must both have shape (batch, state_size) "
+                         f"with the batch of inputs {_shape(inputs)}; got {_shape(h0)} and "
+                         f"{_shape(c0)}")
+    expected = (3 * state_size, state_size + input_features)
+    if _shape(weights) != expected:
+        raise ValueError(f"lltm_sequence: weights has shape {_shape(weights)} but must be "
+                         f"(3 * state_size, state_size + input_features) = {expected}")
+    if _shape(bias) not in ((3 * state_size,), (1, 3 * state_size)):
+        raise ValueError(f"lltm_sequence: bias has shape {_shape(bias)} but must be "
+                         f"({3 * state_size},) or (1, {3 * state_size})")
+    _arguments.check_device("lltm_sequence", inputs.device)
+
+
+def _hidden_weights(weights):
+    """(3 * state, state) with unit column stride, as C reads it (row stride free)."""
+    weights = weights.resolve_neg()
+    return weights if weights.stride(1) == 1 else weights.contiguous()
+
+
+@torch.library.custom_op("lltm_ffi::sequence_forward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def sequence_forward(projected: Tensor, hidden_weights: Tensor, h0: Tensor,
+                     c0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(outputs, cells, gates) of every step, from each step's input part of
+    the gates projected (steps, batch, 3 * state), the hidden weights
+    (3 * state, state) and the initial state h0, c0 (batch, state)."""
+    steps, batch_size, _ = projected.shape
+    state_size = h0.shape[1]
+    projected, h0, c0 = (_extension.dense(tensor) for tensor in (projected, h0, c0))
+    hidden_weights = _hidden_weights(hidden_weights)
+    outputs = h0.new_empty(steps, batch_size, state_size)
+    cells = torch.empty_like(outputs)
+    gates = torch.empty_like(projected)
+    if outputs.numel():
+        _extension.call("lltm_sequence_forward", h0,
+                        (steps, batch_size, state_size, hidden_weights.stride(0)),
+                        (projected, hidden_weights, h0, c0, outputs, cells, gates))
+    return outputs, cells, gates
+
+
+@sequence_forward.register_fake
+def _sequence_forward_fake(projected, hidden_weights, h0, c0):
+    outputs = h0.new_empty(projected.shape[0], *h0.shape)
+    return outputs, torch.empty_like(outputs), torch.empty_like(projected)
+
+
+@torch.library.custom_op("lltm_ffi::sequence_backward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def sequence_backward(hidden_weights: Tensor, grad_outputs: Tensor, grad_cells: Tensor,
+                      cells: Tensor, gates: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(d_gates, d_h0, d_c0) from the gradients of every step's outputs and
+    cells and what the forward pass saved."""
+    steps, batch_size, state_size = cells.shape
+    grad_outputs, grad_cells, cells, gates = (
+        _extension.dense(tensor) for tensor in (grad_outputs, grad_cells, cells, gates))
+    hidden_weights = _hidden_weights(hidden_weights)
+    d_gates = torch.empty_like(gates)
+    d_h0 = cells.new_empty(batch_size, state_size)
+    d_c0 = torch.empty_like(d_h0)
+    if cells.numel():
+        _extension.call("lltm_sequence_backward", cells,
+                        (steps, batch_size, state_size, hidden_weights.stride(0)),
+                        (hidden_weights, grad_outputs, grad_cells, cells, gates, d_gates, d_h0,
+                         d_c0))
+    return d_gates, d_h0, d_c0
+
+
+@sequence_backward.register_fake
+def _sequence_backward_fake(hidden_weights, grad_outputs, grad_cells, cells, gates):
+    d_h0 = cells.new_empty(cells.shape[1:])
+    return torch.empty_like(gates), d_h0, torch.empty_like(d_h0)
+
+
+def _setup_context(ctx, inputs, output):
+    _, hidden_weights, h0, _ = inputs
+    outputs, cells, gates = output
+    ctx.save_for_backward(hidden_weights, h0, outputs, cells, gates)
+
+
+def _sequence_forward_backward(ctx, grad_outputs, grad_cells, _):
+    hidden_weights, h0, outputs, cells, gates = ctx.saved_tensors
+    grad_outputs = torch.zeros_like(outputs) if grad_outputs is None else grad_outputs
+    grad_cells = torch.zeros_like(cells) if grad_cells is None else grad_cells
+    d_gates, d_h0, d_c0 = sequence_backward(hidden_weights, grad_outputs, grad_cells, cells, gates)
+    # Each step's gate gradient times the h it multiplied: h0, then the outputs but the last.
+    d_hidden = d_gates[0].t().mm(h0)
+    if outputs.shape[0] > 1:
+        d_hidden = d_hidden.addmm(d_gates[1:].flatten(0, 1).t(), outputs[:-1].flatten(0, 1))
+    return d_gates, d_hidden, d_h0, d_c0
+
+
+sequence_forward.register_autograd(_sequence_forward_backward, setup_context=_setup_context)
+
+
+def _autocast_enabled(inputs):
+    return (isinstance(inputs, torch.Tensor) and inputs.device.type in ("cpu", "cuda")
+            and torch.is_autocast_enabled(inputs.device.type))
+
+
+def _run(inputs, weights, bias, h0, c0):
+    state_size = h0.shape[1]
+    projected = F.linear(inputs, weights[:, state_size:], bias.reshape(-1))
+    if _autocast_enabled(inputs):
+        # As in the cell: the matrix product before the loop in the autocast
+        # dtype, the recurrence in float32.
+        with torch.autocast(inputs.device.type, enabled=False):
+            return sequence_forward(projected.float(), weights[:, :state_size].float(),
+                                    h0.float(), c0.float())
+    return sequence_forward(projected, weights[:, :state_size], h0, c0)
+
+
+def lltm_sequence(inputs, weights, bias, h0, c0):
+    """The LLTM cell over a sequence: returns (outputs, (h_n, c_n)).
+
+    inputs (steps, batch, input_features); weights, bias as for lltm_ffi.lltm;
+    h0 and c0 (batch, state_size). outputs (steps, batch, state_size) holds
+    every step's new_h; h_n and c_n are the last step's state (h0 and c0 when
+    steps is 0). Differentiable in all five arguments through every output.
+    Under torch.autocast the input projection runs in the autocast dtype and
+    the recurrence in float32 (float32 out).
+    """
+    if _autocast_enabled(inputs):
+        inputs, weights, bias, h0, c0 = (
+            tensor.float() if isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+            else tensor for tensor in (inputs, weights, bias, h0, c0))
+    check_arguments(inputs, weights, bias, h0, c0)
+    if inputs.shape[0] == 0:
+        return inputs.new_empty(0, *h0.shape), (h0, c0)
+    outputs, cells, _ = _run(inputs, weights, bias, h0, c0)
+    return outputs, (outputs[-1], cells[-1])
