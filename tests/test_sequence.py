@@ -1,0 +1,227 @@
+"""lltm_sequence and LLTMSequence: agreement with a Python loop of lltm_ffi.lltm
+(forward and every gradient), gradcheck, the operators (opcheck, compile,
+CUDA graphs, streams, devices), refusals, and the module."""
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import lltm_ffi
+from conftest import raises_with, skip_without_gpu
+
+# (steps, batch, input_features, state_size): one step, batch 1, odd sizes,
+# a state size that is not a multiple of the 16-wide tiles, a long sequence.
+SHAPES = [(1, 1, 3, 5), (1, 16, 32, 128), (5, 3, 4, 7), (37, 2, 5, 17), (7, 1, 9, 33),
+          (4, 19, 6, 40)]
+TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+def random_arguments(shape, dtype, device, generator):
+    steps, batch_size, input_features, state_size = shape
+
+    def normal(*size, scale=1.0):
+        return (torch.randn(*size, generator=generator, dtype=dtype) * scale).to(device)
+
+    scale = state_size ** -0.5
+    return [normal(steps, batch_size, input_features),
+            normal(3 * state_size, state_size + input_features, scale=scale),
+            normal(3 * state_size, scale=scale), normal(batch_size, state_size),
+            normal(batch_size, state_size)]
+
+
+def python_loop(inputs, weights, bias, h0, c0):
+    h, c, outputs = h0, c0, []
+    for step in inputs:
+        h, c = lltm_ffi.lltm(step, weights, bias, h, c)
+        outputs.append(h)
+    return torch.stack(outputs), (h, c)
+
+
+def results(function, arguments, grads):
+    """Outputs, final state and the five arguments' gradients."""
+    leaves = [argument.detach().clone().requires_grad_(True) for argument in arguments]
+    outputs, (h_n, c_n) = function(*leaves)
+    torch.autograd.backward((outputs, h_n, c_n), grads)
+    return [outputs, h_n, c_n] + [leaf.grad for leaf in leaves]
+
+
+NAMES = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_c0")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+def test_agrees_with_a_loop_of_the_cell(shape, dtype, device, generator):
+    arguments = random_arguments(shape, dtype, device, generator)
+    steps, batch_size, _, state_size = shape
+    grads = [torch.randn(size, generator=generator, dtype=dtype).to(device)
+             for size in ((steps, batch_size, state_size), (batch_size, state_size),
+                          (batch_size, state_size))]
+    actual = results(lltm_ffi.lltm_sequence, arguments, grads)
+    expected = results(python_loop, arguments, grads)
+    for name, value, reference in zip(NAMES, actual, expected):
+        error = ((value - reference).norm() / reference.norm()).item()
+        assert error <= TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+
+
+def test_gradcheck(device, generator):
+    arguments = [argument.requires_grad_(True) for argument in
+                 random_arguments((4, 2, 3, 5), torch.float64, device, generator)]
+
+    def flat(*arguments):
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*arguments)
+        return outputs, h_n, c_n
+
+    assert torch.autograd.gradcheck(flat, arguments)
+
+
+def test_zero_steps_give_empty_outputs_and_the_initial_state(device, generator):
+    inputs, weights, bias, h0, c0 = random_arguments((0, 3, 4, 5), torch.float32, device,
+                                                     generator)
+    outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(inputs, weights, bias, h0, c0)
+    assert outputs.shape == (0, 3, 5)
+    assert h_n is h0 and c_n is c0
+
+
+def test_operators_pass_opcheck(device, generator):
+    inputs, weights, bias, h0, c0 = random_arguments((3, 2, 4, 5), torch.float64, device,
+                                                     generator)
+    projected = torch.randn(3, 2, 15, generator=generator, dtype=torch.float64).to(device)
+    hidden = weights[:, :5]
+    opcheck(torch.ops.lltm_ffi.sequence_forward.default,
+            (projected.requires_grad_(True), hidden.requires_grad_(True), h0, c0))
+    outputs, cells, gates = torch.ops.lltm_ffi.sequence_forward(projected.detach(),
+                                                                hidden.detach(), h0, c0)
+    opcheck(torch.ops.lltm_ffi.sequence_backward.default,
+            (hidden.detach(), torch.randn_like(outputs), torch.randn_like(cells), cells, gates))
+
+
+def test_compile_fullgraph_matches_eager(device, generator):
+    arguments = random_arguments((6, 3, 4, 8), torch.float32, device, generator)
+    module = lltm_ffi.LLTMSequence(4, 8).to(device)
+
+    def loss(inputs):
+        outputs, (h_n, c_n) = module(inputs)
+        return outputs.square().mean() + c_n.sum()
+
+    eager = loss(arguments[0])
+    eager_grads = torch.autograd.grad(eager, list(module.parameters()))
+    compiled = torch.compile(loss, fullgraph=True)(arguments[0])
+    compiled_grads = torch.autograd.grad(compiled, list(module.parameters()))
+    torch.testing.assert_close(compiled, eager)
+    for value, reference in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(value, reference)
+
+
+def test_module_state_dict_is_interchangeable_with_the_cell(generator):
+    cell = lltm_ffi.LLTM(4, 6)
+    sequence = lltm_ffi.LLTMSequence(4, 6, batch_first=True)
+    sequence.load_state_dict(cell.state_dict())
+    inputs = torch.randn(3, 5, 4, generator=generator)
+    outputs, (h_n, c_n) = sequence(inputs)
+    zeros = torch.zeros(3, 6)
+    expected, (h, c) = python_loop(inputs.transpose(0, 1), cell.weights, cell.bias, zeros, zeros)
+    torch.testing.assert_close(outputs, expected.transpose(0, 1))
+    torch.testing.assert_close((h_n, c_n), (h, c))
+    cell.load_state_dict(sequence.state_dict())
+
+
+def test_training_on_a_sequence_task_lowers_the_loss():
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+    model = lltm_ffi.LLTMSequence(3, 16)
+    readout = torch.nn.Linear(16, 1)
+    optimizer = torch.optim.Adam([*model.parameters(), *readout.parameters()], lr=1e-2)
+    losses = []
+    for _ in range(150):
+        inputs = torch.randn(10, 32, 3, generator=generator)
+        target = torch.tanh(inputs[:, :, 0].sum(dim=0) / 10 ** 0.5)
+        outputs, _ = model(inputs)
+        loss = torch.nn.functional.mse_loss(readout(outputs[-1]).squeeze(1), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert sum(losses[-10:]) < 0.2 * sum(losses[:10]), (losses[:10], losses[-10:])
+
+
+@pytest.mark.parametrize("index, value, exception, fragments", [
+    (0, lambda a: a[0][0], ValueError, ("inputs must have 3 dimensions",)),
+    (0, lambda a: a[0].int(), TypeError, ("inputs has dtype torch.int32",)),
+    (1, lambda a: a[1][:, 1:], ValueError, ("weights has shape",)),
+    (2, lambda a: a[2][1:], ValueError, ("bias has shape",)),
+    (3, lambda a: a[3][1:], ValueError, ("h0 and c0",)),
+    (4, lambda a: a[4].double(), TypeError, ("c0 has dtype torch.float64", "inputs has")),
+    (4, lambda a: a[4].to("meta"), ValueError, ("c0 is on meta",)),
+    (1, lambda a: None, TypeError, ("weights must be a torch.Tensor",)),
+])
+def test_bad_arguments_are_refused_naming_them(index, value, exception, fragments, generator):
+    arguments = random_arguments((3, 2, 4, 5), torch.float32, "cpu", generator)
+    arguments[index] = value(arguments)
+    with raises_with(exception, "lltm_sequence", *fragments):
+        lltm_ffi.lltm_sequence(*arguments)
+
+
+def test_runs_on_the_tensors_stream(cuda_device, generator):
+    arguments = random_arguments((8, 4, 5, 24), torch.float32, cuda_device, generator)
+    expected = lltm_ffi.lltm_sequence(*arguments)[0]
+    side = torch.cuda.Stream(cuda_device)
+    side.wait_stream(torch.cuda.current_stream(cuda_device))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        inputs = arguments[0].clone()
+        outputs = lltm_ffi.lltm_sequence(inputs, *arguments[1:])[0]
+    side.synchronize()
+    torch.testing.assert_close(outputs, expected)
+
+
+def test_second_gpu_while_the_first_is_current(generator):
+    skip_without_gpu()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    second = torch.device("cuda", 1)
+    arguments = random_arguments((5, 3, 4, 9), torch.float64, second, generator)
+    grads = [torch.ones(5, 3, 9, dtype=torch.float64, device=second),
+             torch.ones(3, 9, dtype=torch.float64, device=second),
+             torch.ones(3, 9, dtype=torch.float64, device=second)]
+    with torch.cuda.device(0):
+        actual = results(lltm_ffi.lltm_sequence, arguments, grads)
+        assert torch.cuda.current_device() == 0
+    expected = results(python_loop, [a.cpu() for a in arguments], [g.cpu() for g in grads])
+    for name, value, reference in zip(NAMES, actual, expected):
+        torch.testing.assert_close(value.cpu(), reference, msg=name)
+
+
+def test_cuda_graph_capture_of_a_training_step(cuda_device, generator):
+    module = lltm_ffi.LLTMSequence(4, 16).to(cuda_device)
+    inputs = torch.randn(6, 8, 4, generator=generator).to(cuda_device)
+
+    def step():
+        outputs, _ = module(inputs)
+        outputs.square().mean().backward()
+
+    side = torch.cuda.Stream(cuda_device)
+    side.wait_stream(torch.cuda.current_stream(cuda_device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            module.zero_grad(set_to_none=False)
+            step()
+    torch.cuda.current_stream(cuda_device).wait_stream(side)
+    expected = module.weights.grad.clone()
+    graph = torch.cuda.CUDAGraph()
+    module.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        step()
+    module.weights.grad.zero_()
+    graph.replay()
+    torch.cuda.synchronize(cuda_device)
+    torch.testing.assert_close(module.weights.grad, expected)
+
+
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+def test_autocast_runs_the_recurrence_in_float32(cuda_device, autocast_dtype, generator):
+    arguments = random_arguments((5, 4, 8, 16), torch.float32, cuda_device, generator)
+    with torch.autocast("cuda", dtype=autocast_dtype):
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*arguments)
+    assert outputs.dtype == h_n.dtype == c_n.dtype == torch.float32
+    expected = python_loop(*[a.double() for a in arguments])[0]
+    error = ((outputs.double() - expected).norm() / expected.norm()).item()
+    assert error < 3e-2, error
