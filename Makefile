@@ -81,7 +81,7 @@ SANITIZER_FLAGS ?= $(SANITIZER_KERNELS) --report-api-errors no --error-exitcode 
 SANITIZER_TESTS ?= tests -k "cuda and not huge and not compile and not fault and not graph and not cpu_only"
 # initcheck sees the writes of instrumented kernels and of copies only, so it
 # runs the tests whose kernel inputs are all copies from the host.
-initcheck: SANITIZER_TESTS = tests/test_fused_pass_paths.py -k cuda
+initcheck: SANITIZER_TESTS = tests/test_agreement.py::test_fused_passes -k cuda
 # racecheck aborts inside cuBLAS's bf16/fp16 Hopper kernels under autocast
 # ("failed to handle a hardware exception"), kernels it does not even check;
 # the lltm kernels run in float32 there, as in the tests it keeps.

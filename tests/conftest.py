@@ -1,4 +1,8 @@
-"""Fixtures and helpers shared by the lltm_ffi tests.
+"""Fixtures and helpers shared by the lltm_ffi tests: devices, dtypes and
+seeds; running lltm_ffi and comparing its results; tolerances; the shared
+CPU-only build and child process. The tensors the tests build are in
+builders.py, the copies of the checkout in checkouts.py, the cases run in a
+child process in child_cases.py.
 
 Every test draws fresh random inputs. Tests that take the `seed` (or
 `generator`) fixture print the seed in their failure report; setting
@@ -8,13 +12,13 @@ LLTM_TEST_SEED to it replays the same inputs.
 import os
 import re
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from checkouts import REPO_ROOT, copy_sources, make_cpu_only
+
 # The checkout under test comes first, also for a plain `pytest` run from elsewhere.
-REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
@@ -22,6 +26,9 @@ import lltm_ffi  # noqa: E402
 from lltm_ffi import selfcheck  # noqa: E402
 
 ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
+RESULT_NAMES = selfcheck.OUTPUT_NAMES + selfcheck.GRADIENT_NAMES
+# What the fused passes return: forward_pass, then backward_pass.
+PASS_NAMES = ("new_h", "new_cell", "d_old_cell", "d_gates")
 SEED_VARIABLE = "LLTM_TEST_SEED"
 NO_GPU = "no CUDA device: torch.cuda.is_available() is False"
 
@@ -74,19 +81,26 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+@pytest.fixture(scope="session")
+def cpu_only_build(tmp_path_factory):
+    """A copy of the sources built with `make CUDA=0`, shared by the tests
+    that only read it."""
+    directory = copy_sources(tmp_path_factory.mktemp("cpu_only") / "lltm")
+    make_cpu_only(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def child_run():
+    """Every case of child_cases.py on every device here, run in one child process."""
+    import child_cases  # not at the top: child_cases imports this module
+
+    return child_cases.run_child()
+
+
 def shape_id(shape):
     """'3x5x7' for (batch, input_features, state_size) = (3, 5, 7)."""
     return "x".join(str(size) for size in shape)
-
-
-def random_inputs(generator, shape, dtype=torch.float64, device="cpu"):
-    """[input, weights, bias, old_h, old_cell] for shape (batch, features, state)."""
-    return list(selfcheck.random_inputs(*shape, dtype, device, generator))
-
-
-def random_like(tensor, generator):
-    """Unit-normal values with `tensor`'s shape, dtype and device."""
-    return torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype).to(tensor.device)
 
 
 def as_leaves(tensors, requires_grad=True):
@@ -94,21 +108,42 @@ def as_leaves(tensors, requires_grad=True):
     return [tensor.detach().requires_grad_(requires_grad) for tensor in tensors]
 
 
-def outputs_and_gradients(inputs, grad_outputs, function=lltm_ffi.lltm):
-    """(new_h, new_cell) and the five inputs' .grad after backpropagating
-    `grad_outputs` through `function` applied to leaf copies of `inputs`."""
-    leaves = as_leaves(inputs)
-    outputs = function(*leaves)
-    torch.autograd.backward(outputs, grad_outputs)
-    return [output.detach() for output in outputs], [leaf.grad for leaf in leaves]
+def outputs_and_gradients(inputs, grad_outputs, function=lltm_ffi.lltm,
+                          requires_grad=ARGUMENT_NAMES):
+    """(new_h, new_cell) and the five arguments' .grad after backpropagating
+    `grad_outputs` through `function` applied to leaves sharing the values
+    and strides of `inputs` (one leaf where inputs repeat a tensor); only the
+    arguments named in `requires_grad` require grad."""
+    leaves = {}
+    arguments = []
+    for name, tensor in zip(ARGUMENT_NAMES, inputs):
+        if id(tensor) not in leaves:
+            leaves[id(tensor)] = tensor.detach().requires_grad_(name in requires_grad)
+        arguments.append(leaves[id(tensor)])
+    outputs = function(*arguments)
+    if any(argument.requires_grad for argument in arguments):
+        torch.autograd.backward(outputs, grad_outputs)
+    return [output.detach() for output in outputs], [argument.grad for argument in arguments]
 
 
-def assert_tensors_close(actual, expected, names):
-    """torch.testing.assert_close for each pair, the failure naming the tensor."""
+def assert_tensors_close(actual, expected, names, equal_nan=False):
+    """torch.testing.assert_close for each pair, the failure naming the
+    tensor; where `expected` is None (no gradient), `actual` must be too."""
     assert len(actual) == len(expected) == len(names)
     for name, value, reference in zip(names, actual, expected):
-        torch.testing.assert_close(value, reference,
+        if reference is None:
+            assert value is None, f"{name}: expected no gradient, got one"
+            continue
+        assert value is not None, f"{name}: expected a gradient, got None"
+        torch.testing.assert_close(value, reference, equal_nan=equal_nan,
                                    msg=lambda message, name=name: f"{name}: {message}")
+
+
+def assert_all_close(got, expected, tolerance):
+    """selfcheck.relative_error of each pair at most `tolerance`."""
+    for index, (value, reference_value) in enumerate(zip(got, expected)):
+        error = selfcheck.relative_error(value, reference_value)
+        assert error <= tolerance, f"tensor {index}: relative error {error:.3g}"
 
 
 def assert_agrees_with_reference(errors, dtype):
@@ -121,6 +156,22 @@ def assert_agrees_with_reference(errors, dtype):
     details = ", ".join(f"{key}={value:.3g}" for key, value in errors.items() if key != "seed")
     assert error <= tolerance, (f"{name} relative error {error:.3g} exceeds {tolerance:g} "
                                 f"(seed {errors['seed']}; {details})")
+
+
+# Where the arguments make the cell ill-conditioned (large values saturate
+# the gates, and 1 - sigmoid(z) cancels), selfcheck.TOLERANCES is widened:
+# lltm_ffi must stay within CONDITIONING_FACTOR times the error of the
+# reference cell itself computed in float32 (scaled by float64's epsilon over
+# float32's for float64).
+CONDITIONING_FACTOR = 20.0
+EPSILON_RATIO = {torch.float32: 1.0, torch.float64: 2.0 ** -29}
+
+
+def allowed_error(dtype, reference_float32_error):
+    """The relative error lltm_ffi may have in `dtype` on arguments where the
+    reference cell computed in float32 has `reference_float32_error`."""
+    return max(selfcheck.TOLERANCES[dtype],
+               CONDITIONING_FACTOR * EPSILON_RATIO[dtype] * reference_float32_error)
 
 
 def replaced(inputs, name, value):

@@ -1,12 +1,25 @@
 """lltm_ffi against the pure-PyTorch reference: both outputs and all five
-gradients, on fresh random inputs, within selfcheck.TOLERANCES."""
+gradients on fresh random inputs (fixed shapes, seeded random shapes and
+value scales, the kernel paths' edge shapes), and the two fused passes alone
+(torch.ops.lltm_ffi.forward_pass and backward_pass) on every path the C and
+CUDA code can take, against the cell's pointwise part in float64.
+
+A failure prints the seed; LLTM_TEST_SEED=<seed> replays the same shapes,
+scales and values. No hypothesis: the project depends on torch, cffi and
+pytest only."""
+
+import math
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+import builders
 import lltm_ffi
-from conftest import assert_agrees_with_reference, random_inputs, random_like, shape_id
-from lltm_ffi import ops, selfcheck
+from builders import random_inputs, random_like
+from conftest import PASS_NAMES, allowed_error, assert_agrees_with_reference, shape_id
+from lltm_ffi import ops, reference, selfcheck
 
 # (batch, input_features, state_size)
 SHAPES = [
@@ -27,19 +40,6 @@ def test_outputs_and_gradients_match_reference(shape, dtype, device, seed):
     errors = selfcheck.compare_with_reference(*shape, dtype, device, seed=seed)
     assert errors["seed"] == seed
     assert_agrees_with_reference(errors, dtype)
-
-
-def test_batch_zero_gives_empty_outputs_and_gradients_of_input_shapes(dtype, device, generator):
-    inputs = [tensor.requires_grad_(True) for tensor in
-              random_inputs(generator, (0, 5, 7), dtype, device)]
-    new_h, new_cell = lltm_ffi.lltm(*inputs)
-    assert new_h.shape == new_cell.shape == (0, 7)
-    assert (new_h.dtype, new_h.device) == (dtype, inputs[0].device)
-    torch.autograd.backward((new_h, new_cell), (torch.ones_like(new_h), torch.ones_like(new_cell)))
-    for tensor in inputs:
-        assert tensor.grad is not None and tensor.grad.shape == tensor.shape
-    # With no rows, nothing flows into the parameters.
-    assert torch.count_nonzero(inputs[1].grad) == 0 and torch.count_nonzero(inputs[2].grad) == 0
 
 
 def test_state_depends_on_every_input(generator):
@@ -65,6 +65,66 @@ def test_random_small_shapes_match_reference_on_cpu(generator):
         errors = selfcheck.compare_with_reference(batch, features, state, dtype, "cpu",
                                                   seed=case_seed)
         assert_agrees_with_reference(errors, dtype)
+
+
+# Seeded random shapes (batch 1..33, input_features 0..70, state_size
+# 1..300) and value scales (each argument scaled by its own factor,
+# log-uniform in 1e-3..30), within conftest.allowed_error: large scales
+# saturate the gates and make the cell ill-conditioned.
+CASES = 30  # per device and dtype
+SCALE_RANGE = (1e-3, 30.0)
+
+
+def _draw(seed):
+    """(batch, input_features, state_size) and one scale per argument, from `seed`."""
+    rng = random.Random(seed)
+    shape = (rng.randint(1, 33), rng.randint(0, 70), rng.randint(1, 300))
+    low, high = (math.log(bound) for bound in SCALE_RANGE)
+    scales = [math.exp(rng.uniform(low, high)) for _ in range(5)]
+    return shape, scales
+
+
+def _scaled(scales, monkeypatch):
+    """Makes compare_with_reference draw its inputs scaled by `scales`."""
+    draw = selfcheck.random_inputs
+
+    def scaled_inputs(*args, **kwargs):
+        return tuple(tensor * scale for tensor, scale in zip(draw(*args, **kwargs), scales))
+
+    monkeypatch.setattr(selfcheck, "random_inputs", scaled_inputs)
+
+
+@pytest.mark.parametrize("case", range(CASES))
+def test_random_shape_and_scales_agree_with_reference(case, dtype, device, seed, monkeypatch):
+    shape, scales = _draw(seed)
+    _scaled(scales, monkeypatch)
+    errors = selfcheck.compare_with_reference(*shape, dtype, device, seed=seed)
+    # How hard the inputs are: the reference cell's own float32 error.
+    conditioning = selfcheck.compare_with_reference(*shape, torch.float32, device, seed=seed,
+                                                    function=reference.lltm)
+    failures = []
+    for name in selfcheck.OUTPUT_NAMES + selfcheck.GRADIENT_NAMES:
+        allowed = allowed_error(dtype, conditioning[name])
+        if not errors[name] <= allowed:  # NaN fails
+            failures.append(f"{name}: {errors[name]:.3g} > {allowed:.3g} (reference in float32: "
+                            f"{conditioning[name]:.3g})")
+    assert not failures, (f"shape {shape_id(shape)}, scales "
+                          f"{', '.join(f'{scale:.3g}' for scale in scales)} (input, weights, "
+                          f"bias, old_h, old_cell), seed {seed}: " + "; ".join(failures))
+
+
+# Fixed shapes for both kernel paths and their edges (also what `make memcheck`
+# runs the CUDA kernels on): batch 1, one state, no features, state a
+# multiple of 4 (float32 16-byte packs) or of 2 (float64) or neither, the CUDA
+# block size (256) and one past it.
+EDGE_SHAPES = [(1, 1, 1), (1, 0, 4), (1, 3, 8), (2, 5, 3), (1, 2, 2), (4, 3, 12), (7, 9, 65),
+               (5, 7, 256), (33, 1, 257), (3, 70, 300), (2, 4, 6), (9, 11, 1)]
+
+
+@pytest.mark.parametrize("shape", EDGE_SHAPES, ids=shape_id)
+def test_edge_shapes_agree_with_reference(shape, dtype, device, seed):
+    assert_agrees_with_reference(
+        selfcheck.compare_with_reference(*shape, dtype, device, seed=seed), dtype)
 
 
 def _reference_pointwise(gates, old_cell):
@@ -104,3 +164,76 @@ def test_fused_passes_are_accurate_over_a_wide_range_of_gates(dtype, device, gen
     for name, (value, _) in results.items():
         assert torch.isfinite(value).all(), f"{name} has non-finite values"
     assert max(errors.values()) <= POINTWISE_TOLERANCES[dtype], errors
+
+
+# (batch, state) of the fused passes: state % 4 == 0 (float32 16-byte packs),
+# % 2 (float64) or neither, batch 1, one state, the CUDA block size and one past it.
+PASS_SHAPES = [(1, 1), (1, 4), (1, 8), (2, 2), (2, 3), (3, 7), (4, 8), (6, 6), (7, 65), (5, 256),
+               (33, 257), (3, 12)]
+
+
+def _dense(tensor):
+    return tensor
+
+
+GRADIENT_LAYOUTS = {"dense": _dense, "misaligned": builders.misaligned,
+                    "transposed": builders.transposed, "every_other": builders.every_other,
+                    "broadcast_rows": builders.broadcast_rows,
+                    "broadcast_all": builders.broadcast_all}
+
+
+def _on_device(tensor, layout, device):
+    return builders.copied_to(layout(tensor), device)
+
+
+def _expected(gates, old_cell, grad_h, grad_cell):
+    """new_h, new_cell, d_old_cell, d_gates in float64 from the cell's definition."""
+    gates = gates.double().requires_grad_(True)
+    old_cell = old_cell.double().requires_grad_(True)
+    new_h, new_cell = _reference_pointwise(gates, old_cell)
+    d_gates, d_old_cell = torch.autograd.grad((new_h, new_cell), (gates, old_cell),
+                                              (grad_h.double(), grad_cell.double()))
+    return new_h.detach(), new_cell.detach(), d_old_cell, d_gates
+
+
+def _check(got, expected, dtype, names=PASS_NAMES):
+    for name, value, wanted in zip(names, got, expected):
+        assert value.shape == wanted.shape and value.dtype == dtype, \
+            f"{name}: {value.dtype} {tuple(value.shape)}"
+        error = selfcheck.relative_error(value.cpu(), wanted)
+        assert error <= selfcheck.TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+
+
+@pytest.mark.parametrize("layout", GRADIENT_LAYOUTS)
+@pytest.mark.parametrize("shape", PASS_SHAPES, ids=shape_id)
+def test_fused_passes(shape, layout, dtype, device, generator):
+    """Pointers one element off 16-byte alignment, and output gradients that
+    are broadcast, transposed, every other element or misaligned. Every
+    device tensor is a copy of a CPU tensor (or a view of one), and results
+    come back with .cpu(): nothing the passes read was written by another
+    kernel, which is what `make initcheck` needs (it instruments the lltm
+    kernels only)."""
+    batch_size, state_size = shape
+
+    def normal(*size, scale=1.0):
+        return torch.randn(*size, generator=generator, dtype=dtype) * scale
+
+    gates, old_cell = normal(batch_size, 3 * state_size, scale=3.0), normal(batch_size, state_size)
+    grad_h, grad_cell = normal(batch_size, state_size), normal(batch_size, state_size)
+    expected_grads = []
+    device_grads = []
+    for grad in (grad_h, grad_cell):
+        view = _on_device(grad, GRADIENT_LAYOUTS[layout], device)
+        device_grads.append(view)
+        expected_grads.append(view.cpu())  # the values the view holds (broadcast ones repeat)
+
+    # The pass inputs misaligned too when the gradients are.
+    inputs_layout = builders.misaligned if layout == "misaligned" else _dense
+    device_gates = _on_device(gates, inputs_layout, device)
+    device_old_cell = _on_device(old_cell, inputs_layout, device)
+    new_h, new_cell = torch.ops.lltm_ffi.forward_pass(device_gates, device_old_cell)
+    d_old_cell, d_gates = torch.ops.lltm_ffi.backward_pass(
+        device_grads[0], device_grads[1], _on_device(new_cell.cpu(), inputs_layout, device),
+        device_gates)
+    _check((new_h, new_cell, d_old_cell, d_gates),
+           _expected(gates, old_cell, *expected_grads), dtype)

@@ -12,7 +12,8 @@ import threading
 import pytest
 import torch
 
-import lltm_ffi
+from builders import random_grad_outputs
+from conftest import PASS_NAMES, RESULT_NAMES, outputs_and_gradients
 from lltm_ffi import selfcheck
 
 THREADS = 4
@@ -38,17 +39,13 @@ def _work(thread, device, generator):
         batch_size, input_features, state_size, dtype = CASES[iteration * (thread + 1) % len(CASES)]
         inputs = selfcheck.random_inputs(batch_size, input_features, state_size, dtype, device,
                                          generator)
-        grads = [torch.randn(batch_size, state_size, generator=generator, dtype=dtype).to(device)
-                 for _ in range(2)]
-        work.append((inputs, grads))
+        work.append((inputs, random_grad_outputs(inputs, generator)))
     return work
 
 
 def _step(inputs, grads):
-    leaves = [tensor.detach().requires_grad_(True) for tensor in inputs]
-    outputs = lltm_ffi.lltm(*leaves)
-    torch.autograd.backward(outputs, grads)
-    return [output.detach() for output in outputs] + [leaf.grad for leaf in leaves]
+    outputs, gradients = outputs_and_gradients(inputs, grads)
+    return outputs + gradients
 
 
 def _pass_step(inputs, grads):
@@ -104,10 +101,6 @@ def _assert_bitwise_equal(concurrent, serial, names):
                     f"thread {thread}, iteration {iteration} (shape {tuple(wanted.shape)}): {name} "
                     f"differs from the serial run by up to "
                     f"{(value.double() - wanted.double()).abs().max().item():.3g}")
-
-
-RESULT_NAMES = selfcheck.OUTPUT_NAMES + selfcheck.GRADIENT_NAMES
-PASS_NAMES = ("new_h", "new_cell", "d_old_cell", "d_gates")
 
 
 def _works(device, seed):

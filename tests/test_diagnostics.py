@@ -11,10 +11,9 @@ import pytest
 import torch
 
 import lltm_ffi
-from conftest import REPO_ROOT
+from checkouts import REPO_ROOT, copy_sources, edit_after_build, make_cpu_only
 from lltm_ffi import _extension
 from lltm_ffi.diagnostics import covering_arch
-from test_build import copy_sources, edit_after_build, make_cpu_only
 
 
 def run_diagnostics(directory):

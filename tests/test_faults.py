@@ -11,11 +11,6 @@ stream's device.)
     python -m pytest -q tests/test_faults.py
 """
 
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -23,7 +18,6 @@ import lltm_ffi
 from conftest import assert_agrees_with_reference, skip_without_gpu
 from lltm_ffi import _extension, selfcheck
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 BATCH, STATE = 3, 5
 
 

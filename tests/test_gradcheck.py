@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import lltm_ffi
-from conftest import random_inputs, shape_id
+from builders import random_inputs
+from conftest import shape_id
 
 GRADCHECK_SHAPES = [(1, 2, 3), (3, 5, 7), (2, 7, 4)]
 

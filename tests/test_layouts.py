@@ -1,22 +1,22 @@
-"""Argument layouts and autograd plumbing: bias of shape (3S,) or (1, 3S),
-non-contiguous arguments and upstream gradients, and inputs of which only
-some require grad."""
+"""The same values in other layouts give the same results: bias of shape
+(3S,) or (1, 3S); arguments and output gradients transposed, every other
+element, broadcast (stride 0), misaligned; and, in the child process of
+child_cases.py, every layout of builders.py (odd strides and overlapping
+rows too) on each argument and the output gradients, and strides of 2^40 on
+size-1 dimensions (test_huge.py has the GPU cases past 2^31 elements)."""
 
 import pytest
 import torch
 
+import builders
+import child_cases
 import lltm_ffi
-from conftest import (ARGUMENT_NAMES, as_leaves, assert_tensors_close, outputs_and_gradients,
-                      random_inputs, random_like)
+from builders import random_grad_outputs, random_inputs
+from conftest import (ARGUMENT_NAMES, RESULT_NAMES, as_leaves, assert_tensors_close,
+                      outputs_and_gradients)
 from lltm_ffi import selfcheck
 
 SHAPE = (3, 5, 7)
-RESULT_NAMES = selfcheck.OUTPUT_NAMES + selfcheck.GRADIENT_NAMES
-
-
-def random_grad_outputs(inputs, generator):
-    old_h = inputs[3]
-    return random_like(old_h, generator), random_like(old_h, generator)
 
 
 def test_bias_1x3S_gives_the_same_results_as_bias_3S(dtype, device, generator):
@@ -32,19 +32,10 @@ def test_bias_1x3S_gives_the_same_results_as_bias_3S(dtype, device, generator):
     assert_tensors_close(outputs_2d + gradients_2d, outputs + gradients, RESULT_NAMES)
 
 
-def _interleaved_with_nan(tensor):
-    """The same values at every other element of a buffer whose other elements are NaN."""
-    buffer = torch.stack((tensor, torch.full_like(tensor, float("nan"))), dim=-1)
-    return buffer[..., 0]
-
-
 LAYOUTS = {
-    # Same values, column-major strides.
-    "transposed": lambda tensor: tensor.t().contiguous().t(),
-    # Same values, stride 2 in the last dimension; a read of a gap gives NaN.
-    "sliced": _interleaved_with_nan,
-    # The first row (element) repeated with stride 0.
-    "expanded": lambda tensor: tensor[:1].expand_as(tensor),
+    "transposed": builders.transposed,
+    "sliced": builders.every_other,
+    "expanded": builders.broadcast_rows,
 }
 NONCONTIGUOUS_CASES = [(name, layout) for name in ARGUMENT_NAMES for layout in LAYOUTS
                        if not (name == "bias" and layout == "transposed")]  # bias is 1-D
@@ -78,15 +69,6 @@ def test_all_arguments_noncontiguous_at_once(dtype, device, generator):
     assert_tensors_close(results[0] + results[1], expected[0] + expected[1], RESULT_NAMES)
 
 
-def _misaligned(tensor):
-    """The same values, dense, but starting one element into a buffer: the
-    CUDA passes must notice the address is not 16-byte aligned."""
-    buffer = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
-    view = buffer[1:].view(tensor.shape)
-    view.copy_(tensor)
-    return view
-
-
 # State size 7 takes the one-element path of the CUDA passes; 8 the 16-byte path.
 @pytest.mark.parametrize("shape", [SHAPE, (4, 6, 8)], ids=["state7", "state8"])
 def test_noncontiguous_upstream_gradients(shape, dtype, device, generator):
@@ -104,23 +86,12 @@ def test_noncontiguous_upstream_gradients(shape, dtype, device, generator):
 def test_sliced_and_misaligned_upstream_gradients(shape, dtype, device, generator):
     inputs = random_inputs(generator, shape, dtype, device)
     grad_h, grad_cell = random_grad_outputs(inputs, generator)
-    views = (_interleaved_with_nan(grad_h), _misaligned(grad_cell))
+    views = (builders.every_other(grad_h), builders.misaligned(grad_cell))
     assert views[0].stride() == (2 * shape[2], 2) and views[1].is_contiguous()
 
     results = outputs_and_gradients(inputs, views)
     expected = outputs_and_gradients(inputs, [view.contiguous() for view in views])
     assert_tensors_close(results[1], expected[1], selfcheck.GRADIENT_NAMES)
-
-
-def test_misaligned_arguments(dtype, device, generator):
-    inputs = random_inputs(generator, (4, 6, 8), dtype, device)
-    views = [_misaligned(tensor) for tensor in inputs]
-    grad_outputs = random_grad_outputs(inputs, generator)
-    results = outputs_and_gradients(views, grad_outputs)
-    expected = outputs_and_gradients(inputs, grad_outputs)
-    assert_tensors_close(results[0] + results[1], expected[0] + expected[1], RESULT_NAMES)
-
-
 
 
 def test_sum_of_outputs_backward_matches_reference(device, generator):
@@ -135,40 +106,20 @@ def test_sum_of_outputs_backward_matches_reference(device, generator):
     assert_tensors_close(gradients[0], gradients[1], selfcheck.GRADIENT_NAMES)
 
 
-def test_only_one_output_used_matches_reference(device, generator):
-    """The unused output's gradient reaches backward as zeros."""
-    inputs = random_inputs(generator, SHAPE, torch.float64, device)
-    grad_h = random_like(inputs[3], generator)
-    gradients = []
-    for function in (lltm_ffi.lltm, lltm_ffi.reference.lltm):
-        leaves = as_leaves(inputs)
-        new_h, _ = function(*leaves)
-        new_h.backward(grad_h)
-        gradients.append([leaf.grad for leaf in leaves])
-    assert_tensors_close(gradients[0], gradients[1], selfcheck.GRADIENT_NAMES)
-
-
-REQUIRING_GRAD = [("weights",), ("input",), ("bias",), ("old_h",), ("old_cell",),
-                  ("input", "old_cell"), ("weights", "bias")]
-
-
-@pytest.mark.parametrize("requiring", REQUIRING_GRAD, ids="+".join)
-def test_only_some_inputs_require_grad(requiring, device, generator):
-    inputs = random_inputs(generator, SHAPE, torch.float64, device)
+def test_misaligned_arguments(dtype, device, generator):
+    inputs = random_inputs(generator, (4, 6, 8), dtype, device)
+    views = [builders.misaligned(tensor) for tensor in inputs]
     grad_outputs = random_grad_outputs(inputs, generator)
-    _, all_gradients = outputs_and_gradients(inputs, grad_outputs)
-
-    tensors = [tensor.detach().requires_grad_(name in requiring)
-               for name, tensor in zip(ARGUMENT_NAMES, inputs)]
-    torch.autograd.backward(lltm_ffi.lltm(*tensors), grad_outputs)
-    for name, tensor, expected in zip(ARGUMENT_NAMES, tensors, all_gradients):
-        if name in requiring:
-            assert_tensors_close([tensor.grad], [expected], [name])
-        else:
-            assert tensor.grad is None, f"{name} does not require grad but got a .grad"
+    results = outputs_and_gradients(views, grad_outputs)
+    expected = outputs_and_gradients(inputs, grad_outputs)
+    assert_tensors_close(results[0] + results[1], expected[0] + expected[1], RESULT_NAMES)
 
 
-def test_no_input_requiring_grad_gives_outputs_without_graph(device, generator):
-    new_h, new_cell = lltm_ffi.lltm(*random_inputs(generator, SHAPE, torch.float64, device))
-    assert not new_h.requires_grad and not new_cell.requires_grad
-    assert new_h.grad_fn is None and new_cell.grad_fn is None
+@pytest.mark.parametrize("case_id", child_cases.case_ids("layout", "huge_stride"))
+def test_case_in_child_process_gives_the_reference_results(case_id, child_run):
+    child_cases.check_case(case_id, child_run)
+
+
+def test_child_process_exits_normally(child_run):
+    """The one child process of these cases and test_edge_values.py's."""
+    child_cases.check_exit(child_run)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lltm_ffi
-from conftest import random_like
+from builders import random_like
 
 
 def _state(batch_size, rnn, generator):

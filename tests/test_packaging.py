@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
-from test_build import copy_sources
+from checkouts import REPO_ROOT, copy_sources
 
 
 def load_build_ffi():

@@ -1,0 +1,58 @@
+"""This checkout (REPO_ROOT) and copies of its sources under tmp_path, built
+with `make CUDA=0` and imported in fresh interpreters whose working
+directory and PYTHONPATH are the copy (test_build, test_refusals,
+test_diagnostics, test_packaging)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+SOURCES = ("build_ffi.py", "Makefile", "include", "src", "lltm_ffi")
+# What a build leaves in lltm_ffi/, and nothing of the checkout's own build.
+NOT_SOURCES = shutil.ignore_patterns("_lltm_ffi*", "__pycache__", "*.o", "*.so")
+
+
+def copy_sources(destination):
+    destination.mkdir()
+    for name in SOURCES:
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, destination / name, ignore=NOT_SOURCES)
+        else:
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def make_cpu_only(directory):
+    result = subprocess.run(["make", "CUDA=0", f"PYTHON={sys.executable}"], cwd=directory,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, f"make CUDA=0 failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def edit_after_build(directory, path):
+    """Appends a comment to `path` (the build compares contents, not file times)."""
+    with open(path, "a") as source:
+        source.write("/* edited after the build */\n")
+
+
+def run_python(directory, code):
+    """Runs `code` in a fresh interpreter that can import only the copy's lltm_ffi."""
+    inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                 if path and not path.startswith(str(REPO_ROOT))]
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(directory)] + inherited))
+    prelude = textwrap.dedent(f"""\
+        import sys
+        sys.path[:] = [path for path in sys.path if not path.startswith({str(REPO_ROOT)!r})]
+    """)
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                          cwd=directory, env=environment, capture_output=True, text=True)
+
+
+def assert_succeeded(result):
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"

@@ -1,0 +1,116 @@
+"""lltm_ffi on CUDA streams, in CUDA graphs and on several GPUs (GPU only):
+the passes launch on the current stream of the tensors' device, wait for
+inputs handed over from another stream, capture and replay in a CUDA graph,
+and run on a GPU other than the current one, which stays current.
+(round_ste's stream and device checks are in test_round.py.)"""
+
+import pytest
+import torch
+
+import lltm_ffi
+from conftest import assert_all_close
+from lltm_ffi import reference, selfcheck
+
+
+def slow_stream_inputs(stream, inputs):
+    """Fills fresh buffers with `inputs` on `stream` after a long delay, so a
+    kernel that ignored the stream would read the buffers' stale contents."""
+    buffers = [torch.full_like(tensor, float("nan")) for tensor in inputs]
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(20_000_000)
+        for buffer, tensor in zip(buffers, inputs):
+            buffer.copy_(tensor, non_blocking=True)
+    return buffers
+
+
+def test_runs_on_the_current_side_stream(cuda_device, generator):
+    inputs = selfcheck.random_inputs(8, 16, 300, torch.float32, cuda_device, generator)
+    expected = reference.lltm(*inputs)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    buffers = slow_stream_inputs(side, inputs)
+    with torch.cuda.stream(side):
+        new_h, new_cell = lltm_ffi.lltm(*buffers)
+    side.synchronize()
+    assert_all_close([new_h, new_cell], expected, 1e-6)
+
+
+def test_inputs_handed_over_from_another_stream(cuda_device, generator):
+    inputs = selfcheck.random_inputs(8, 16, 300, torch.float32, cuda_device, generator)
+    leaves = [tensor.clone().requires_grad_(True) for tensor in inputs]
+    expected_outputs = reference.lltm(*leaves)
+    sum(output.sum() for output in expected_outputs).backward()
+    expected_gradients = [leaf.grad for leaf in leaves]
+    torch.cuda.synchronize()
+
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    buffers = slow_stream_inputs(producer, inputs)
+    consumer.wait_stream(producer)
+    with torch.cuda.stream(consumer):
+        leaves = [buffer.requires_grad_(True) for buffer in buffers]
+        outputs = lltm_ffi.lltm(*leaves)
+        sum(output.sum() for output in outputs).backward()
+    consumer.synchronize()
+    assert_all_close(list(outputs), expected_outputs, 1e-6)
+    assert_all_close([leaf.grad for leaf in leaves], expected_gradients, 1e-5)
+
+
+def test_cuda_graph_capture_and_replay(cuda_device, generator):
+    model = lltm_ffi.LLTM(16, 96).to(cuda_device)
+    static = [torch.randn(shape, generator=generator).to(cuda_device)
+              for shape in ((32, 16), (32, 96), (32, 96), (32, 96), (32, 96))]
+    static_input, static_h, static_cell, static_grad_h, static_grad_cell = static
+
+    def step():
+        new_h, new_cell = model(static_input, (static_h, static_cell))
+        torch.autograd.backward((new_h, new_cell), (static_grad_h, static_grad_cell))
+        return new_h, new_cell
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            model.zero_grad(set_to_none=False)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    model.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        static_new_h, static_new_cell = step()
+
+    for _ in range(2):
+        fresh = [torch.randn(tensor.shape, generator=generator).to(cuda_device) for tensor in static]
+        for tensor, value in zip(static, fresh):
+            tensor.copy_(value)
+        for parameter in model.parameters():
+            parameter.grad.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+
+        weights = model.weights.detach().clone().requires_grad_(True)
+        bias = model.bias.detach().clone().requires_grad_(True)
+        expected = reference.lltm(fresh[0], weights, bias, fresh[1], fresh[2])
+        torch.autograd.backward(expected, (fresh[3], fresh[4]))
+        assert_all_close([static_new_h, static_new_cell], expected, 1e-6)
+        assert_all_close([model.weights.grad, model.bias.grad], [weights.grad, bias.grad], 1e-5)
+
+
+def test_second_gpu_while_first_is_current(generator):
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, torch sees {torch.cuda.device_count()}")
+    second = torch.device("cuda", 1)
+    torch.cuda.set_device(0)
+    inputs = selfcheck.random_inputs(8, 16, 300, torch.float64, "cpu", generator)
+    errors = selfcheck.compare_with_reference(8, 16, 300, torch.float64, second)
+    name, error = selfcheck.worst(errors)
+    assert error <= selfcheck.TOLERANCES[torch.float64], f"{name}: {error} (seed {errors['seed']})"
+    on_second = [tensor.to(second) for tensor in inputs]
+    new_h, new_cell = lltm_ffi.lltm(*on_second)
+    assert new_h.device == second and new_cell.device == second
+    assert torch.cuda.current_device() == 0
+    assert_all_close([new_h.cpu(), new_cell.cpu()], reference.lltm(*inputs), 1e-12)
+    mixed = list(on_second)
+    mixed[4] = inputs[4].to("cuda:0")
+    with pytest.raises(ValueError, match="old_cell is on cuda:0 but input is on cuda:1"):
+        lltm_ffi.lltm(*mixed)
