@@ -287,8 +287,14 @@ extern "C" cudaError_t lltm_launch_backward(int dtype, int64_t batch_size, int64
 // weights are the hidden columns of the cell's weights: (3 * state, state)
 // with row stride weights_row_stride; every other tensor is dense.
 static const int kTile = 16;
-static const int kDepth = 32;
 static const int kTileThreads = kTile * kTile;
+
+// Product slices as deep as 48 KB of static shared memory allows: fewer
+// slices, fewer waits on memory and barriers in the step's critical path.
+template <typename Dtype>
+struct Depth {
+  static const int kDepth = sizeof(Dtype) == 4 ? 128 : 64;
+};
 
 static int tile_blocks(int64_t batch_size, int64_t state_size) {
   const int64_t tiles = ((batch_size + kTile - 1) / kTile) * ((state_size + kTile - 1) / kTile);
@@ -314,6 +320,7 @@ __global__ void lltm_sequence_forward_kernel(
     const Dtype* __restrict__ weights, const int64_t weights_row_stride,
     const Dtype* __restrict__ old_h, const Dtype* __restrict__ old_cell,
     Dtype* __restrict__ new_h, Dtype* __restrict__ new_cell, Dtype* __restrict__ gates) {
+  const int kDepth = Depth<Dtype>::kDepth;
   __shared__ Dtype h_slice[kTile][kDepth];
   __shared__ Dtype w_slice[3][kTile][kDepth + 1];
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
@@ -396,6 +403,7 @@ __global__ void lltm_sequence_backward_kernel(
     const Dtype* __restrict__ grad_output, const Dtype* __restrict__ grad_cell,
     const Dtype* __restrict__ cells, const Dtype* __restrict__ gates,
     Dtype* __restrict__ d_cell, Dtype* __restrict__ d_gates, Dtype* __restrict__ d_h_out) {
+  const int kDepth = Depth<Dtype>::kDepth;
   __shared__ Dtype g_slice[kTile][kDepth];
   __shared__ Dtype w_slice[kDepth][kTile + 1];
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
