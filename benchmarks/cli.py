@@ -1,0 +1,99 @@
+"""benchmark.py's command line: the tutorial's `py|ffi|compile [-c]` and one
+flag per other mode."""
+
+import argparse
+from collections import namedtuple
+from pathlib import Path
+
+import torch
+
+import lltm_ffi
+
+from . import autocast, compare, harness, kernels, overhead, sequence, tutorial
+
+# needs_cuda: why the mode refuses to run without -c (None: it runs on the CPU too).
+Mode = namedtuple("Mode", "help run needs_cuda")
+# The flag of each mode; with none, the tutorial's one implementation runs.
+MODES = {
+    "compare": Mode("all implementations side by side, at two sizes on CPU, three on CUDA",
+                    compare.run, None),
+    "kernels": Mode("the two fused CUDA passes alone, in GB/s against a copy (needs -c)",
+                    kernels.run,
+                    "--kernels times the CUDA passes alone: it needs -c/--cuda and a GPU"),
+    "overhead": Mode(f"host time of each piece of one call at {harness.TUTORIAL_SIZE}",
+                     overhead.run, None),
+    "autocast": Mode("the pieces of a forward under bf16 autocast, by CUDA events (needs -c)",
+                     autocast.run, "--autocast times CUDA kernels: it needs -c/--cuda"),
+    "sequence": Mode("a sequence of LLTM steps, eager vs CUDA graph replay (needs -c)",
+                     sequence.run,
+                     "--sequence compares eager calls with CUDA graph replay: it needs -c/--cuda"),
+}
+
+
+def positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def build_parser():
+    size = harness.TUTORIAL_SIZE
+    parser = argparse.ArgumentParser(
+        description="Times the LLTM cell: lltm_ffi, the PyTorch reference and torch.compile of it.")
+    modes = parser.add_mutually_exclusive_group(required=True)
+    modes.add_argument("implementation", nargs="?", choices=harness.IMPLEMENTATIONS,
+                       help="time one implementation, as the tutorial's benchmark.py")
+    for name, mode in MODES.items():
+        modes.add_argument(f"--{name}", action="store_true", help=mode.help)
+    parser.add_argument("-c", "--cuda", action="store_true", help="run on the GPU")
+    parser.add_argument("-d", "--double", action="store_true", help="float64 instead of float32")
+    parser.add_argument("-b", "--batch-size", dest="batch", type=positive_int,
+                        help=f"batch size (default {size.batch})")
+    parser.add_argument("-f", "--features", type=positive_int,
+                        help=f"input features (default {size.features})")
+    parser.add_argument("-s", "--state-size", dest="state", type=positive_int,
+                        help=f"state size (default {size.state})")
+    parser.add_argument("-r", "--runs", type=positive_int,
+                        help=f"timed runs, at every size (default {tutorial.DEFAULT_RUNS}; "
+                             f"--compare: {compare.default_runs_text('cpu')} on CPU, "
+                             f"{compare.default_runs_text('cuda')} on CUDA, by size; --kernels: "
+                             f"{kernels.KERNEL_REPEATS})")
+    parser.add_argument("-o", "--output", type=Path,
+                        help="--compare's markdown file (default bench_out/compare_{cpu,cuda}.md)")
+    return parser
+
+
+def check_arguments(parser, args):
+    """parser.error (exit code 2) for combinations that cannot run here."""
+    if not args.implementation and any(value is not None for value in (args.batch, args.features,
+                                                                        args.state)):
+        parser.error("-b/-f/-s set the size for one implementation; "
+                     "--compare and --kernels use their own sizes")
+    if args.output is not None and not args.compare:
+        parser.error("-o/--output is for --compare only")
+    for name, mode in MODES.items():
+        if getattr(args, name) and mode.needs_cuda and not args.cuda:
+            parser.error(mode.needs_cuda)
+    if args.cuda and not torch.cuda.is_available():
+        why = ("is built without CUDA" if torch.version.cuda is None
+               else "finds no usable CUDA GPU (torch.cuda.is_available() is False)")
+        parser.error(f"-c/--cuda: this torch ({torch.__version__}) {why}; "
+                     "run without -c for the CPU")
+    if args.cuda and args.implementation not in ("py", "compile") and not lltm_ffi.CUDA_COMPILED:
+        parser.error("-c/--cuda: lltm_ffi was built without its CUDA kernels (make found no nvcc); "
+                     "rebuild it with `make` where nvcc is")
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
+    device = torch.device("cuda" if args.cuda else "cpu")
+    dtype = torch.float64 if args.double else torch.float32
+    run = next((mode.run for name, mode in MODES.items() if getattr(args, name)), tutorial.run)
+    run(args, device, dtype)
+    return 0
