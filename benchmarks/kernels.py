@@ -1,11 +1,13 @@
-"""--kernels: the two fused CUDA passes alone, through the registered
-operators, as GB/s of the bytes each must move, next to a device-to-device
+"""--kernels: the two fused CUDA passes alone (lltm_ffi.ops.forward and
+backward, the calls the eager cell makes), as GB/s of the bytes each must move, next to a device-to-device
 copy timed in the same run."""
 
 import itertools
 import math
 
 import torch
+
+from lltm_ffi import ops
 
 from . import harness
 
@@ -22,9 +24,8 @@ def kernel_steps(batch, state, dtype, device):
         for columns in (3 * state, state, state, state, state))
     copy_source = torch.randn(5 * batch * state, dtype=dtype, device=device)
     copy_target = torch.empty_like(copy_source)
-    return {"forward": lambda: torch.ops.lltm_ffi.forward_pass(gates, old_cell),
-            "backward": lambda: torch.ops.lltm_ffi.backward_pass(grad_h, grad_cell, new_cell,
-                                                                 gates),
+    return {"forward": lambda: ops.forward(gates, old_cell),
+            "backward": lambda: ops.backward(grad_h, grad_cell, new_cell, gates),
             "copy": lambda: copy_target.copy_(copy_source)}
 
 
@@ -83,16 +84,16 @@ def run(args, device, dtype):
     notes = [
         f"- median of {repeats} repeats after {harness.WARMUP_RUNS} warm-up, CUDA events around "
         "each call; forward, backward and the copy take turns in rotating order",
-        "- the passes are the registered operators: they check their arguments and allocate "
-        "their outputs (torch.empty_like, served by the caching allocator after warm-up), and "
-        "are timed as they are, host-side call included where the GPU waits for it",
+        "- the passes allocate their outputs (torch.empty_like, served by the caching allocator "
+        "after warm-up), as lltm_ffi.lltm does, and are timed as they are, host-side call "
+        "included where the GPU waits for it",
         "- bytes each step must read and write, counted once: forward 6*B*S, backward 10*B*S "
         "elements; copy: dst.copy_(src) moving as many bytes as backward (read + write)",
         "- one input set per size when an iteration moves more than twice the L2 cache, else "
         "enough sets, used in turn, that each is out of L2 when it comes back",
     ]
     print(harness.report(
-        "LLTM fused passes alone (torch.ops.lltm_ffi.forward_pass / backward_pass)", device,
+        "LLTM fused passes alone (lltm_ffi.ops.forward / backward)", device,
         dtype, harness.markdown_table(["batch x state", "step", "MB moved", "median (us)",
                                        "GB/s", "% of copy"], rows, text_columns=2),
         notes=notes))
