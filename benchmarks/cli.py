@@ -24,9 +24,9 @@ MODES = {
                      overhead.run, None),
     "autocast": Mode("the pieces of a forward under bf16 autocast, by CUDA events (needs -c)",
                      autocast.run, "--autocast times CUDA kernels: it needs -c/--cuda"),
-    "sequence": Mode("a sequence of LLTM steps, eager vs CUDA graph replay (needs -c)",
+    "sequence": Mode("whole sequences: cell loops, lltm_sequence, nn.LSTM, nn.GRU (needs -c)",
                      sequence.run,
-                     "--sequence compares eager calls with CUDA graph replay: it needs -c/--cuda"),
+                     "--sequence compares with cuDNN and CUDA graph replay: it needs -c/--cuda"),
 }
 
 
@@ -62,6 +62,9 @@ def build_parser():
                              f"--compare: {compare.default_runs_text('cpu')} on CPU, "
                              f"{compare.default_runs_text('cuda')} on CUDA, by size; --kernels: "
                              f"{kernels.KERNEL_REPEATS})")
+    parser.add_argument("--tf32", action="store_true",
+                        help="--sequence: allow TF32 in cuBLAS and cuDNN alike (default strict "
+                             "float32)")
     parser.add_argument("-o", "--output", type=Path,
                         help="--compare's markdown file (default bench_out/compare_{cpu,cuda}.md)")
     return parser
@@ -75,6 +78,8 @@ def check_arguments(parser, args):
                      "--compare and --kernels use their own sizes")
     if args.output is not None and not args.compare:
         parser.error("-o/--output is for --compare only")
+    if args.tf32 and not args.sequence:
+        parser.error("--tf32 is for --sequence only")
     for name, mode in MODES.items():
         if getattr(args, name) and mode.needs_cuda and not args.cuda:
             parser.error(mode.needs_cuda)

@@ -110,7 +110,8 @@ def test_compare_marks_a_failed_torch_compile_and_times_the_rest(small_compare, 
     (["--compare", "-b", "4"], "-b/-f/-s set the size for one implementation"),
     (["ffi", "-o", "out.md"], "-o/--output is for --compare only"),
     (["--kernels"], "--kernels times the CUDA passes alone: it needs -c/--cuda"),
-    (["--sequence"], "--sequence compares eager calls with CUDA graph replay: it needs -c/--cuda"),
+    (["--sequence"], "--sequence compares with cuDNN and CUDA graph replay: it needs -c/--cuda"),
+    (["--compare", "--tf32"], "--tf32 is for --sequence only"),
     (["ffi", "--compare"], "not allowed with argument"),
     ([], "one of the arguments"),
 ])
@@ -153,20 +154,26 @@ def test_overhead_times_every_piece(device, monkeypatch, capsys):
     assert benchmark.main(["--overhead", *device_flags(device)]) == 0
     report = capsys.readouterr().out
     rows = rows_of_numbers(report, 1)
-    assert len(rows) == 22, report
+    assert len(rows) == 24, report
     for piece in ("lltm_ffi.lltm forward", "torch.ops.lltm_ffi.forward_pass (registered op)",
                   "lltm_ffi backward (torch.autograd.grad of the loss)",
                   "floor cell backward, timed as --compare does"):
         assert any(f"| {piece} |" in row for row in rows), piece
 
 
-def test_sequence_compares_eager_with_graph_replay(few_warmup_runs, monkeypatch, capsys):
+@pytest.mark.parametrize("precision", [[], ["--tf32"]])
+def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkeypatch, capsys,
+                                                         precision):
     skip_without_gpu()
-    monkeypatch.setattr(sequence, "SEQUENCE_SHAPE", (3, 5, 7, 9))
-    assert benchmark.main(["--sequence", "-c", "-r", "3"]) == 0
-    rows = rows_of_numbers(capsys.readouterr().out, 2)
-    assert [row.split("|")[1].strip() for row in rows] == [
-        "reference, eager", "lltm_ffi, eager", "lltm_ffi, CUDA graph replay"]
+    monkeypatch.setattr(sequence, "SEQUENCE_SHAPES", ((3, 5, 7, 9), (2, 4, 3, 17)))
+    assert benchmark.main(["--sequence", "-c", "-r", "3", *precision]) == 0
+    output = capsys.readouterr().out
+    rows = rows_of_numbers(output, 2)
+    names = ["reference, Python loop", "lltm_ffi.lltm, Python loop",
+             "lltm_ffi.lltm loop, CUDA graph replay", "lltm_sequence", "nn.LSTM (cuDNN)",
+             "nn.GRU (cuDNN)"]
+    assert [row.split("|")[2].strip() for row in rows] == names * 2
+    assert ("TF32 allowed" if precision else "strict float32") in output
 
 
 def test_autocast_times_the_pieces(few_warmup_runs, monkeypatch, capsys):
