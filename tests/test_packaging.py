@@ -3,9 +3,9 @@ command for both, the architecture names the module reports, and every
 install path the README documents, each started from a fresh `git clone`:
 `pip install .`, `pip install -e .` (which passes the stale-build check after
 its build, fails it after a source edit, and passes again after a second
-`pip install -e .`), `pip install git+file://...` and `pip wheel .` (whose
-wheel holds the compiled module), and a wheel build without cffi, which must
-fail instead of making a wheel without the module.
+`pip install -e .`), `pip install git+file://...` and `pip wheel --no-deps .`
+(whose wheel holds the compiled module), and a wheel build without cffi,
+which must fail instead of making a wheel without the module.
 
 The clones are of the checkout's committed HEAD, so these tests check what
 is committed: uncommitted edits and the checkout's own build outputs take no
@@ -223,10 +223,11 @@ def test_editable_install_passes_the_stale_check_until_a_source_changes(tmp_path
 
 
 def test_pip_wheel_with_build_isolation_installs_and_runs(tmp_path):
-    """The README's plain `pip wheel .`: pip installs setuptools and cffi into
-    an isolated build environment from the configured index (this test's only
-    download; nothing is installed outside tmp_path), builds the wheel, and
-    the wheel, installed offline, works."""
+    """The README's `pip wheel --no-deps .`, with build isolation: pip
+    installs setuptools and cffi into an isolated build environment from the
+    configured index (this test's only download; nothing is installed
+    outside tmp_path), builds the wheel, and the wheel, installed offline,
+    works."""
     clone = clone_head(tmp_path / "clone")
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--retries", "1", "--timeout", "30",
