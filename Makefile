@@ -16,17 +16,22 @@ export NVCC
 
 HEADERS := $(wildcard include/*.h) $(wildcard src/*.h)
 
-.PHONY: all test deps demo clean
+.PHONY: all test deps demo-deps demo clean
 
 # Always asks build_ffi.py, which rebuilds only what is missing, truncated or
 # out of date: make's file times cannot see a deleted or damaged module.
 all:
 	@$(PYTHON) build_ffi.py
 
-# Installs only what is missing, so it also works offline where everything is present.
+# Installs what requirements.txt asks for and this Python lacks (torch as
+# torch==$(TORCH_VERSION)), saying what; installs nothing, so needs no network,
+# where all is present. README, "The two commands", says what and how big.
 deps:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "torch==$(TORCH_VERSION)"
-	@$(PYTHON) -c "import cffi, pytest" 2>/dev/null || $(PYTHON) -m pip install -r requirements.txt
+	@$(PYTHON) scripts/deps.py --torch $(TORCH_VERSION) requirements.txt
+
+# The demo's picture needs matplotlib too (requirements-demo.txt).
+demo-deps:
+	@$(PYTHON) scripts/deps.py --torch $(TORCH_VERSION) requirements.txt requirements-demo.txt
 
 # test.py, the CPU passes under ASan/UBSan, the
 # pip install path (CPU-only); pytest runs last, so its summary closes the output.
@@ -35,23 +40,20 @@ test: deps all
 	$(MAKE) --no-print-directory asan pip-check
 	$(PYTHON) -m pytest -q tests
 
-demo: deps all
+demo: demo-deps all
 	$(PYTHON) -m lltm_ffi.demo
 
 clean:
 	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so lltm_ffi/_lltm_ffi*.so.*
 
-# The pip path, CPU-only: `pip install .` into a venv that borrows this
-# Python's torch, cffi and setuptools (so no build isolation, no network),
-# then an import-and-compute check from outside the checkout, so that the
-# installed copy is the one that runs.
-PIP_VENV := $(abspath $(BUILD)/pip-venv)
-
+# The pip path, CPU-only (scripts/pip_check.py): `pip install .` into a fresh
+# venv, build/pip-venv, that sees this Python's torch, cffi and setuptools
+# (also when this Python is a venv; no build isolation, no network), then a
+# check from outside the checkout that the installed copy is the one that
+# runs and has its compiled module.
 .PHONY: pip-check
 pip-check:
-	@test -x $(PIP_VENV)/bin/python || $(PYTHON) -m venv --system-site-packages --without-pip $(PIP_VENV)
-	LLTM_CUDA=0 $(PIP_VENV)/bin/python -m pip install -q --no-build-isolation --no-deps .
-	cd /tmp && $(PIP_VENV)/bin/python $(abspath scripts/pip_check.py)
+	$(PYTHON) scripts/pip_check.py
 
 # Sanitizers ------------------------------------------------------------------
 # `make test` runs asan; the others are run by hand. Each exits non-zero on

@@ -77,16 +77,29 @@ class Progress:
             print(file=sys.stderr)
 
 
+def mean_losses(losses, window=10):
+    """(window, mean loss of the first `window` steps, of the last `window`):
+    the demo's summary, less noisy than single steps."""
+    window = min(window, len(losses))
+    return window, sum(losses[:window]) / window, sum(losses[-window:]) / window
+
+
 def save_plot(losses, path):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"matplotlib is not installed; no loss curve written to {path}")
+        print(f"matplotlib is not installed, so no loss curve was written to {path} "
+              f"(`make demo` installs it: requirements-demo.txt)")
         return
     figure, axes = plt.subplots(figsize=(6, 4))
-    axes.plot(losses)
+    axes.plot(losses, linewidth=1, label="loss of each step")
+    window, first, last = mean_losses(losses)
+    for start, label, mean in ((0, "first", first), (len(losses) - window, "last", last)):
+        axes.plot([start, start + window - 1], [mean, mean], linewidth=3,
+                  label=f"mean of the {label} {window} steps: {mean:.4f}")
+    axes.legend()
     axes.set_yscale("log")
     axes.set_xlabel("step")
     axes.set_ylabel("training loss (MSE)")
@@ -137,11 +150,11 @@ def main(argv=None):
     progress.close()
     elapsed = time.perf_counter() - start
 
-    first = sum(losses[:10]) / len(losses[:10])
-    last = sum(losses[-10:]) / len(losses[-10:])
-    print(f"trained {args.steps} steps of a {steps}-step sequence, batch {batch_size}: "
-          f"loss {first:.4f} -> {last:.4f} ({first / last:.1f}x lower), "
+    window, first, last = mean_losses(losses)
+    print(f"trained {args.steps} steps of a {steps}-step sequence, batch {batch_size}, "
           f"{elapsed / args.steps * 1e3:.2f} ms per step")
+    print(f"mean loss of the first {window} steps {first:.4f} -> of the last {window} steps "
+          f"{last:.4f} ({first / last:.1f}x lower)")
     save_plot(losses, args.plot)
     return 0
 

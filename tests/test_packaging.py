@@ -1,32 +1,48 @@
 """The pip path beside make: one list of CUDA architectures and one nvcc
-command for both, the architecture names the module reports, and an editable
-install (CPU-only, in a copy) that passes the stale-build check after its
-build and fails it after a source edit. `make pip-check` covers a regular
-install into site-packages."""
+command for both, the architecture names the module reports, and every
+install path the README documents, each started from a fresh `git clone`:
+`pip install .`, `pip install -e .` (which passes the stale-build check after
+its build, fails it after a source edit, and passes again after a second
+`pip install -e .`), `pip install git+file://...` and `pip wheel --no-deps .`
+(whose wheel holds the compiled module), and a wheel build without cffi,
+which must fail instead of making a wheel without the module.
 
+The clones are of the checkout's committed HEAD, so these tests check what
+is committed: uncommitted edits and the checkout's own build outputs take no
+part. They build CPU-only (LLTM_CUDA=0; nvcc would add minutes and nothing
+that the pip path does differently) in venvs that see the running
+interpreter's packages (scripts/pip_check.py's make_venv), with
+--no-build-isolation --no-deps, so they need no network; one test builds
+with build isolation, which installs setuptools and cffi from the configured
+package index, and skips saying so when no index can supply them."""
+
+import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
 import shlex
 import subprocess
 import sys
-import site
 import textwrap
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from checkouts import REPO_ROOT, copy_sources
+from conftest import REPO_ROOT
 
 
-def load_build_ffi():
-    spec = importlib.util.spec_from_file_location("build_ffi_under_test", REPO_ROOT / "build_ffi.py")
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-build_ffi = load_build_ffi()
+build_ffi = load("build_ffi_under_test", REPO_ROOT / "build_ffi.py")
+make_venv = load("pip_check_under_test", REPO_ROOT / "scripts" / "pip_check.py").make_venv
+MODULE_FILE = "_lltm_ffi" + importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def test_kernel_command_takes_the_flags_and_the_chosen_architectures(monkeypatch):
@@ -57,9 +73,31 @@ def test_arch_names(flags, names):
     assert build_ffi.arch_names(flags or build_ffi.DEFAULT_CUDA_ARCH) == names
 
 
-def run_in_venv(python, code, directory):
-    return subprocess.run([python, "-c", textwrap.dedent(code)], cwd=directory,
+def clone_head(destination):
+    """A `git clone` of the checkout under test into `destination`, on its
+    committed HEAD (a branch of its own, as a user's clone has). Skips where
+    the checkout is no git repository."""
+    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
                           capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip(f"the install tests clone the checkout's HEAD, and {REPO_ROOT} is no git "
+                    f"repository: {head.stderr.strip()}")
+    for command in (["clone", "-q", "--no-checkout", str(REPO_ROOT), str(destination)],
+                    ["-C", str(destination), "checkout", "-q", "-b", "under-test",
+                     head.stdout.strip()]):
+        subprocess.run(["git", *command], check=True, capture_output=True)
+    return destination
+
+
+OFFLINE = ("--no-build-isolation", "--no-deps")
+
+
+def pip(python, *arguments, cwd):
+    """`python -m pip arguments` in `cwd`, building CPU-only; asserts success."""
+    result = subprocess.run([python, "-m", "pip", *arguments], cwd=cwd, capture_output=True,
+                            text=True, env=dict(os.environ, LLTM_CUDA="0"))
+    assert result.returncode == 0, f"pip {shlex.join(arguments)}:\n{result.stdout}\n{result.stderr}"
+    return result
 
 
 IMPORT_AND_CHECK = """\
@@ -68,44 +106,142 @@ IMPORT_AND_CHECK = """\
         warnings.simplefilter("always")
         import lltm_ffi
     import torch
+    from lltm_ffi import _extension
     stale = [str(warning.message) for warning in caught
              if issubclass(warning.category, lltm_ffi.LLTMBuildWarning)]
     print("package", lltm_ffi.__file__)
     print("warnings", stale)
     if not stale:
+        print("module", _extension.MODULE_PATH)
         print("round", lltm_ffi.round_ste(torch.tensor([0.2, 0.5])).tolist())
 """
 
 
-def make_venv(environment):
-    """A venv that sees this interpreter's packages (torch, cffi, setuptools)
-    even when this interpreter is itself a venv, whose packages
-    system_site_packages alone would not reach. Returns its python."""
-    venv.create(environment, system_site_packages=True, with_pip=False)
-    python = environment / "bin" / "python"
-    own_site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    (Path(own_site) / "parent_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    return str(python)
+def import_and_check(python, directory):
+    """Imports lltm_ffi with `python` in `directory`, where no checkout lies
+    on the path; returns what IMPORT_AND_CHECK prints."""
+    directory.mkdir(exist_ok=True)
+    result = subprocess.run([python, "-c", textwrap.dedent(IMPORT_AND_CHECK)], cwd=directory,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def assert_works_from(package_parent, output):
+    """`output` of IMPORT_AND_CHECK shows lltm_ffi imported from
+    package_parent/lltm_ffi, without a warning, with its compiled module
+    beside it, computing."""
+    package = Path(package_parent) / "lltm_ffi"
+    assert f"package {package / '__init__.py'}\n" in output, output
+    assert "warnings []" in output and f"module {package / MODULE_FILE}\n" in output, output
+    assert "round [0.0, 1.0]" in output, output
+
+
+def site_packages(environment):
+    return (Path(environment) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+            / "site-packages")
+
+
+def test_pip_install_from_a_clone(tmp_path):
+    clone = clone_head(tmp_path / "clone")
+    python = make_venv(tmp_path / "venv")
+    pip(python, "install", "-q", *OFFLINE, ".", cwd=clone)
+    assert_works_from(site_packages(tmp_path / "venv"), import_and_check(python, tmp_path / "away"))
+
+
+def test_pip_install_from_a_git_url(tmp_path):
+    clone = clone_head(tmp_path / "clone")
+    python = make_venv(tmp_path / "venv")
+    pip(python, "install", "-q", *OFFLINE, f"git+file://{clone}", cwd=tmp_path)
+    assert_works_from(site_packages(tmp_path / "venv"), import_and_check(python, tmp_path / "away"))
+
+
+def wheel_of(directory):
+    wheels = list(Path(directory).glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def assert_holds_the_module(wheel):
+    """A platform wheel (never py3-none-any) with lltm_ffi's compiled module."""
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name
+    names = zipfile.ZipFile(wheel).namelist()
+    assert f"lltm_ffi/{MODULE_FILE}" in names, names
+
+
+def test_pip_wheel_holds_the_compiled_module(tmp_path):
+    clone = clone_head(tmp_path / "clone")
+    python = make_venv(tmp_path / "venv")
+    pip(python, "wheel", "-q", *OFFLINE, "-w", str(tmp_path / "dist"), ".", cwd=clone)
+    assert_holds_the_module(wheel_of(tmp_path / "dist"))
+
+
+def venv_without_cffi(environment):
+    """A venv with pip and setuptools only (linked from this interpreter's),
+    without cffi: setuptools there does not know cffi_modules."""
+    venv.create(environment, with_pip=False)
+    python = str(environment / "bin" / "python")
+    own_site = Path(subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                                   capture_output=True, text=True, check=True).stdout.strip())
+    for name in ("pip", "setuptools"):
+        distribution = importlib.metadata.distribution(name)
+        tops = {file.parts[0] for file in distribution.files if file.parts[0] != ".."}
+        for top in tops:
+            path = Path(distribution.locate_file(top))
+            if path.is_dir() and not (own_site / top).exists():
+                (own_site / top).symlink_to(path)
+    return python
+
+
+def test_a_wheel_build_without_cffi_fails_loudly(tmp_path):
+    clone = clone_head(tmp_path / "clone")
+    python = venv_without_cffi(tmp_path / "venv")
+    assert subprocess.run([python, "-c", "import cffi"], capture_output=True).returncode != 0
+    assert subprocess.run([python, "-c", "import setuptools, pip"]).returncode == 0
+    result = subprocess.run([python, "-m", "pip", "wheel", *OFFLINE, "-w", str(tmp_path / "dist"),
+                             "."], cwd=clone, capture_output=True, text=True,
+                            env=dict(os.environ, LLTM_CUDA="0"))
+    assert result.returncode != 0, result.stdout
+    assert "lltm_ffi: building needs cffi" in result.stdout + result.stderr, result.stdout
+    assert not list((tmp_path / "dist").glob("*.whl"))
 
 
 def test_editable_install_passes_the_stale_check_until_a_source_changes(tmp_path):
-    directory = copy_sources(tmp_path / "lltm")
-    for name in ("setup.py", "pyproject.toml", "README.md"):
-        (directory / name).write_bytes((REPO_ROOT / name).read_bytes())
+    clone = clone_head(tmp_path / "clone")
     python = make_venv(tmp_path / "venv")
-    install = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "-e", "."],
-        cwd=directory, capture_output=True, text=True, env=dict(os.environ, LLTM_CUDA="0"))
-    assert install.returncode == 0, f"{install.stdout}\n{install.stderr}"
+    pip(python, "install", "-q", *OFFLINE, "-e", ".", cwd=clone)
+    assert_works_from(clone, import_and_check(python, tmp_path / "away"))
 
-    result = run_in_venv(python, IMPORT_AND_CHECK, tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert f"package {directory / 'lltm_ffi' / '__init__.py'}" in result.stdout
-    assert "warnings []" in result.stdout and "round [0.0, 1.0]" in result.stdout
-
-    with open(directory / "src" / "round_cpu.c", "a") as source:
+    with open(clone / "src" / "round_cpu.c", "a") as source:
         source.write("/* edited after the install */\n")
-    result = run_in_venv(python, IMPORT_AND_CHECK, tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "stale" in result.stdout
+    output = import_and_check(python, tmp_path / "away")
+    assert "stale" in output and "rebuild" in output, output
+
+    # The README's remedy: the editable install again rebuilds the module.
+    pip(python, "install", "-q", *OFFLINE, "-e", ".", cwd=clone)
+    assert_works_from(clone, import_and_check(python, tmp_path / "away"))
+
+
+def test_pip_wheel_with_build_isolation_installs_and_runs(tmp_path):
+    """The README's `pip wheel --no-deps .`, with build isolation: pip
+    installs setuptools and cffi into an isolated build environment from the
+    configured index (this test's only download; nothing is installed
+    outside tmp_path), builds the wheel, and the wheel, installed offline,
+    works."""
+    clone = clone_head(tmp_path / "clone")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--retries", "1", "--timeout", "30",
+         "-w", str(tmp_path / "dist"), "."], cwd=clone, capture_output=True, text=True,
+        env=dict(os.environ, LLTM_CUDA="0"))
+    output = result.stdout + result.stderr
+    if result.returncode != 0 and ("No matching distribution found for setuptools" in output
+                                   or "No matching distribution found for cffi" in output):
+        pytest.skip("build isolation installs setuptools and cffi from the package index, and "
+                    "none is reachable here: " + output.strip().splitlines()[-1])
+    assert result.returncode == 0, output
+    wheel = wheel_of(tmp_path / "dist")
+    assert_holds_the_module(wheel)
+
+    python = make_venv(tmp_path / "venv")
+    pip(python, "install", "-q", "--no-index", "--no-deps", str(wheel), cwd=tmp_path)
+    assert_works_from(site_packages(tmp_path / "venv"), import_and_check(python, tmp_path / "away"))
