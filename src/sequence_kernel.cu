@@ -3,6 +3,8 @@
 // stream. Layout: every step's tensors are dense (batch, state) or, for the
 // gates, (batch, 3 * state), the steps one after another.
 
+#include <cooperative_groups.h>
+
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
 #include "lltm_dtype.h"
@@ -94,11 +96,10 @@ __global__ void lltm_sequence_forward_kernel(
 }
 
 template <typename Dtype>
-static cudaError_t launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t state_size,
-                                           int64_t weights_row_stride, const void* projected,
-                                           const void* weights, const void* h0, const void* c0,
-                                           void* outputs, void* cells, void* gates,
-                                           cudaStream_t stream) {
+static cudaError_t launch_sequence_forward_by_step(
+    int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
+    const void* projected, const void* weights, const void* h0, const void* c0, void* outputs,
+    void* cells, void* gates, cudaStream_t stream) {
   const int64_t step = batch_size * state_size;
   if (step == 0) return cudaSuccess;
   for (int64_t t = 0; t < steps; ++t) {
@@ -114,14 +115,6 @@ static cudaError_t launch_sequence_forward(int64_t steps, int64_t batch_size, in
   return cudaSuccess;
 }
 
-extern "C" cudaError_t lltm_launch_sequence_forward(
-    int dtype, int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
-    const void* projected, const void* weights, const void* h0, const void* c0, void* outputs,
-    void* cells, void* gates, cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_sequence_forward, steps, batch_size, state_size,
-                         weights_row_stride, projected, weights, h0, c0, outputs, cells, gates,
-                         stream);
-}
 
 // Backward step t: d_h = grad_output + d_gates_next W (the gradient reaching
 // h_t from step t + 1; none after the last step), then the cell's backward
@@ -173,11 +166,10 @@ __global__ void lltm_sequence_backward_kernel(
 }
 
 template <typename Dtype>
-static cudaError_t launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t state_size,
-                                            int64_t weights_row_stride, const void* weights,
-                                            const void* grad_outputs, const void* grad_cells,
-                                            const void* cells, const void* gates, void* d_gates,
-                                            void* d_h0, void* d_c0, cudaStream_t stream) {
+static cudaError_t launch_sequence_backward_by_step(
+    int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
+    const void* weights, const void* grad_outputs, const void* grad_cells, const void* cells,
+    const void* gates, void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream) {
   const int64_t step = batch_size * state_size;
   if (step == 0) return cudaSuccess;
   const int blocks = tile_blocks(batch_size, state_size);
@@ -193,6 +185,309 @@ static cudaError_t launch_sequence_backward(int64_t steps, int64_t batch_size, i
     CUDA_POST_KERNEL_CHECK;
   }
   return cudaSuccess;
+}
+
+// The persistent path: one cooperative launch runs every step of a pass. Each
+// block owns `columns` state columns for every batch row and keeps the rows
+// of the hidden weights that meet them in shared memory for the whole
+// sequence; the grid synchronises once a step, when every block has written
+// its part of the state the next step reads. A step costs no launch, and the
+// weights are read from memory once a pass instead of once a step.
+//
+// Shared memory holds rows padded to a multiple of the vector width (plus one
+// vector, so that the rows of a warp's lanes fall into different banks).
+template <typename Dtype>
+struct Vector;
+template <>
+struct Vector<float> {
+  typedef float4 type;
+  static const int kWidth = 4;
+};
+template <>
+struct Vector<double> {
+  typedef double2 type;
+  static const int kWidth = 2;
+};
+
+template <typename Dtype>
+__host__ __device__ static int64_t padded(int64_t length) {
+  const int64_t width = Vector<Dtype>::kWidth;
+  return (length + width - 1) / width * width + width;
+}
+
+// sums[n] += a . b_n over `length` (a multiple of the vector width), where b_n
+// is row n of `b` (kRows rows, `stride` apart). a and b are shared memory.
+template <typename Dtype, int kRows>
+__device__ __forceinline__ void dot_rows(const Dtype* a, const Dtype* b, int64_t stride,
+                                         int64_t length, Dtype (&sums)[kRows]) {
+  typedef typename Vector<Dtype>::type V;
+  const int kWidth = Vector<Dtype>::kWidth;
+  for (int64_t k = 0; k < length; k += kWidth) {
+    const V x = *reinterpret_cast<const V*>(a + k);
+    const Dtype* xs = reinterpret_cast<const Dtype*>(&x);
+#pragma unroll
+    for (int n = 0; n < kRows; ++n) {
+      const V y = *reinterpret_cast<const V*>(b + n * stride + k);
+      const Dtype* ys = reinterpret_cast<const Dtype*>(&y);
+#pragma unroll
+      for (int w = 0; w < kWidth; ++w) sums[n] += xs[w] * ys[w];
+    }
+  }
+}
+
+// Copies rows [row0, row0 + rows) of a (., length) row-major matrix into
+// shared memory rows `stride` apart, zero-padded; bypasses L1, since other
+// blocks wrote them during this launch.
+template <typename Dtype>
+__device__ __forceinline__ void stage_rows(const Dtype* source, int64_t row0, int rows,
+                                           int64_t length, Dtype* target, int64_t stride) {
+  for (int64_t i = threadIdx.x; i < rows * stride; i += blockDim.x) {
+    const int64_t r = i / stride, k = i % stride;
+    target[i] = k < length ? __ldcg(source + (row0 + r) * length + k) : Dtype(0);
+  }
+}
+
+static const int kPersistentThreads = 256;
+
+// Forward: each thread computes the three gates of one batch row for each of
+// the block's kColumns columns, then the cell.
+template <typename Dtype, int kColumns>
+__global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_persistent_kernel(
+    const int64_t steps, const int64_t batch_size, const int64_t state_size,
+    const int64_t weights_row_stride, const int batch_chunk,
+    const Dtype* __restrict__ projected, const Dtype* __restrict__ weights, const Dtype* h0,
+    const Dtype* c0, Dtype* outputs, Dtype* cells, Dtype* gates) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  const int64_t stride = padded<Dtype>(state_size);
+  Dtype* w = reinterpret_cast<Dtype*>(shared);  // row g * kColumns + c: gate g of column c
+  Dtype* h = w + 3 * kColumns * stride;         // batch_chunk rows of the previous h
+  const int64_t column0 = (int64_t)blockIdx.x * kColumns;
+  for (int64_t i = threadIdx.x; i < 3 * kColumns * stride; i += blockDim.x) {
+    const int64_t row = i / stride, k = i % stride;
+    const int64_t column = column0 + row % kColumns, gate_row = row / kColumns * state_size;
+    w[i] = k < state_size && column < state_size
+        ? weights[(gate_row + column) * weights_row_stride + k] : Dtype(0);
+  }
+  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  const int64_t step = batch_size * state_size;
+  for (int64_t t = 0; t < steps; ++t) {
+    const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
+    const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
+    for (int64_t row0 = 0; row0 < batch_size; row0 += batch_chunk) {
+      const int rows = (int)min((int64_t)batch_chunk, batch_size - row0);
+      __syncthreads();
+      stage_rows(old_h, row0, rows, state_size, h, stride);
+      __syncthreads();
+      for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        Dtype sums[3 * kColumns] = {};
+        dot_rows(h + r * stride, w, stride, stride, sums);
+        const int64_t row = row0 + r;
+#pragma unroll
+        for (int c = 0; c < kColumns; ++c) {
+          const int64_t column = column0 + c;
+          if (column >= state_size) break;
+          const int64_t element = row * state_size + column;
+          const int64_t gate = t * 3 * step + row * 3 * state_size + column;
+          Dtype pre[3];
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+            pre[g] = projected[gate + g * state_size] + sums[g * kColumns + c];
+            gates[gate + g * state_size] = pre[g];
+          }
+          cell_forward(pre[0], pre[1], pre[2], old_cell[element], &outputs[t * step + element],
+                       &cells[t * step + element]);
+        }
+      }
+    }
+    grid.sync();
+  }
+}
+
+// Backward, steps - 1 down to 0, then the gradient of h0: the gradient
+// reaching h_t from step t + 1 (d_gates of t + 1 times the hidden weights),
+// then the cell's backward pass; d_c0 carries the gradient reaching c_t.
+template <typename Dtype, int kColumns>
+__global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_persistent_kernel(
+    const int64_t steps, const int64_t batch_size, const int64_t state_size,
+    const int64_t weights_row_stride, const int batch_chunk, const Dtype* __restrict__ weights,
+    const Dtype* __restrict__ grad_outputs, const Dtype* __restrict__ grad_cells,
+    const Dtype* __restrict__ cells, const Dtype* __restrict__ gates, Dtype* d_gates,
+    Dtype* d_h0, Dtype* d_c0) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  const int64_t gates_size = 3 * state_size;
+  const int64_t stride = padded<Dtype>(gates_size);
+  Dtype* w = reinterpret_cast<Dtype*>(shared);  // row c: column c of the hidden weights
+  Dtype* g = w + kColumns * stride;             // batch_chunk rows of the next step's d_gates
+  const int64_t column0 = (int64_t)blockIdx.x * kColumns;
+  for (int64_t i = threadIdx.x; i < kColumns * stride; i += blockDim.x) {
+    const int64_t c = i / stride, k = i % stride;
+    w[i] = k < gates_size && column0 + c < state_size
+        ? weights[k * weights_row_stride + column0 + c] : Dtype(0);
+  }
+  cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  const int64_t step = batch_size * state_size;
+  for (int64_t t = steps - 1; t >= -1; --t) {
+    const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
+    for (int64_t row0 = 0; row0 < batch_size; row0 += batch_chunk) {
+      const int rows = (int)min((int64_t)batch_chunk, batch_size - row0);
+      if (d_gates_next) {
+        __syncthreads();
+        stage_rows(d_gates_next, row0, rows, gates_size, g, stride);
+        __syncthreads();
+      }
+      for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        Dtype sums[kColumns] = {};
+        if (d_gates_next) dot_rows(g + r * stride, w, stride, stride, sums);
+        const int64_t row = row0 + r;
+#pragma unroll
+        for (int c = 0; c < kColumns; ++c) {
+          const int64_t column = column0 + c;
+          if (column >= state_size) break;
+          const int64_t element = row * state_size + column;
+          if (t < 0) {
+            d_h0[element] = sums[c];
+            continue;
+          }
+          const int64_t gate = t * 3 * step + row * gates_size + column;
+          const Dtype carried = d_gates_next ? d_c0[element] : Dtype(0);
+          cell_backward(grad_outputs[t * step + element] + sums[c],
+                        carried + grad_cells[t * step + element], cells[t * step + element],
+                        gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
+                        &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
+                        &d_gates[gate + 2 * state_size]);
+        }
+      }
+    }
+    grid.sync();
+  }
+}
+
+// How a persistent launch is laid out, or blocks == 0 where it cannot run
+// here: too little shared memory for a block's weights and one batch row, or
+// more blocks than the device can hold at once (a cooperative launch needs
+// every block resident).
+struct PersistentPlan {
+  int blocks, columns, batch_chunk;
+  size_t shared_bytes;
+};
+
+// True (with the runtime's last error cleared) when a query failed: the plan
+// then falls back to the step-by-step path instead of failing the pass.
+static bool failed(cudaError_t status) {
+  if (status == cudaSuccess) return false;
+  (void)cudaGetLastError();
+  return true;
+}
+
+// A block per group of `columns` state columns: enough blocks to spread the
+// work over the device, no more than it holds at once.
+template <typename Dtype>
+static PersistentPlan plan_persistent(int64_t batch_size, int64_t state_size,
+                                      int64_t weight_rows_per_column, int64_t length,
+                                      const void* kernel_of_columns[4]) {
+  PersistentPlan plan = {0, 0, 0, 0};
+  int device, processors, max_shared;
+  if (failed(cudaGetDevice(&device)) ||
+      failed(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount,
+                                               device)) ||
+      failed(cudaDeviceGetAttribute(&max_shared,
+                                               cudaDevAttrMaxSharedMemoryPerBlockOptin, device))) {
+    return plan;
+  }
+  const int64_t wanted = (batch_size * state_size + 31) / 32;
+  const int64_t target = wanted < processors ? (wanted > 0 ? wanted : 1) : processors;
+  int64_t columns = (state_size + target - 1) / target;
+  int index = 0;
+  for (int candidate = 1; candidate < columns && index < 3; candidate *= 2) ++index;
+  columns = (int64_t)1 << index;  // 1, 2, 4 or 8
+  if ((state_size + columns - 1) / columns > processors) return plan;
+  const int64_t row_bytes = padded<Dtype>(length) * (int64_t)sizeof(Dtype);
+  const int64_t weight_bytes = weight_rows_per_column * columns * row_bytes;
+  int64_t chunk = (max_shared - weight_bytes) / row_bytes;
+  if (chunk < 1) return plan;
+  if (chunk > batch_size) chunk = batch_size;
+  if (chunk > kPersistentThreads) chunk = kPersistentThreads;
+  const size_t shared_bytes = (size_t)(weight_bytes + chunk * row_bytes);
+  const void* kernel = kernel_of_columns[index];
+  int resident = 0;
+  if (failed(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)shared_bytes)) ||
+      failed(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &resident, kernel, kPersistentThreads, shared_bytes))) {
+    return plan;
+  }
+  const int64_t blocks = (state_size + columns - 1) / columns;
+  if (blocks > (int64_t)resident * processors) return plan;
+  plan.blocks = (int)blocks;
+  plan.columns = (int)columns;
+  plan.batch_chunk = (int)chunk;
+  plan.shared_bytes = shared_bytes;
+  return plan;
+}
+
+template <typename Dtype>
+static cudaError_t launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t state_size,
+                                           int64_t weights_row_stride, const void* projected,
+                                           const void* weights, const void* h0, const void* c0,
+                                           void* outputs, void* cells, void* gates,
+                                           cudaStream_t stream) {
+  const void* kernels[4] = {(const void*)lltm_sequence_forward_persistent_kernel<Dtype, 1>,
+                            (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 2>,
+                            (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 4>,
+                            (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 8>};
+  const PersistentPlan plan = batch_size * state_size && steps
+      ? plan_persistent<Dtype>(batch_size, state_size, 3, state_size, kernels)
+      : PersistentPlan{0, 0, 0, 0};
+  if (plan.blocks == 0) {
+    return launch_sequence_forward_by_step<Dtype>(steps, batch_size, state_size,
+                                                  weights_row_stride, projected, weights, h0,
+                                                  c0, outputs, cells, gates, stream);
+  }
+  int batch_chunk = plan.batch_chunk;
+  void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &batch_chunk,
+                       &projected, &weights, &h0, &c0, &outputs, &cells, &gates};
+  const void* kernel = kernels[plan.columns == 1 ? 0 : plan.columns == 2 ? 1
+                               : plan.columns == 4 ? 2 : 3];
+  return cudaLaunchCooperativeKernel(kernel, plan.blocks, kPersistentThreads, arguments,
+                                     plan.shared_bytes, stream);
+}
+
+template <typename Dtype>
+static cudaError_t launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t state_size,
+                                            int64_t weights_row_stride, const void* weights,
+                                            const void* grad_outputs, const void* grad_cells,
+                                            const void* cells, const void* gates, void* d_gates,
+                                            void* d_h0, void* d_c0, cudaStream_t stream) {
+  const void* kernels[4] = {(const void*)lltm_sequence_backward_persistent_kernel<Dtype, 1>,
+                            (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 2>,
+                            (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 4>,
+                            (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 8>};
+  const PersistentPlan plan = batch_size * state_size && steps
+      ? plan_persistent<Dtype>(batch_size, state_size, 1, 3 * state_size, kernels)
+      : PersistentPlan{0, 0, 0, 0};
+  if (plan.blocks == 0) {
+    return launch_sequence_backward_by_step<Dtype>(steps, batch_size, state_size,
+                                                   weights_row_stride, weights, grad_outputs,
+                                                   grad_cells, cells, gates, d_gates, d_h0, d_c0,
+                                                   stream);
+  }
+  int batch_chunk = plan.batch_chunk;
+  void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &batch_chunk,
+                       &weights, &grad_outputs, &grad_cells, &cells, &gates, &d_gates, &d_h0,
+                       &d_c0};
+  const void* kernel = kernels[plan.columns == 1 ? 0 : plan.columns == 2 ? 1
+                               : plan.columns == 4 ? 2 : 3];
+  return cudaLaunchCooperativeKernel(kernel, plan.blocks, kPersistentThreads, arguments,
+                                     plan.shared_bytes, stream);
+}
+
+extern "C" cudaError_t lltm_launch_sequence_forward(
+    int dtype, int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
+    const void* projected, const void* weights, const void* h0, const void* c0, void* outputs,
+    void* cells, void* gates, cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_sequence_forward, steps, batch_size, state_size,
+                         weights_row_stride, projected, weights, h0, c0, outputs, cells, gates,
+                         stream);
 }
 
 extern "C" cudaError_t lltm_launch_sequence_backward(
