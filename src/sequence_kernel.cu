@@ -241,16 +241,18 @@ __device__ __forceinline__ void dot_rows(const Dtype* a, const Dtype* b, int64_t
 template <typename Dtype>
 __device__ __forceinline__ void stage_rows(const Dtype* source, int64_t row0, int rows,
                                            int64_t length, Dtype* target, int64_t stride) {
-  for (int64_t i = threadIdx.x; i < rows * stride; i += blockDim.x) {
-    const int64_t r = i / stride, k = i % stride;
-    target[i] = k < length ? __ldcg(source + (row0 + r) * length + k) : Dtype(0);
+  for (int r = 0; r < rows; ++r) {
+    const Dtype* source_row = source + (row0 + r) * length;
+    for (int k = threadIdx.x; k < stride; k += blockDim.x) {
+      target[r * stride + k] = k < length ? __ldcg(source_row + k) : Dtype(0);
+    }
   }
 }
 
 static const int kPersistentThreads = 256;
 
-// Forward: each thread computes the three gates of one batch row for each of
-// the block's kColumns columns, then the cell.
+// Forward: each thread computes the three gates of one (batch row, column)
+// element of the block's, then the cell.
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
@@ -278,25 +280,22 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
       __syncthreads();
       stage_rows(old_h, row0, rows, state_size, h, stride);
       __syncthreads();
-      for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        Dtype sums[3 * kColumns] = {};
-        dot_rows(h + r * stride, w, stride, stride, sums);
-        const int64_t row = row0 + r;
+      for (int e = threadIdx.x; e < rows * kColumns; e += blockDim.x) {
+        const int r = e / kColumns, c = e % kColumns;
+        const int64_t row = row0 + r, column = column0 + c;
+        if (column >= state_size) continue;
+        Dtype sums[3] = {};
+        dot_rows(h + r * stride, w + c * stride, kColumns * stride, stride, sums);
+        const int64_t element = row * state_size + column;
+        const int64_t gate = t * 3 * step + row * 3 * state_size + column;
+        Dtype pre[3];
 #pragma unroll
-        for (int c = 0; c < kColumns; ++c) {
-          const int64_t column = column0 + c;
-          if (column >= state_size) break;
-          const int64_t element = row * state_size + column;
-          const int64_t gate = t * 3 * step + row * 3 * state_size + column;
-          Dtype pre[3];
-#pragma unroll
-          for (int g = 0; g < 3; ++g) {
-            pre[g] = projected[gate + g * state_size] + sums[g * kColumns + c];
-            gates[gate + g * state_size] = pre[g];
-          }
-          cell_forward(pre[0], pre[1], pre[2], old_cell[element], &outputs[t * step + element],
-                       &cells[t * step + element]);
+        for (int g = 0; g < 3; ++g) {
+          pre[g] = projected[gate + g * state_size] + sums[g];
+          gates[gate + g * state_size] = pre[g];
         }
+        cell_forward(pre[0], pre[1], pre[2], old_cell[element], &outputs[t * step + element],
+                     &cells[t * step + element]);
       }
     }
     grid.sync();
@@ -335,27 +334,24 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
         stage_rows(d_gates_next, row0, rows, gates_size, g, stride);
         __syncthreads();
       }
-      for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        Dtype sums[kColumns] = {};
-        if (d_gates_next) dot_rows(g + r * stride, w, stride, stride, sums);
-        const int64_t row = row0 + r;
-#pragma unroll
-        for (int c = 0; c < kColumns; ++c) {
-          const int64_t column = column0 + c;
-          if (column >= state_size) break;
-          const int64_t element = row * state_size + column;
-          if (t < 0) {
-            d_h0[element] = sums[c];
-            continue;
-          }
-          const int64_t gate = t * 3 * step + row * gates_size + column;
-          const Dtype carried = d_gates_next ? d_c0[element] : Dtype(0);
-          cell_backward(grad_outputs[t * step + element] + sums[c],
-                        carried + grad_cells[t * step + element], cells[t * step + element],
-                        gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
-                        &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
-                        &d_gates[gate + 2 * state_size]);
+      for (int e = threadIdx.x; e < rows * kColumns; e += blockDim.x) {
+        const int r = e / kColumns, c = e % kColumns;
+        const int64_t row = row0 + r, column = column0 + c;
+        if (column >= state_size) continue;
+        Dtype sums[1] = {};
+        if (d_gates_next) dot_rows(g + r * stride, w + c * stride, stride, stride, sums);
+        const int64_t element = row * state_size + column;
+        if (t < 0) {
+          d_h0[element] = sums[0];
+          continue;
         }
+        const int64_t gate = t * 3 * step + row * gates_size + column;
+        const Dtype carried = d_gates_next ? d_c0[element] : Dtype(0);
+        cell_backward(grad_outputs[t * step + element] + sums[0],
+                      carried + grad_cells[t * step + element], cells[t * step + element],
+                      gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
+                      &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
+                      &d_gates[gate + 2 * state_size]);
       }
     }
     grid.sync();
@@ -406,7 +402,7 @@ static PersistentPlan plan_persistent(int64_t batch_size, int64_t state_size,
   int64_t chunk = (max_shared - weight_bytes) / row_bytes;
   if (chunk < 1) return plan;
   if (chunk > batch_size) chunk = batch_size;
-  if (chunk > kPersistentThreads) chunk = kPersistentThreads;
+  if (chunk > kPersistentThreads / columns) chunk = kPersistentThreads / columns;
   const size_t shared_bytes = (size_t)(weight_bytes + chunk * row_bytes);
   const void* kernel = kernel_of_columns[index];
   int resident = 0;
