@@ -235,34 +235,36 @@ __device__ __forceinline__ void dot_rows(const Dtype* a, const Dtype* b, int64_t
   }
 }
 
-// Copies rows [row0, row0 + rows) of a (., length) row-major matrix into
+// Copies the first `rows` rows of a (., length) row-major matrix into
 // shared memory rows `stride` apart, zero-padded; bypasses L1, since other
 // blocks wrote them during this launch.
+// The loop is unrolled so that each thread has several loads in flight.
 template <typename Dtype>
-__device__ __forceinline__ void stage_rows(const Dtype* source, int64_t row0, int rows,
-                                           int64_t length, Dtype* target, int64_t stride) {
-  for (int r = 0; r < rows; ++r) {
-    const Dtype* source_row = source + (row0 + r) * length;
-    for (int k = threadIdx.x; k < stride; k += blockDim.x) {
-      target[r * stride + k] = k < length ? __ldcg(source_row + k) : Dtype(0);
-    }
+__device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_t length,
+                                           Dtype* target, int64_t stride) {
+  const int width = (int)stride, total = rows * width;
+#pragma unroll 8
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const int r = i / width, k = i - r * width;
+    target[i] = k < length ? __ldcg(source + r * length + k) : Dtype(0);
   }
 }
 
 static const int kPersistentThreads = 256;
+static const int64_t kPersistentElements = 16384;
 
 // Forward: each thread computes the three gates of one (batch row, column)
 // element of the block's, then the cell.
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
-    const int64_t weights_row_stride, const int batch_chunk,
-    const Dtype* __restrict__ projected, const Dtype* __restrict__ weights, const Dtype* h0,
-    const Dtype* c0, Dtype* outputs, Dtype* cells, Dtype* gates) {
+    const int64_t weights_row_stride, const Dtype* __restrict__ projected,
+    const Dtype* __restrict__ weights, const Dtype* h0, const Dtype* c0, Dtype* outputs,
+    Dtype* cells, Dtype* gates) {
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t stride = padded<Dtype>(state_size);
   Dtype* w = reinterpret_cast<Dtype*>(shared);  // row g * kColumns + c: gate g of column c
-  Dtype* h = w + 3 * kColumns * stride;         // batch_chunk rows of the previous h
+  Dtype* h = w + 3 * kColumns * stride;         // the previous step's h, every batch row
   const int64_t column0 = (int64_t)blockIdx.x * kColumns;
   for (int64_t i = threadIdx.x; i < 3 * kColumns * stride; i += blockDim.x) {
     const int64_t row = i / stride, k = i % stride;
@@ -275,28 +277,25 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
   for (int64_t t = 0; t < steps; ++t) {
     const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
     const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
-    for (int64_t row0 = 0; row0 < batch_size; row0 += batch_chunk) {
-      const int rows = (int)min((int64_t)batch_chunk, batch_size - row0);
-      __syncthreads();
-      stage_rows(old_h, row0, rows, state_size, h, stride);
-      __syncthreads();
-      for (int e = threadIdx.x; e < rows * kColumns; e += blockDim.x) {
-        const int r = e / kColumns, c = e % kColumns;
-        const int64_t row = row0 + r, column = column0 + c;
-        if (column >= state_size) continue;
-        Dtype sums[3] = {};
-        dot_rows(h + r * stride, w + c * stride, kColumns * stride, stride, sums);
-        const int64_t element = row * state_size + column;
-        const int64_t gate = t * 3 * step + row * 3 * state_size + column;
-        Dtype pre[3];
+    __syncthreads();
+    stage_rows(old_h, (int)batch_size, state_size, h, stride);
+    __syncthreads();
+    for (int e = threadIdx.x; e < batch_size * kColumns; e += blockDim.x) {
+      const int row = e / kColumns;
+      const int64_t column = column0 + e % kColumns;
+      if (column >= state_size) continue;
+      Dtype sums[3] = {};
+      dot_rows(h + row * stride, w + (column - column0) * stride, kColumns * stride, stride, sums);
+      const int64_t element = row * state_size + column;
+      const int64_t gate = t * 3 * step + row * 3 * state_size + column;
+      Dtype pre[3];
 #pragma unroll
-        for (int g = 0; g < 3; ++g) {
-          pre[g] = projected[gate + g * state_size] + sums[g];
-          gates[gate + g * state_size] = pre[g];
-        }
-        cell_forward(pre[0], pre[1], pre[2], old_cell[element], &outputs[t * step + element],
-                     &cells[t * step + element]);
+      for (int g = 0; g < 3; ++g) {
+        pre[g] = projected[gate + g * state_size] + sums[g];
+        gates[gate + g * state_size] = pre[g];
       }
+      cell_forward(pre[0], pre[1], pre[2], old_cell[element], &outputs[t * step + element],
+                   &cells[t * step + element]);
     }
     grid.sync();
   }
@@ -308,7 +307,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
-    const int64_t weights_row_stride, const int batch_chunk, const Dtype* __restrict__ weights,
+    const int64_t weights_row_stride, const Dtype* __restrict__ weights,
     const Dtype* __restrict__ grad_outputs, const Dtype* __restrict__ grad_cells,
     const Dtype* __restrict__ cells, const Dtype* __restrict__ gates, Dtype* d_gates,
     Dtype* d_h0, Dtype* d_c0) {
@@ -316,7 +315,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   const int64_t gates_size = 3 * state_size;
   const int64_t stride = padded<Dtype>(gates_size);
   Dtype* w = reinterpret_cast<Dtype*>(shared);  // row c: column c of the hidden weights
-  Dtype* g = w + kColumns * stride;             // batch_chunk rows of the next step's d_gates
+  Dtype* g = w + kColumns * stride;             // the next step's d_gates, every batch row
   const int64_t column0 = (int64_t)blockIdx.x * kColumns;
   for (int64_t i = threadIdx.x; i < kColumns * stride; i += blockDim.x) {
     const int64_t c = i / stride, k = i % stride;
@@ -327,43 +326,45 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   const int64_t step = batch_size * state_size;
   for (int64_t t = steps - 1; t >= -1; --t) {
     const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
-    for (int64_t row0 = 0; row0 < batch_size; row0 += batch_chunk) {
-      const int rows = (int)min((int64_t)batch_chunk, batch_size - row0);
+    if (d_gates_next) {
+      __syncthreads();
+      stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
+      __syncthreads();
+    }
+    for (int e = threadIdx.x; e < batch_size * kColumns; e += blockDim.x) {
+      const int row = e / kColumns;
+      const int64_t column = column0 + e % kColumns;
+      if (column >= state_size) continue;
+      Dtype sums[1] = {};
       if (d_gates_next) {
-        __syncthreads();
-        stage_rows(d_gates_next, row0, rows, gates_size, g, stride);
-        __syncthreads();
+        dot_rows(g + row * stride, w + (column - column0) * stride, stride, stride, sums);
       }
-      for (int e = threadIdx.x; e < rows * kColumns; e += blockDim.x) {
-        const int r = e / kColumns, c = e % kColumns;
-        const int64_t row = row0 + r, column = column0 + c;
-        if (column >= state_size) continue;
-        Dtype sums[1] = {};
-        if (d_gates_next) dot_rows(g + r * stride, w + c * stride, stride, stride, sums);
-        const int64_t element = row * state_size + column;
-        if (t < 0) {
-          d_h0[element] = sums[0];
-          continue;
-        }
-        const int64_t gate = t * 3 * step + row * gates_size + column;
-        const Dtype carried = d_gates_next ? d_c0[element] : Dtype(0);
-        cell_backward(grad_outputs[t * step + element] + sums[0],
-                      carried + grad_cells[t * step + element], cells[t * step + element],
-                      gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
-                      &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
-                      &d_gates[gate + 2 * state_size]);
+      const int64_t element = row * state_size + column;
+      if (t < 0) {
+        d_h0[element] = sums[0];
+        continue;
       }
+      const int64_t gate = t * 3 * step + row * gates_size + column;
+      const Dtype carried = d_gates_next ? d_c0[element] : Dtype(0);
+      cell_backward(grad_outputs[t * step + element] + sums[0],
+                    carried + grad_cells[t * step + element], cells[t * step + element],
+                    gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
+                    &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
+                    &d_gates[gate + 2 * state_size]);
     }
     grid.sync();
   }
 }
 
-// How a persistent launch is laid out, or blocks == 0 where it cannot run
-// here: too little shared memory for a block's weights and one batch row, or
-// more blocks than the device can hold at once (a cooperative launch needs
-// every block resident).
+// How a persistent launch is laid out, or blocks == 0 where the step-by-step
+// kernels serve better or it cannot run here. Every block reads the whole
+// batch's state each step, so past kPersistentElements (batch x state) that
+// traffic outgrows the launches it saves; and it needs shared memory for a
+// block's weights and the whole batch, and no more blocks than the device
+// holds at once (a cooperative launch needs every block resident).
 struct PersistentPlan {
-  int blocks, columns, batch_chunk;
+  const void* kernel;  // the kernel for the plan's columns a block
+  int blocks;
   size_t shared_bytes;
 };
 
@@ -381,7 +382,8 @@ template <typename Dtype>
 static PersistentPlan plan_persistent(int64_t batch_size, int64_t state_size,
                                       int64_t weight_rows_per_column, int64_t length,
                                       const void* kernel_of_columns[4]) {
-  PersistentPlan plan = {0, 0, 0, 0};
+  PersistentPlan plan = {NULL, 0, 0};
+  if (batch_size * state_size > kPersistentElements) return plan;
   int device, processors, max_shared;
   if (failed(cudaGetDevice(&device)) ||
       failed(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount,
@@ -399,11 +401,8 @@ static PersistentPlan plan_persistent(int64_t batch_size, int64_t state_size,
   if ((state_size + columns - 1) / columns > processors) return plan;
   const int64_t row_bytes = padded<Dtype>(length) * (int64_t)sizeof(Dtype);
   const int64_t weight_bytes = weight_rows_per_column * columns * row_bytes;
-  int64_t chunk = (max_shared - weight_bytes) / row_bytes;
-  if (chunk < 1) return plan;
-  if (chunk > batch_size) chunk = batch_size;
-  if (chunk > kPersistentThreads / columns) chunk = kPersistentThreads / columns;
-  const size_t shared_bytes = (size_t)(weight_bytes + chunk * row_bytes);
+  if (weight_bytes + batch_size * row_bytes > max_shared) return plan;
+  const size_t shared_bytes = (size_t)(weight_bytes + batch_size * row_bytes);
   const void* kernel = kernel_of_columns[index];
   int resident = 0;
   if (failed(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -414,9 +413,8 @@ static PersistentPlan plan_persistent(int64_t batch_size, int64_t state_size,
   }
   const int64_t blocks = (state_size + columns - 1) / columns;
   if (blocks > (int64_t)resident * processors) return plan;
+  plan.kernel = kernel;
   plan.blocks = (int)blocks;
-  plan.columns = (int)columns;
-  plan.batch_chunk = (int)chunk;
   plan.shared_bytes = shared_bytes;
   return plan;
 }
@@ -433,18 +431,15 @@ static cudaError_t launch_sequence_forward(int64_t steps, int64_t batch_size, in
                             (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 8>};
   const PersistentPlan plan = batch_size * state_size && steps
       ? plan_persistent<Dtype>(batch_size, state_size, 3, state_size, kernels)
-      : PersistentPlan{0, 0, 0, 0};
+      : PersistentPlan{NULL, 0, 0};
   if (plan.blocks == 0) {
     return launch_sequence_forward_by_step<Dtype>(steps, batch_size, state_size,
                                                   weights_row_stride, projected, weights, h0,
                                                   c0, outputs, cells, gates, stream);
   }
-  int batch_chunk = plan.batch_chunk;
-  void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &batch_chunk,
-                       &projected, &weights, &h0, &c0, &outputs, &cells, &gates};
-  const void* kernel = kernels[plan.columns == 1 ? 0 : plan.columns == 2 ? 1
-                               : plan.columns == 4 ? 2 : 3];
-  return cudaLaunchCooperativeKernel(kernel, plan.blocks, kPersistentThreads, arguments,
+  void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &projected,
+                       &weights, &h0, &c0, &outputs, &cells, &gates};
+  return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
                                      plan.shared_bytes, stream);
 }
 
@@ -460,20 +455,16 @@ static cudaError_t launch_sequence_backward(int64_t steps, int64_t batch_size, i
                             (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 8>};
   const PersistentPlan plan = batch_size * state_size && steps
       ? plan_persistent<Dtype>(batch_size, state_size, 1, 3 * state_size, kernels)
-      : PersistentPlan{0, 0, 0, 0};
+      : PersistentPlan{NULL, 0, 0};
   if (plan.blocks == 0) {
     return launch_sequence_backward_by_step<Dtype>(steps, batch_size, state_size,
                                                    weights_row_stride, weights, grad_outputs,
                                                    grad_cells, cells, gates, d_gates, d_h0, d_c0,
                                                    stream);
   }
-  int batch_chunk = plan.batch_chunk;
-  void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &batch_chunk,
-                       &weights, &grad_outputs, &grad_cells, &cells, &gates, &d_gates, &d_h0,
-                       &d_c0};
-  const void* kernel = kernels[plan.columns == 1 ? 0 : plan.columns == 2 ? 1
-                               : plan.columns == 4 ? 2 : 3];
-  return cudaLaunchCooperativeKernel(kernel, plan.blocks, kPersistentThreads, arguments,
+  void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &weights,
+                       &grad_outputs, &grad_cells, &cells, &gates, &d_gates, &d_h0, &d_c0};
+  return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
                                      plan.shared_bytes, stream);
 }
 
