@@ -215,14 +215,16 @@ __host__ __device__ static int64_t padded(int64_t length) {
   return (length + width - 1) / width * width + width;
 }
 
-// sums[n] += a . b_n over `length` (a multiple of the vector width), where b_n
-// is row n of `b` (kRows rows, `stride` apart). a and b are shared memory.
+// sums[n] += a . b_n over this lane's share of `length` (a multiple of the
+// vector width): vector `part`, part + parts, ...; b_n is row n of `b` (kRows
+// rows, `stride` apart). a and b are shared memory.
 template <typename Dtype, int kRows>
 __device__ __forceinline__ void dot_rows(const Dtype* a, const Dtype* b, int64_t stride,
-                                         int64_t length, Dtype (&sums)[kRows]) {
+                                         int64_t length, int part, int parts,
+                                         Dtype (&sums)[kRows]) {
   typedef typename Vector<Dtype>::type V;
   const int kWidth = Vector<Dtype>::kWidth;
-  for (int64_t k = 0; k < length; k += kWidth) {
+  for (int64_t k = part * kWidth; k < length; k += parts * kWidth) {
     const V x = *reinterpret_cast<const V*>(a + k);
     const Dtype* xs = reinterpret_cast<const Dtype*>(&x);
 #pragma unroll
@@ -233,6 +235,24 @@ __device__ __forceinline__ void dot_rows(const Dtype* a, const Dtype* b, int64_t
       for (int w = 0; w < kWidth; ++w) sums[n] += xs[w] * ys[w];
     }
   }
+}
+
+// The sums of the `parts` consecutive lanes (a power of two, at most a warp)
+// that each hold a share of the same dot products, in every one of them.
+template <typename Dtype, int kRows>
+__device__ __forceinline__ void sum_parts(int parts, Dtype (&sums)[kRows]) {
+  for (int offset = parts / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int n = 0; n < kRows; ++n) sums[n] += __shfl_xor_sync(0xffffffffu, sums[n], offset);
+  }
+}
+
+// How many lanes share one element's dot products: as many as the block has
+// threads for, so that each lane's share is short.
+__device__ __forceinline__ int parts_per_element(int64_t elements) {
+  int parts = 1;
+  while (parts < 32 && elements * parts * 2 <= (int64_t)blockDim.x) parts *= 2;
+  return parts;
 }
 
 // Copies the first `rows` rows of a (., length) row-major matrix into
@@ -253,8 +273,8 @@ __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_
 static const int kPersistentThreads = 256;
 static const int64_t kPersistentElements = 16384;
 
-// Forward: each thread computes the three gates of one (batch row, column)
-// element of the block's, then the cell.
+// Forward: the lanes of a group compute the three gates of one (batch row,
+// column) element of the block's, one of them the cell.
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
@@ -280,12 +300,21 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     __syncthreads();
     stage_rows(old_h, (int)batch_size, state_size, h, stride);
     __syncthreads();
-    for (int e = threadIdx.x; e < batch_size * kColumns; e += blockDim.x) {
-      const int row = e / kColumns;
+    // Every lane runs the same iterations, for the shuffles in sum_parts.
+    const int64_t elements = batch_size * kColumns;
+    const int parts = parts_per_element(elements), part = threadIdx.x % parts;
+    for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
+      const int64_t e = e0 + threadIdx.x / parts;
+      const int row = (int)(e / kColumns);
       const int64_t column = column0 + e % kColumns;
-      if (column >= state_size) continue;
+      const bool active = e < elements && column < state_size;
       Dtype sums[3] = {};
-      dot_rows(h + row * stride, w + (column - column0) * stride, kColumns * stride, stride, sums);
+      if (active) {
+        dot_rows(h + row * stride, w + (column - column0) * stride, kColumns * stride, stride,
+                 part, parts, sums);
+      }
+      sum_parts(parts, sums);
+      if (!active || part != 0) continue;
       const int64_t element = row * state_size + column;
       const int64_t gate = t * 3 * step + row * 3 * state_size + column;
       Dtype pre[3];
@@ -331,14 +360,20 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
       stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
       __syncthreads();
     }
-    for (int e = threadIdx.x; e < batch_size * kColumns; e += blockDim.x) {
-      const int row = e / kColumns;
+    const int64_t elements = batch_size * kColumns;
+    const int parts = parts_per_element(elements), part = threadIdx.x % parts;
+    for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
+      const int64_t e = e0 + threadIdx.x / parts;
+      const int row = (int)(e / kColumns);
       const int64_t column = column0 + e % kColumns;
-      if (column >= state_size) continue;
+      const bool active = e < elements && column < state_size;
       Dtype sums[1] = {};
-      if (d_gates_next) {
-        dot_rows(g + row * stride, w + (column - column0) * stride, stride, stride, sums);
+      if (active && d_gates_next) {
+        dot_rows(g + row * stride, w + (column - column0) * stride, stride, stride, part, parts,
+                 sums);
       }
+      sum_parts(parts, sums);
+      if (!active || part != 0) continue;
       const int64_t element = row * state_size + column;
       if (t < 0) {
         d_h0[element] = sums[0];
