@@ -1,7 +1,8 @@
 """The binding to the compiled cffi module: loading it (and refusing a stale
-or damaged build), one call-and-check helper for every C entry point, and the
-helper that puts a tensor in the form C reads. The op modules (ops.py,
-round_ste.py) check their arguments before anything here sees them.
+or damaged build), one call-and-check helper for every C entry point, the
+helper that puts a tensor in the form C reads, and torch's thread count in a
+forked child. The op modules (ops.py, round_ste.py) check their arguments
+before anything here sees them.
 
 A missing, unloadable or stale module is detected when the package is
 imported, which warns (LLTMBuildWarning); the error itself (LLTMBuildError)
@@ -9,6 +10,7 @@ is raised by the first call that needs the module, so that the reference
 cell, the diagnostics and everything else that does not need it still work.
 """
 
+import os
 import warnings
 from pathlib import Path
 
@@ -65,6 +67,20 @@ except LLTMBuildError as error:
     ffi = lib = MODULE_PATH = None
     LOAD_ERROR = error
     warnings.warn(str(error), LLTMBuildWarning, stacklevel=2)
+
+
+def _one_thread_after_fork():
+    """In a forked child, torch's OpenMP ops wait forever for OpenMP threads
+    that stayed in the parent (GNU OpenMP does not survive fork), so that
+    lltm_ffi.lltm would hang in its gate product; the C passes guard
+    themselves (src/lltm_cpu.c). The child runs torch on one thread instead,
+    as DataLoader's workers do."""
+    if torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_one_thread_after_fork)
 
 
 def require():

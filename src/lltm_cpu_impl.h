@@ -37,12 +37,11 @@ static void LLTM_NAME(forward_row_)(int64_t state_size, const SCALAR* gate_row,
 
 static int LLTM_NAME(forward_)(int64_t batch_size, int64_t state_size, const SCALAR* gates,
                               const SCALAR* old_cell, SCALAR* new_h, SCALAR* new_cell) {
-#pragma omp parallel for schedule(static) if (batch_size * state_size >= LLTM_CPU_PARALLEL_MIN)
-  for (int64_t row = 0; row < batch_size; ++row) {
+  LLTM_FOR_EACH_ROW(row, batch_size, batch_size * state_size, {
     const int64_t offset = row * state_size;
     LLTM_NAME(forward_row_)(state_size, gates + 3 * offset, old_cell + offset,
                             new_h + offset, new_cell + offset);
-  }
+  });
   return LLTM_SUCCESS;
 }
 
@@ -98,14 +97,13 @@ static int LLTM_NAME(backward_)(int64_t batch_size, int64_t state_size,
                                const int64_t* grad_strides, const SCALAR* grad_h,
                                const SCALAR* grad_cell, const SCALAR* new_cell,
                                const SCALAR* gates, SCALAR* d_old_cell, SCALAR* d_gates) {
-#pragma omp parallel for schedule(static) if (batch_size * state_size >= LLTM_CPU_PARALLEL_MIN)
-  for (int64_t row = 0; row < batch_size; ++row) {
+  LLTM_FOR_EACH_ROW(row, batch_size, batch_size * state_size, {
     const int64_t offset = row * state_size;
     LLTM_NAME(backward_row_)(state_size, grad_h + row * grad_strides[0], grad_strides[1],
                              grad_cell + row * grad_strides[2], grad_strides[3],
                              new_cell + offset, gates + 3 * offset, d_old_cell + offset,
                              d_gates + 3 * offset);
-  }
+  });
   return LLTM_SUCCESS;
 }
 
