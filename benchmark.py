@@ -60,7 +60,7 @@ from pathlib import Path
 import torch
 
 import lltm_ffi
-from lltm_ffi import _extension, reference, selfcheck
+from lltm_ffi import _extension, ops, reference, selfcheck
 
 IMPLEMENTATIONS = ("py", "ffi", "compile")
 # --compare also times "floor", a cell that does no LLTM work, in the same rotation.
@@ -614,10 +614,10 @@ class PassInputs:
                    copy_source, torch.empty_like(copy_source))
 
     def forward(self):
-        return _extension.forward(self.gates, self.old_cell)
+        return ops.forward(self.gates, self.old_cell)
 
     def backward(self):
-        return _extension.backward(self.grad_h, self.grad_cell, self.new_cell, self.gates)
+        return ops.backward(self.grad_h, self.grad_cell, self.new_cell, self.gates)
 
     def copy(self):
         return self.copy_target.copy_(self.copy_source)
@@ -694,7 +694,7 @@ def run_kernels(args, device, dtype):
     for batch, state in KERNEL_SIZES:
         rows += kernel_rows(batch, state, dtype, device, repeats) or []
     lines = [
-        "# LLTM fused passes alone (lltm_ffi._extension.forward / backward)", "",
+        "# LLTM fused passes alone (lltm_ffi.ops.forward / backward)", "",
         *environment_lines(device, dtype),
         f"- median of {repeats} repeats after {WARMUP_RUNS} warm-up, CUDA events around each "
         "call; forward, backward and the copy take turns in rotating order",
@@ -761,17 +761,18 @@ def overhead_rows(device, dtype):
     input, weights, bias, h, cell = inputs.arguments()
     X = torch.cat((h, input), dim=1)
     gates = torch.nn.functional.linear(X, weights.detach(), bias.detach())
-    new_h, new_cell = _extension.forward(gates, cell)
+    new_h, new_cell = ops.forward(gates, cell)
     grad_h, grad_cell = torch.randn_like(new_h), torch.randn_like(new_cell)
-    ffi = _extension.ffi
-    pointer_type = _extension.POINTER_TYPES[dtype]
-    pointers = [ffi.cast(pointer_type, tensor.data_ptr()) for tensor in (gates, cell, new_h, new_cell)]
+    ffi, lib = _extension.ffi, _extension.lib
+    pointers = [ffi.cast("void *", tensor.data_ptr()) for tensor in (gates, cell, new_h, new_cell)]
     device = cell.device  # with its index
     if device.type == "cuda":
         stream = ffi.cast("void *", torch.cuda.current_stream(device).cuda_stream)
-        c_pass = lambda: _extension._CUDA_FORWARD[dtype](*size_args, *pointers, device.index, stream)
+        index = device.index
     else:
-        c_pass = lambda: _extension._CPU_FORWARD[dtype](*size_args, *pointers)
+        stream, index = ffi.NULL, lib.LLTM_CPU
+    dtype_code = _extension._DTYPE_CODES[dtype]
+    c_pass = lambda: lib.lltm_forward(dtype_code, index, stream, *size_args, *pointers)
     size_args = (size.batch, size.state)
     ones = torch.ones((), device=device)
 
@@ -803,16 +804,16 @@ def overhead_rows(device, dtype):
          lambda: torch.nn.functional.linear(X, weights.detach(), bias.detach())),
         ("2 x torch.empty_like (outputs)", lambda: (torch.empty_like(cell), torch.empty_like(cell))),
         ("4 x ffi.cast(data_ptr())",
-         lambda: [ffi.cast(pointer_type, t.data_ptr()) for t in (gates, cell, new_h, new_cell)]),
+         lambda: [ffi.cast("void *", t.data_ptr()) for t in (gates, cell, new_h, new_cell)]),
         ("C forward pass alone (shim + launch)", c_pass),
-        ("_extension.forward (allocate, cast, call)", lambda: _extension.forward(gates, cell)),
+        ("ops.forward (allocate, cast, call)", lambda: ops.forward(gates, cell)),
         ("torch.ops.lltm_ffi.forward_pass (registered op)",
          lambda: torch.ops.lltm_ffi.forward_pass(gates, cell)),
         ("autograd.Function.apply of a no-op", lambda: _Identity.apply(*inputs.arguments())),
         ("lltm_ffi.lltm forward", lambda: lltm_ffi.lltm(*inputs.arguments())),
         ("reference forward", lambda: reference.lltm(*inputs.arguments())),
-        ("_extension.backward (allocate, cast, call)",
-         lambda: _extension.backward(grad_h, grad_cell, new_cell, gates)),
+        ("ops.backward (allocate, cast, call)",
+         lambda: ops.backward(grad_h, grad_cell, new_cell, gates)),
         ("torch.ops.lltm_ffi.backward_pass (registered op)",
          lambda: torch.ops.lltm_ffi.backward_pass(grad_h, grad_cell, new_cell, gates)),
         ("LLTMFunction.backward body (pass, 2 x mm, sum)",
@@ -889,7 +890,7 @@ def run_autocast(args, device):
             "bf16 matrix product (F.linear)":
                 lambda: torch.nn.functional.linear(X16, weights16, bias16),
             "gates bf16 -> float32 (the cast)": lambda: gates16.float(),
-            "float32 forward pass": lambda: _extension.forward(gates32, cell),
+            "float32 forward pass": lambda: ops.forward(gates32, cell),
         }
         with torch.no_grad():
             def under_autocast():
