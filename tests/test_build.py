@@ -353,10 +353,17 @@ MODULE_CHANGES = {
 
 
 def assert_module_computes(directory):
+    """The copy's lltm_ffi agrees with the reference on the CPU, and on the
+    GPU too where there is one and the module has CUDA."""
     result = run_python(directory, """
         import torch
+        import lltm_ffi
         from lltm_ffi import selfcheck
-        assert selfcheck.disagreement(3, 5, 7, torch.float64, "cpu") is None
+        devices = ["cpu"]
+        if lltm_ffi.CUDA_COMPILED and torch.cuda.is_available():
+            devices.append("cuda")
+        for device in devices:
+            assert selfcheck.disagreement(3, 5, 7, torch.float64, device) is None, device
         print("ok")
     """)
     assert_succeeded(result)
