@@ -4,7 +4,8 @@ is found. The one place that finds nvcc and CUDA and holds the nvcc flags and
 architectures; `make` and pip both come here.
 
 - `make` runs `python build_ffi.py`, which rebuilds whatever is missing,
-  truncated or out of date (kernel objects, then the module) and nothing else;
+  damaged or out of date (kernel objects, then the module) and nothing else,
+  one build at a time per tree, each file renamed into place whole;
 - `pip install .` reaches `ffibuilder` through setuptools' cffi_modules
   (setup.py), whose build step calls compile_kernels() first.
 
@@ -15,8 +16,9 @@ CPU-only build), LLTM_CUDA_ARCH (nvcc -gencode flags instead of the default).
     python build_ffi.py [-v]      build in place, as `make` does (-v: cffi's compile lines)
 """
 
+import contextlib
+import fcntl
 import hashlib
-import importlib.machinery
 import importlib.util
 import json
 import os
@@ -41,15 +43,17 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC")
 C_SOURCES = ("src/lltm_shim.c", "src/lltm_cpu.c", "src/round_cpu.c")
 
 
-def _load_build_info():
+def _load_from_package(name):
+    """lltm_ffi/<name>.py, loaded by path: the package itself needs torch."""
     spec = importlib.util.spec_from_file_location(
-        "lltm_ffi_build_info", ROOT / "lltm_ffi" / "_build_info.py")
+        "lltm_ffi" + name, ROOT / "lltm_ffi" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-build_info = _load_build_info()
+build_info = _load_from_package("_build_info")
+module_file = _load_from_package("_module_file")
 
 
 def cuda_arch():
@@ -110,12 +114,15 @@ def _digest(*parts):
 
 def _install(data, destination):
     """Writes `data` to `destination` through a temporary name of this
-    process's own, then renames it into place: a concurrent build never sees
-    a partial file, and a process that has the old one loaded keeps it."""
+    process's own, then renames it into place: a concurrent build or import
+    never sees a partial file, and a process that has the old one loaded
+    keeps it."""
     descriptor, staging = tempfile.mkstemp(dir=destination.parent, prefix=destination.name + ".")
     try:
         with os.fdopen(descriptor, "wb") as file:
             file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
         os.chmod(staging, 0o755)
         os.replace(staging, destination)
     except BaseException:
@@ -195,31 +202,82 @@ def make_ffibuilder(kernel_objects=(), for_setuptools=False):
     return ffibuilder
 
 
-def _module_state(module):
-    """What identifies an installed module file: its size and modification time."""
-    stat = module.stat()
-    return [stat.st_size, stat.st_mtime_ns]
+def _sha256(path):
+    """The SHA-256 of the file at `path`, or None when there is no such file."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def _read_stamp(stamp):
+    """What the last build recorded, or {} when nothing readable was."""
+    try:
+        recorded = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+@contextlib.contextmanager
+def _build_lock():
+    """Holds build/build.lock, so that builds in one tree run one at a time:
+    a second `make` waits for the first and then finds the module up to
+    date. The lock goes with the process, however it ends."""
+    with open(BUILD / "build.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("build_ffi.py: waiting for another build in this tree", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _rebuild_reason(installed, recorded, recipe):
+    """Why the module must be built, or None when it is the file the last
+    build of this recipe wrote, byte for byte: the file itself is checked,
+    so a missing, truncated or replaced module is rebuilt whatever the file
+    times or the stamp say."""
+    name = installed.relative_to(ROOT)
+    if not installed.is_file():
+        return f"{name} is missing"
+    damage = module_file.elf_damage(installed)
+    if damage:
+        return f"{name} is damaged: {damage}"
+    if {key: recorded.get(key) for key in recipe} != recipe:
+        return f"{name} was built from other sources or settings"
+    if recorded.get("module_sha256") != _sha256(installed):
+        return f"{name} is not the file the last build wrote"
+    return None
 
 
 def build(verbose=False):
-    """Builds the module in place unless the one there was built from these
-    sources and settings and is still the file that build wrote: a missing,
-    truncated or replaced module is rebuilt whatever the file times say."""
+    """Builds the kernel objects and the module in place, unless the module
+    there is the one the last build wrote from these sources and settings.
+    One build at a time per tree (build/build.lock); each file is renamed
+    into place whole."""
     BUILD.mkdir(exist_ok=True)
-    kernel_objects = compile_kernels(BUILD / "kernels")
-    installed = ROOT / "lltm_ffi" / ("_lltm_ffi" + importlib.machinery.EXTENSION_SUFFIXES[0])
-    stamp = BUILD / f"module-{sys.implementation.cache_tag}.json"
-    recipe = {"sources": build_info.source_hash(ROOT),
-              "kernels": [Path(path).name for path in kernel_objects]}
-    if (installed.is_file() and stamp.is_file()
-            and json.loads(stamp.read_text()) == dict(recipe, state=_module_state(installed))):
-        print(f"{installed.relative_to(ROOT)} is up to date")
-        return
-    with tempfile.TemporaryDirectory(dir=BUILD) as scratch:
-        built = make_ffibuilder(kernel_objects).compile(tmpdir=scratch, verbose=verbose)
-        _install(Path(built).read_bytes(), installed)
-    _install(json.dumps(dict(recipe, state=_module_state(installed))).encode(), stamp)
-    print("built %s (CUDA: %s)" % (installed.relative_to(ROOT), "yes" if kernel_objects else "no"))
+    with _build_lock():
+        kernel_objects = compile_kernels(BUILD / "kernels")
+        installed = ROOT / "lltm_ffi" / module_file.installed_name()
+        stamp = BUILD / f"module-{sys.implementation.cache_tag}.json"
+        recipe = {"sources": build_info.source_hash(ROOT),
+                  "kernels": [Path(path).name for path in kernel_objects]}
+        recorded = _read_stamp(stamp)
+        reason = _rebuild_reason(installed, recorded, recipe)
+        if reason is None:
+            print(f"{installed.relative_to(ROOT)} is up to date")
+            return
+        if recorded:
+            print(f"{reason}: rebuilding", flush=True)
+        with tempfile.TemporaryDirectory(dir=BUILD) as scratch:
+            built = make_ffibuilder(kernel_objects).compile(tmpdir=scratch, verbose=verbose)
+            data = Path(built).read_bytes()
+        _install(data, installed)
+        _install(json.dumps(dict(recipe, module_sha256=hashlib.sha256(data).hexdigest()),
+                            indent=1).encode(), stamp)
+        print("built %s (CUDA: %s)" % (installed.relative_to(ROOT),
+                                       "yes" if kernel_objects else "no"))
 
 
 if __name__ == "__main__":

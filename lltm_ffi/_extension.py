@@ -1,7 +1,8 @@
 """The binding to the compiled cffi module: loading it (and refusing a stale
-build), one call-and-check helper for every C entry point, and the helper
-that puts a tensor in the form C reads. The op modules (ops.py, round_ste.py)
-check their arguments before anything here sees them.
+or damaged build), one call-and-check helper for every C entry point, the
+helper that puts a tensor in the form C reads, and torch's thread count in a
+forked child. The op modules (ops.py, round_ste.py) check their arguments
+before anything here sees them.
 
 A missing, unloadable or stale module is detected when the package is
 imported, which warns (LLTMBuildWarning); the error itself (LLTMBuildError)
@@ -9,63 +10,27 @@ is raised by the first call that needs the module, so that the reference
 cell, the diagnostics and everything else that does not need it still work.
 """
 
-import importlib.machinery
-import struct
+import os
 import warnings
 from pathlib import Path
 
 import torch
 
-from . import _build_info
+from . import _build_info, _module_file
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _elf_damage(path):
-    """Why the shared object at `path` cannot be loaded safely, or None. A file
-    cut short (an interrupted copy, a full disk) would be mapped anyway and
-    kill the process with SIGBUS at first touch; its ELF headers say how long
-    it must be, so compare before loading."""
-    size = path.stat().st_size
-    with open(path, "rb") as file:
-        header = file.read(64)
-        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4:6] != b"\x02\x01":
-            return "it is not a 64-bit little-endian ELF file"
-        (program_offset, section_offset, _, _, program_size, program_count, section_size,
-         section_count) = struct.unpack_from("<QQIHHHHH", header, 32)
-        ends = [program_offset + program_size * program_count,
-                section_offset + section_size * section_count]
-        if ends[0] <= size:
-            file.seek(program_offset)
-            table = file.read(program_size * program_count)
-            for index in range(program_count):
-                # p_offset and p_filesz of each segment: where it lies in the file.
-                offset, _, _, file_size = struct.unpack_from("<QQQQ", table,
-                                                             index * program_size + 8)
-                ends.append(offset + file_size)
-    if max(ends) > size:
-        return f"it is truncated ({size} bytes; its headers describe {max(ends)})"
-    return None
-
-
-def _module_file(package):
-    """The file `from . import _lltm_ffi` would load, or None."""
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        if (package / ("_lltm_ffi" + suffix)).is_file():
-            return package / ("_lltm_ffi" + suffix)
-    return None
-
-
 def _load():
     package = Path(__file__).resolve().parent
-    module_file = _module_file(package)
+    module_file = _module_file.find(package)
     if module_file is None:
         others = sorted(path.name for path in package.glob("_lltm_ffi*.so"))
         found = f" (only {', '.join(others)}, built for another Python)" if others else ""
         raise LLTMBuildError(f"lltm_ffi's compiled module is not built: no _lltm_ffi module for "
                              f"this Python in {package}{found}; build it with `make` in {ROOT}")
-    damage = _elf_damage(module_file)
+    damage = _module_file.elf_damage(module_file)
     if damage:
         raise LLTMBuildError(f"lltm_ffi's compiled module ({module_file}) is damaged: {damage}; "
                              f"rebuild it with `make` in {ROOT}")
@@ -102,6 +67,20 @@ except LLTMBuildError as error:
     ffi = lib = MODULE_PATH = None
     LOAD_ERROR = error
     warnings.warn(str(error), LLTMBuildWarning, stacklevel=2)
+
+
+def _one_thread_after_fork():
+    """In a forked child, torch's OpenMP ops wait forever for OpenMP threads
+    that stayed in the parent (GNU OpenMP does not survive fork), so that
+    lltm_ffi.lltm would hang in its gate product; the C passes guard
+    themselves (src/lltm_cpu.c). The child runs torch on one thread instead,
+    as DataLoader's workers do."""
+    if torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_one_thread_after_fork)
 
 
 def require():

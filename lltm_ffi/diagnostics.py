@@ -18,7 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import _build_info
+from . import _build_info, _module_file
 
 # Small enough to take well under a second on any device.
 CHECK_SHAPE = (4, 8, 16)  # (batch, input_features, state_size)
@@ -79,6 +79,10 @@ def _describe_module(report, extension):
         report.row("module status", f"NOT USABLE: {extension.LOAD_ERROR}")
         report.problem(str(extension.LOAD_ERROR))
         # A stale module still loads: say what it was built with all the same.
+        # A damaged one is not loaded: it could kill the process (SIGBUS).
+        module_file = _module_file.find(package)
+        if module_file is None or _module_file.elf_damage(module_file):
+            return None
         try:
             from . import _lltm_ffi
         except ImportError:

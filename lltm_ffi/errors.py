@@ -12,7 +12,9 @@ class LLTMError(RuntimeError):
         self.message = message
 
     def __reduce__(self):
-        return type(self), (self.function, self.code, self.message)
+        # The constructor's arguments, not the formatted text in self.args;
+        # then the instance's own attributes (notes added to it, say).
+        return type(self), (self.function, self.code, self.message), self.__dict__
 
 
 class LLTMBuildError(ImportError):

@@ -23,7 +23,9 @@ class LLTM(torch.nn.Module):
 
     def reset_parameters(self):
         """Uniform in +-1/sqrt(state_size), drawn from torch's global generator
-        (never reseeded here)."""
+        (never reseeded here). State size 0 has no parameter values to draw."""
+        if self.state_size == 0:
+            return
         bound = 1.0 / math.sqrt(self.state_size)
         with torch.no_grad():
             for parameter in self.parameters():

@@ -5,6 +5,7 @@
  * a few ulp of libm) so that each row loop vectorises; glibc's scalar calls
  * run several times slower than ATen's vectorised ops. double keeps libm. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -14,6 +15,36 @@
 
 /* Below this many elements per tensor, waking threads costs more than the loop. */
 #define LLTM_CPU_PARALLEL_MIN 32768
+
+/* GNU OpenMP's thread pool does not survive fork(): a forked child inherits
+ * the pool's bookkeeping but not its threads, so its first parallel region
+ * with more than one thread waits for them forever. torch runs on the same
+ * libgomp, so torch's own ops may have started the pool as well as these
+ * passes. Hence a forked child never enters a parallel region here: the fork
+ * handler registered when the module loads clears lltm_threads_allowed in
+ * every child (and so in the children's children). Without a handler the
+ * passes never use threads. Only the constructor and the handler write it,
+ * each while no pass can run. */
+static int lltm_threads_allowed;
+
+static void lltm_forbid_threads(void) { lltm_threads_allowed = 0; }
+
+__attribute__((constructor)) static void lltm_cpu_init(void) {
+  lltm_threads_allowed = pthread_atfork(NULL, NULL, lltm_forbid_threads) == 0;
+}
+
+/* for (int64_t row = 0; row < rows; ++row) body, across OpenMP threads when
+ * there are `elements` enough to pay for them and this process may use them,
+ * else on the calling thread without entering OpenMP at all. */
+#define LLTM_FOR_EACH_ROW(row, rows, elements, ...)                             \
+  do {                                                                          \
+    if (lltm_threads_allowed && (elements) >= LLTM_CPU_PARALLEL_MIN) {          \
+      _Pragma("omp parallel for schedule(static)")                              \
+      for (int64_t row = 0; row < (rows); ++row) __VA_ARGS__                    \
+    } else {                                                                    \
+      for (int64_t row = 0; row < (rows); ++row) __VA_ARGS__                    \
+    }                                                                           \
+  } while (0)
 
 /* One copy of each row loop per instruction set, picked at load time. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

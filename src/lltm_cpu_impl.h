@@ -37,12 +37,11 @@ static void LLTM_NAME(forward_row_)(int64_t state_size, const SCALAR* gate_row,
 
 static int LLTM_NAME(forward_)(int64_t batch_size, int64_t state_size, const SCALAR* gates,
                               const SCALAR* old_cell, SCALAR* new_h, SCALAR* new_cell) {
-#pragma omp parallel for schedule(static) if (batch_size * state_size >= LLTM_CPU_PARALLEL_MIN)
-  for (int64_t row = 0; row < batch_size; ++row) {
+  LLTM_FOR_EACH_ROW(row, batch_size, batch_size * state_size, {
     const int64_t offset = row * state_size;
     LLTM_NAME(forward_row_)(state_size, gates + 3 * offset, old_cell + offset,
                             new_h + offset, new_cell + offset);
-  }
+  });
   return LLTM_SUCCESS;
 }
 
@@ -98,53 +97,67 @@ static int LLTM_NAME(backward_)(int64_t batch_size, int64_t state_size,
                                const int64_t* grad_strides, const SCALAR* grad_h,
                                const SCALAR* grad_cell, const SCALAR* new_cell,
                                const SCALAR* gates, SCALAR* d_old_cell, SCALAR* d_gates) {
-#pragma omp parallel for schedule(static) if (batch_size * state_size >= LLTM_CPU_PARALLEL_MIN)
-  for (int64_t row = 0; row < batch_size; ++row) {
+  LLTM_FOR_EACH_ROW(row, batch_size, batch_size * state_size, {
     const int64_t offset = row * state_size;
     LLTM_NAME(backward_row_)(state_size, grad_h + row * grad_strides[0], grad_strides[1],
                              grad_cell + row * grad_strides[2], grad_strides[3],
                              new_cell + offset, gates + 3 * offset, d_old_cell + offset,
                              d_gates + 3 * offset);
-  }
+  });
   return LLTM_SUCCESS;
 }
 
-/* out[b, r] = base[b, r] + sum_k a[b, k] * weights[r, k], for the `rows`
- * rows of weights (row stride weights_row_stride, `depth` columns used). */
+/* out[r] = base[r] + sum_k a[k] * weights[r, k], for the `rows` rows of
+ * weights (row stride weights_row_stride, `depth` columns used). */
+static void LLTM_NAME(row_times_weights_)(int64_t rows, int64_t depth, const SCALAR* a,
+                                          const SCALAR* weights, int64_t weights_row_stride,
+                                          const SCALAR* base, SCALAR* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const SCALAR* w = weights + r * weights_row_stride;
+    SCALAR sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t k = 0; k < depth; ++k) sum += a[k] * w[k];
+    out[r] = base[r] + sum;
+  }
+}
+
+/* out[j] = base[j] + sum_r a[r] * weights[r, j], for the `depth` rows of
+ * weights and `columns` of its columns; base may be NULL (zero). */
+static void LLTM_NAME(row_times_weights_transposed_)(int64_t columns, int64_t depth,
+                                                     const SCALAR* a, const SCALAR* weights,
+                                                     int64_t weights_row_stride,
+                                                     const SCALAR* base, SCALAR* out) {
+  for (int64_t j = 0; j < columns; ++j) out[j] = base ? base[j] : 0;
+  for (int64_t r = 0; r < depth; ++r) {
+    const SCALAR factor = a[r];
+    const SCALAR* w = weights + r * weights_row_stride;
+#pragma omp simd
+    for (int64_t j = 0; j < columns; ++j) out[j] += factor * w[j];
+  }
+}
+
+/* The two products above for every batch row; each output element costs
+ * `depth` multiplications, which the threading threshold counts. */
 static void LLTM_NAME(times_weights_)(int64_t batch_size, int64_t rows, int64_t depth,
                                       const SCALAR* a, const SCALAR* weights,
                                       int64_t weights_row_stride, const SCALAR* base,
                                       SCALAR* out) {
-#pragma omp parallel for schedule(static) if (batch_size * rows * depth >= LLTM_CPU_PARALLEL_MIN * 64)
-  for (int64_t b = 0; b < batch_size; ++b) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const SCALAR* w = weights + r * weights_row_stride;
-      SCALAR sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t k = 0; k < depth; ++k) sum += a[b * depth + k] * w[k];
-      out[b * rows + r] = base[b * rows + r] + sum;
-    }
-  }
+  LLTM_FOR_EACH_ROW(b, batch_size, batch_size * rows * depth / 64, {
+    LLTM_NAME(row_times_weights_)(rows, depth, a + b * depth, weights, weights_row_stride,
+                                  base + b * rows, out + b * rows);
+  });
 }
 
-/* out[b, j] = base[b, j] + sum_r a[b, r] * weights[r, j], for the `depth`
- * rows of weights and `columns` of its columns; base may be NULL (zero). */
 static void LLTM_NAME(times_weights_transposed_)(int64_t batch_size, int64_t columns,
                                                  int64_t depth, const SCALAR* a,
                                                  const SCALAR* weights,
                                                  int64_t weights_row_stride,
                                                  const SCALAR* base, SCALAR* out) {
-#pragma omp parallel for schedule(static) if (batch_size * columns * depth >= LLTM_CPU_PARALLEL_MIN * 64)
-  for (int64_t b = 0; b < batch_size; ++b) {
-    SCALAR* out_row = out + b * columns;
-    for (int64_t j = 0; j < columns; ++j) out_row[j] = base ? base[b * columns + j] : 0;
-    for (int64_t r = 0; r < depth; ++r) {
-      const SCALAR factor = a[b * depth + r];
-      const SCALAR* w = weights + r * weights_row_stride;
-#pragma omp simd
-      for (int64_t j = 0; j < columns; ++j) out_row[j] += factor * w[j];
-    }
-  }
+  LLTM_FOR_EACH_ROW(b, batch_size, batch_size * columns * depth / 64, {
+    LLTM_NAME(row_times_weights_transposed_)(columns, depth, a + b * depth, weights,
+                                             weights_row_stride, base ? base + b * columns : NULL,
+                                             out + b * columns);
+  });
 }
 
 /* The whole-sequence layer's passes, step by step as lltm_kernel.cu's; see

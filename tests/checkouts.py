@@ -5,10 +5,13 @@ test_diagnostics, test_packaging)."""
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,18 +44,41 @@ def edit_after_build(directory, path):
         source.write("/* edited after the build */\n")
 
 
-def run_python(directory, code):
-    """Runs `code` in a fresh interpreter that can import only the copy's lltm_ffi."""
+def _environment(directory):
+    """The environment of an interpreter that finds the copy's lltm_ffi first."""
     inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                  if path and not path.startswith(str(REPO_ROOT))]
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(directory)] + inherited))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(directory)] + inherited))
+
+
+def run_python(directory, code):
+    """Runs `code` in a fresh interpreter that can import only the copy's lltm_ffi."""
     prelude = textwrap.dedent(f"""\
         import sys
         sys.path[:] = [path for path in sys.path if not path.startswith({str(REPO_ROOT)!r})]
     """)
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
-                          cwd=directory, env=environment, capture_output=True, text=True)
+                          cwd=directory, env=_environment(directory), capture_output=True,
+                          text=True)
+
+
+def run_diagnostics(directory):
+    """`python -m lltm_ffi` on the copy's lltm_ffi."""
+    return subprocess.run([sys.executable, "-m", "lltm_ffi"], cwd=directory,
+                          env=_environment(directory), capture_output=True, text=True)
 
 
 def assert_succeeded(result):
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+def output_within(process, timeout, what):
+    """(return code, output) of a process started in its own session; past
+    `timeout` seconds its whole group is killed and the test fails."""
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{what} ran past {timeout} s:\n{output}")
+    return process.returncode, output

@@ -1,10 +1,27 @@
 """The build as a user meets it, in copies of the sources under tmp_path:
-`make CUDA=0` gives a working CPU-only module (its refusal of CUDA tensors
-is in test_refusals.py), and an import of a missing or stale module fails
-with a message saying to run `make`. Each check imports lltm_ffi in a fresh
-interpreter whose working directory and PYTHONPATH are the copy."""
+`make CUDA=0` gives a working CPU-only module that refuses CUDA with a
+message saying to rebuild, and an import of a missing, stale or damaged
+module fails with a message saying to run `make`, never a signal; `make`
+rebuilds a module that is missing, damaged or stale and nothing else, and
+two at once in one tree both succeed without exposing a partial module.
+Each check imports lltm_ffi in a fresh interpreter whose working directory
+and PYTHONPATH are the copy."""
 
-from checkouts import assert_succeeded, copy_sources, edit_after_build, make_cpu_only, run_python
+import importlib.util
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from checkouts import (REPO_ROOT, assert_succeeded, copy_sources, edit_after_build, make_cpu_only,
+                       output_within, run_diagnostics, run_python)
 
 # A broken build warns at import; the reference still works; the first call
 # that needs the compiled module raises LLTMBuildError, printed for the test.
@@ -78,3 +95,263 @@ def test_import_of_a_module_built_for_another_version_says_stale(tmp_path):
     assert result.stdout.startswith("LLTMBuildError"), result.stdout
     assert "stale" in result.stdout and "version" in result.stdout and "`make`" in result.stdout
 
+
+
+# The compiled module's file --------------------------------------------------
+
+def module_file_check(directory):
+    """The copy's lltm_ffi/_module_file.py (what import and build_ffi.py use to
+    name and check the module), loaded by path: it needs neither torch nor the
+    package."""
+    spec = importlib.util.spec_from_file_location(
+        "lltm_ffi_module_file", directory / "lltm_ffi" / "_module_file.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def installed_module(directory):
+    return directory / "lltm_ffi" / module_file_check(directory).installed_name()
+
+
+def _elf_layout(data):
+    """(program header table offset, section header table offset, [(offset,
+    size) of each segment in the file]) of a 64-bit little-endian ELF file."""
+    program_offset, section_offset = struct.unpack_from("<QQ", data, 32)
+    entry_size, count = struct.unpack_from("<HH", data, 54)
+    segments = [struct.unpack_from("<QQQQ", data, program_offset + index * entry_size + 8)
+                for index in range(count)]
+    return program_offset, section_offset, [(offset, size) for offset, _, _, size in segments]
+
+
+def _inside_the_largest_segment(data):
+    _, _, segments = _elf_layout(data)
+    offset, size = max(segments, key=lambda segment: segment[1])
+    return data[:offset + size // 2]
+
+
+def _garbage(length):
+    return random.Random(length).randbytes(length)
+
+
+# How a module file gets damaged: each takes the whole file's bytes.
+DAMAGE = {
+    "empty": lambda data: b"",
+    "cut_inside_the_elf_header": lambda data: data[:40],
+    "cut_inside_the_program_headers": lambda data: data[:_elf_layout(data)[0] + 56 * 2 + 10],
+    "cut_inside_a_segment": _inside_the_largest_segment,
+    "cut_before_the_section_headers": lambda data: data[:_elf_layout(data)[1]],
+    "one_byte_short": lambda data: data[:-1],
+    "garbage_of_full_size": lambda data: _garbage(len(data)),
+    "elf_header_then_garbage": lambda data: data[:64] + _garbage(len(data) - 64),
+}
+
+
+@pytest.fixture(scope="module")
+def damaged_module_tree(tmp_path_factory):
+    """A built copy whose module each test damages (and the fixture restores)."""
+    directory = copy_sources(tmp_path_factory.mktemp("damaged") / "lltm")
+    make_cpu_only(directory)
+    return directory
+
+
+@pytest.fixture(params=DAMAGE)
+def damaged_module(request, damaged_module_tree):
+    """The copy, with its module damaged as DAMAGE[param] says."""
+    module = installed_module(damaged_module_tree)
+    whole = module.read_bytes()
+    damaged = DAMAGE[request.param](whole)
+    assert len(damaged) == 0 or damaged != whole
+    module.write_bytes(damaged)
+    yield damaged_module_tree
+    module.write_bytes(whole)
+
+
+def assert_exited_normally(result):
+    assert result.returncode >= 0, (f"killed by signal {-result.returncode}\n"
+                                    f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+
+
+def test_damaged_module_is_refused_at_import_with_rebuild_and_make(damaged_module):
+    damage = module_file_check(damaged_module).elf_damage(installed_module(damaged_module))
+    assert damage and ("truncated" in damage or "not an ELF" in damage
+                       or "no usable program headers" in damage), damage
+
+    result = run_python(damaged_module, IMPORT_FAILURE)
+    assert_exited_normally(result)
+    assert_succeeded(result)
+    assert result.stdout.startswith("LLTMBuildError"), result.stdout
+    assert "is damaged" in result.stdout and damage in result.stdout, result.stdout
+    assert "rebuild it with `make`" in result.stdout, result.stdout
+
+
+def test_damaged_module_makes_diagnostics_exit_1_with_rebuild_and_make(damaged_module):
+    result = run_diagnostics(damaged_module)
+    assert_exited_normally(result)
+    assert result.returncode == 1, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "is damaged" in result.stdout and "rebuild it with `make`" in result.stdout, (
+        result.stdout)
+
+
+def test_elf_check_passes_a_whole_module_and_explains_a_missing_one(damaged_module_tree,
+                                                                    tmp_path):
+    check = module_file_check(damaged_module_tree)
+    assert check.elf_damage(installed_module(damaged_module_tree)) is None
+    assert "cannot be read" in check.elf_damage(tmp_path / "absent.so")
+
+
+# `make` repairs the module --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def built_tree(tmp_path_factory):
+    """A copy built with `make CUDA=0`; tests change copies of it."""
+    directory = copy_sources(tmp_path_factory.mktemp("built") / "lltm")
+    make_cpu_only(directory)
+    return directory
+
+
+@pytest.fixture
+def built_copy(built_tree, tmp_path):
+    """A copy of built_tree, its module and build/ included (the build's
+    record holds no absolute path, so the copy is up to date)."""
+    return Path(shutil.copytree(built_tree, tmp_path / "lltm"))
+
+
+def _keeping_the_file_time(change):
+    """`change` applied to the module with its modification time put back:
+    make must look at the file, not at the file times."""
+    def apply(module):
+        times = module.stat()
+        change(module)
+        os.utime(module, ns=(times.st_atime_ns, times.st_mtime_ns))
+    return apply
+
+
+def _overwrite_a_page(module):
+    data = bytearray(module.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 4096] = bytes(4096)
+    module.write_bytes(bytes(data))
+
+
+MODULE_CHANGES = {
+    "deleted": lambda module: module.unlink(),
+    "truncated": lambda module: module.write_bytes(module.read_bytes()[:100000]),
+    "truncated_keeping_its_time": _keeping_the_file_time(
+        lambda module: module.write_bytes(module.read_bytes()[:100000])),
+    "overwritten_in_place_keeping_size_and_time": _keeping_the_file_time(_overwrite_a_page),
+    "garbage": lambda module: module.write_bytes(_garbage(module.stat().st_size)),
+}
+
+
+def assert_module_computes(directory):
+    """The copy's lltm_ffi agrees with the reference on the CPU, and on the
+    GPU too where there is one and the module has CUDA."""
+    result = run_python(directory, """
+        import torch
+        import lltm_ffi
+        from lltm_ffi import selfcheck
+        devices = ["cpu"]
+        if lltm_ffi.CUDA_COMPILED and torch.cuda.is_available():
+            devices.append("cuda")
+        for device in devices:
+            assert selfcheck.disagreement(3, 5, 7, torch.float64, device) is None, device
+        print("ok")
+    """)
+    assert_succeeded(result)
+    assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("change", MODULE_CHANGES)
+def test_make_rebuilds_a_module_that_is(change, built_copy):
+    MODULE_CHANGES[change](installed_module(built_copy))
+    output = make_cpu_only(built_copy).stdout
+    assert "built lltm_ffi/" in output and "up to date" not in output, output
+    assert module_file_check(built_copy).elf_damage(installed_module(built_copy)) is None
+    assert_module_computes(built_copy)
+
+
+def test_make_rebuilds_after_a_source_edit(built_copy):
+    edit_after_build(built_copy, built_copy / "src" / "lltm_cpu.c")
+    output = make_cpu_only(built_copy).stdout
+    assert "built lltm_ffi/" in output and "up to date" not in output, output
+    assert_module_computes(built_copy)
+
+
+def test_make_with_nothing_changed_does_not_rebuild(built_copy):
+    module = installed_module(built_copy)
+    before = module.stat()
+    output = make_cpu_only(built_copy).stdout
+    assert "is up to date" in output and "built" not in output, output
+    after = module.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_make_rebuilds_over_an_unreadable_record(built_copy):
+    for stamp in (built_copy / "build").glob("module-*.json"):
+        stamp.write_text("{not json")
+    output = make_cpu_only(built_copy).stdout
+    assert "built lltm_ffi/" in output, output
+
+
+# Two builds at once ---------------------------------------------------------
+
+NVCC_FOUND = shutil.which(os.environ.get("NVCC") or "nvcc") is not None
+
+
+def _start_make(directory, arguments):
+    return subprocess.Popen(["make", *arguments, f"PYTHON={sys.executable}"], cwd=directory,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _watch_module(module, check, processes):
+    """Checks the module file, whenever there is one, until every process has
+    ended; returns (checks of a present file, damage seen). The file is opened
+    once per check and judged through that descriptor, so a rename in between
+    cannot mix two files."""
+    checks, damage = 0, []
+    while any(process.poll() is None for process in processes):
+        try:
+            descriptor = os.open(module, os.O_RDONLY)
+        except FileNotFoundError:
+            time.sleep(0.001)
+            continue
+        try:
+            reason = check.elf_damage(f"/proc/self/fd/{descriptor}")
+        finally:
+            os.close(descriptor)
+        checks += 1
+        if reason:
+            damage.append(reason)
+        time.sleep(0.001)
+    return checks, damage
+
+
+@pytest.mark.parametrize("cuda", [
+    False, pytest.param(True, marks=pytest.mark.skipif(not NVCC_FOUND, reason="no nvcc"))],
+    ids=["cpu_only", "cuda"])
+def test_concurrent_makes_in_one_tree_both_succeed_and_expose_no_partial_module(cuda,
+                                                                                built_copy):
+    """Each round gives both builds a reason to build (the module deleted, or
+    a source edited), starts them together, and checks the module file while
+    they run. The CUDA round compiles the kernels too, so it runs once."""
+    arguments = [] if cuda else ["CUDA=0"]
+    module, check = installed_module(built_copy), module_file_check(built_copy)
+    for round in range(1 if cuda else 3):
+        if round % 2:
+            edit_after_build(built_copy, built_copy / "src" / "round_cpu.c")
+        else:
+            module.unlink()
+        processes = [_start_make(built_copy, arguments) for _ in range(2)]
+        checks, damage = _watch_module(module, check, processes)
+        results = [output_within(process, 600, "make") for process in processes]
+        for status, output in results:
+            assert status == 0, output
+        assert not damage, damage
+        assert any("built lltm_ffi/" in output for _, output in results), results
+        assert check.elf_damage(module) is None
+        leftovers = sorted(path.name for path in module.parent.glob("_lltm_ffi*")
+                           if path != module)
+        assert not leftovers, leftovers
+        print(f"round {round}: {checks} checks of the module while building")
+    assert_module_computes(built_copy)
