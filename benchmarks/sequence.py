@@ -63,8 +63,16 @@ def candidates(shape, device, dtype):
 
 
 def run(args, device, dtype):
-    torch.backends.cuda.matmul.allow_tf32 = args.tf32
-    torch.backends.cudnn.allow_tf32 = args.tf32
+    """The table at the chosen precision; the caller's TF32 settings come back after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
+    try:
+        return _run(args, device, dtype)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _run(args, device, dtype):
     synchronize = harness.synchronizer(device)
     rows = []
     for shape in SEQUENCE_SHAPES:

@@ -38,6 +38,20 @@ def skip_without_gpu():
         pytest.skip(NO_GPU)
 
 
+@pytest.fixture(autouse=True)
+def strict_float32():
+    """Every test starts and must end with TF32 off: the tolerances assume strict
+    float32 products, and a test that leaves TF32 on fails those after it."""
+    settings = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision())
+    yield
+    left = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = settings[:2]
+    torch.set_float32_matmul_precision(settings[2])
+    assert left == settings, f"the test changed the float32 precision settings {settings} to {left}"
+
+
 @pytest.fixture(params=["cpu", "cuda"])
 def device(request):
     """Each device lltm_ffi runs on; the cuda case skips where there is no GPU."""

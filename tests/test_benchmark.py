@@ -174,6 +174,8 @@ def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkey
              "nn.GRU (cuDNN)"]
     assert [row.split("|")[2].strip() for row in rows] == names * 2
     assert ("TF32 allowed" if precision else "strict float32") in output
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32, \
+        "the benchmark left TF32 on for the tests that follow"
 
 
 def test_autocast_times_the_pieces(few_warmup_runs, monkeypatch, capsys):
