@@ -33,8 +33,8 @@ deps:
 demo-deps:
 	@$(PYTHON) scripts/deps.py --torch $(TORCH_VERSION) requirements.txt requirements-demo.txt
 
-# test.py, the CPU passes under ASan/UBSan, the
-# pip install path (CPU-only); pytest runs last, so its summary closes the output.
+# test.py, the CPU passes under ASan/UBSan (asan), the pip install path
+# (pip-check, CPU-only), then pytest, last, so that its summary closes the output.
 test: deps all
 	$(PYTHON) test.py
 	$(MAKE) --no-print-directory asan pip-check

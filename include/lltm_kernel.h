@@ -1,4 +1,5 @@
-/* The extern "C" launchers of src/lltm_kernel.cu and src/round_kernel.cu.
+/* The extern "C" launchers of src/lltm_kernel.cu, src/sequence_kernel.cu and
+ * src/round_kernel.cu.
  * Each takes the element type, sizes, raw input pointers, output pointers
  * (device memory) and the stream to launch on, in the order of its lltm_ffi.h
  * entry point, and returns the CUDA error code (cudaSuccess when the launch

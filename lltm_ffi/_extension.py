@@ -1,8 +1,8 @@
 """The binding to the compiled cffi module: loading it (and refusing a stale
 or damaged build), one call-and-check helper for every C entry point, the
 helper that puts a tensor in the form C reads, and torch's thread count in a
-forked child. The op modules (ops.py, round_ste.py) check their arguments
-before anything here sees them.
+forked child. The op modules (ops.py, sequence.py, round_ste.py) check
+their arguments before anything here sees them.
 
 A missing, unloadable or stale module is detected when the package is
 imported, which warns (LLTMBuildWarning); the error itself (LLTMBuildError)

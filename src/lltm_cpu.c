@@ -1,5 +1,6 @@
-/* The LLTM's fused pointwise passes on the CPU: the same math, layout and
- * argument order as the CUDA launchers in lltm_kernel.cu, in plain C.
+/* The LLTM's passes on the CPU, the cell's and the whole sequence's: the
+ * same math, layout and argument order as the CUDA launchers of
+ * lltm_kernel.h, in plain C (the passes themselves: lltm_cpu_impl.h).
  *
  * float uses the branch-free exp/expm1/tanh below (Cephes' polynomials, within
  * a few ulp of libm) so that each row loop vectorises; glibc's scalar calls

@@ -160,8 +160,9 @@ static void LLTM_NAME(times_weights_transposed_)(int64_t batch_size, int64_t col
   });
 }
 
-/* The whole-sequence layer's passes, step by step as lltm_kernel.cu's; see
- * there for the arguments. d_h0 doubles as the gradient reaching each h_t. */
+/* The whole-sequence layer's passes, step by step as the step-by-step
+ * kernels of sequence_kernel.cu; lltm_ffi.h describes the arguments. d_h0
+ * doubles as the gradient reaching each h_t. */
 static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64_t state_size,
                                         int64_t weights_row_stride, const SCALAR* projected,
                                         const SCALAR* weights, const SCALAR* h0, const SCALAR* c0,

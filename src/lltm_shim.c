@@ -1,5 +1,5 @@
 /* The C shim cffi binds: the entry points of include/lltm_ffi.h. Each one
- * refuses an unknown dtype, then runs the CPU pass (lltm_cpu.c) or, on a
+ * refuses an unknown dtype, then runs the CPU pass (lltm_cpu.h) or, on a
  * CUDA device, the kernel launcher with the calling thread switched to that
  * device for the call. A build without CUDA answers every CUDA device with
  * LLTM_ERROR_NO_CUDA from the same entry points. */
