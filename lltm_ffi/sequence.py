@@ -6,7 +6,14 @@ Only the recurrence is sequential: the input part of every step's gates
 product in torch before the loop, and the hidden weights' gradient one after
 it. The loop itself, each step's product with the hidden weights and its
 gate math, is one C call each way (lltm_sequence_forward/_backward).
+
+On a GPU the loop's recurrent products go through cuBLAS (loaded by the C
+code at run time) past the sizes its persistent kernels take, with TF32 where
+torch.backends.cuda.matmul.allow_tf32 allows it for torch's own products;
+LLTM_CUBLAS=0 in the environment has lltm_ffi's own kernels do them instead.
 """
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +65,16 @@ def _hidden_weights(weights):
     return weights if weights.stride(1) == 1 else weights.contiguous()
 
 
+def _options():
+    """The C loop's options (lltm_ffi.h), read at each call as torch reads its
+    own TF32 setting."""
+    lib = _extension.require()
+    options = lib.LLTM_SEQUENCE_TF32 if torch.backends.cuda.matmul.allow_tf32 else 0
+    if os.environ.get("LLTM_CUBLAS") == "0":
+        options |= lib.LLTM_SEQUENCE_OWN_KERNELS
+    return options
+
+
 @torch.library.custom_op("lltm_ffi::sequence_forward", mutates_args=(),
                          device_types=("cpu", "cuda"))
 def sequence_forward(projected: Tensor, hidden_weights: Tensor, h0: Tensor,
@@ -74,7 +91,7 @@ def sequence_forward(projected: Tensor, hidden_weights: Tensor, h0: Tensor,
     gates = torch.empty_like(projected)
     if outputs.numel():
         _extension.call("lltm_sequence_forward", h0,
-                        (steps, batch_size, state_size, hidden_weights.stride(0)),
+                        (steps, batch_size, state_size, hidden_weights.stride(0), _options()),
                         (projected, hidden_weights, h0, c0, outputs, cells, gates))
     return outputs, cells, gates
 
@@ -100,7 +117,7 @@ def sequence_backward(hidden_weights: Tensor, grad_outputs: Tensor, grad_cells: 
     d_c0 = torch.empty_like(d_h0)
     if cells.numel():
         _extension.call("lltm_sequence_backward", cells,
-                        (steps, batch_size, state_size, hidden_weights.stride(0)),
+                        (steps, batch_size, state_size, hidden_weights.stride(0), _options()),
                         (hidden_weights, grad_outputs, grad_cells, cells, gates, d_gates, d_h0,
                          d_c0))
     return d_gates, d_h0, d_c0
