@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "lltm_cublas.h"
 #include "lltm_dtype.h"
@@ -56,57 +57,142 @@ static void load(void) {
            cublas.dgemm;
 }
 
-/* A handle per device index, made under the lock and kept. */
+/* A handle per device index, made under the lock and kept; so is each
+ * device's stream for recording graphs. */
 #define LLTM_CUBLAS_MAX_DEVICES 64
 static cublas_handle handles[LLTM_CUBLAS_MAX_DEVICES];
+static cudaStream_t recording_streams[LLTM_CUBLAS_MAX_DEVICES];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static cublas_handle current;  /* the handle of the pass that holds the lock */
 
 static int cublas_code(int status) { return status ? LLTM_ERROR_CUBLAS - status : LLTM_SUCCESS; }
 
-/* The current device's handle, made now if need be; NULL with *code set
- * when it cannot be. Under the lock. */
-static cublas_handle device_handle(cudaStream_t stream, int* code) {
-  int device;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess && (device < 0 || device >= LLTM_CUBLAS_MAX_DEVICES)) {
-    *code = LLTM_ERROR_NO_CUBLAS;
-    return NULL;
-  }
-  if (status == cudaSuccess && handles[device]) return handles[device];
-  enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (status == cudaSuccess) status = cudaStreamIsCapturing(stream, &capture);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    *code = (int)status;
-    return NULL;
-  }
-  if (capture != cudaStreamCaptureStatusNone) {
-    *code = LLTM_ERROR_CUBLAS_CAPTURE;
-    return NULL;
-  }
-  *code = cublas_code(cublas.create(&handles[device]));
-  if (*code != LLTM_SUCCESS) handles[device] = NULL;
-  return handles[device];
+/* A failed runtime call also leaves its error as the runtime's last error;
+ * clear it so that a later launch check does not report it. */
+static int runtime_code(cudaError_t status) {
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  return (int)status;
 }
 
-int lltm_cublas_begin(cudaStream_t stream, int tf32) {
+/* The current device's handle in `current`, made now if need be, set to
+ * `stream` and the math mode. Under the lock. */
+static int take_handle(int device, cudaStream_t stream, int capturing, int tf32) {
+  if (!handles[device]) {
+    if (capturing) return LLTM_ERROR_CUBLAS_CAPTURE;
+    const int code = cublas_code(cublas.create(&handles[device]));
+    if (code != LLTM_SUCCESS) {
+      handles[device] = NULL;
+      return code;
+    }
+  }
+  current = handles[device];
+  const int code = cublas_code(cublas.set_stream(current, stream));
+  if (code != LLTM_SUCCESS) return code;
+  return cublas_code(
+      cublas.set_math_mode(current, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+/* The passes seen lately, by key: a graph of the launches once one came a
+ * second time (or recording is known to fail for it). Under the lock. */
+#define LLTM_GRAPHS 16
+static struct {
+  int valid, device, unrecordable;
+  lltm_pass_key key;
+  cudaGraphExec_t graph;
+  uint64_t used; /* the clock at its last use */
+} graphs[LLTM_GRAPHS];
+static uint64_t clock_now;
+
+/* The index of the entry for (device, key), or -1 with *slot the one to
+ * fill: an empty one, else the least recently used, emptied. */
+static int find_graph(int device, const lltm_pass_key* key, int* slot) {
+  int found = -1, oldest = 0;
+  for (int i = 0; i < LLTM_GRAPHS && found < 0; ++i) {
+    if (graphs[i].valid && graphs[i].device == device &&
+        memcmp(&graphs[i].key, key, sizeof(*key)) == 0) {
+      found = i;
+    } else if (!graphs[i].valid || (graphs[oldest].valid && graphs[i].used < graphs[oldest].used)) {
+      oldest = i;
+    }
+  }
+  if (found >= 0) return found;
+  if (graphs[oldest].valid && graphs[oldest].graph) (void)cudaGraphExecDestroy(graphs[oldest].graph);
+  memset(&graphs[oldest], 0, sizeof(graphs[oldest]));
+  *slot = oldest;
+  return -1;
+}
+
+/* Records steps() as a graph on the device's recording stream and launches
+ * it on `stream`; LLTM_ERROR_NO_CUBLAS (nothing launched) where recording
+ * fails. */
+static int record(int device, int entry, cudaStream_t stream,
+                  int (*steps)(void*, cudaStream_t), void* context) {
+  cudaStream_t side = recording_streams[device];
+  if (!side && runtime_code(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking))) {
+    return LLTM_ERROR_NO_CUBLAS;
+  }
+  recording_streams[device] = side;
+  if (cublas.set_stream(current, side) != 0 ||
+      runtime_code(cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal))) {
+    return LLTM_ERROR_NO_CUBLAS;
+  }
+  int code = steps(context, side);
+  cudaGraph_t graph = NULL;
+  const int ended = runtime_code(cudaStreamEndCapture(side, &graph));
+  if (code == LLTM_SUCCESS) code = ended;
+  if (code == LLTM_SUCCESS) code = runtime_code(cudaGraphInstantiate(&graphs[entry].graph, graph, 0));
+  if (graph) (void)cudaGraphDestroy(graph);
+  if (code != LLTM_SUCCESS) {
+    graphs[entry].graph = NULL;
+    return LLTM_ERROR_NO_CUBLAS;
+  }
+  return runtime_code(cudaGraphLaunch(graphs[entry].graph, stream));
+}
+
+/* The pass under the lock: replayed, recorded, or launched as it comes. */
+static int run_pass(int device, const lltm_pass_key* key, cudaStream_t stream, int capturing,
+                    int (*steps)(void*, cudaStream_t), void* context) {
+  if (capturing) return steps(context, stream);
+  int entry = -1;
+  const int found = find_graph(device, key, &entry);
+  if (found < 0) {
+    graphs[entry].valid = 1;
+    graphs[entry].device = device;
+    graphs[entry].key = *key;
+    graphs[entry].used = ++clock_now;
+    return steps(context, stream);
+  }
+  graphs[found].used = ++clock_now;
+  if (graphs[found].graph) return runtime_code(cudaGraphLaunch(graphs[found].graph, stream));
+  if (!graphs[found].unrecordable) {
+    const int code = record(device, found, stream, steps, context);
+    if (code != LLTM_ERROR_NO_CUBLAS) return code;
+    graphs[found].unrecordable = 1;
+    const int reset = cublas_code(cublas.set_stream(current, stream));
+    if (reset != LLTM_SUCCESS) return reset;
+  }
+  return steps(context, stream);
+}
+
+int lltm_cublas_run(const lltm_pass_key* key, cudaStream_t stream, int tf32,
+                    int (*steps)(void* context, cudaStream_t stream), void* context) {
   pthread_once(&load_once, load);
   if (!loaded) return LLTM_ERROR_NO_CUBLAS;
+  int device;
+  enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  int code = runtime_code(cudaGetDevice(&device));
+  if (code == LLTM_SUCCESS && (device < 0 || device >= LLTM_CUBLAS_MAX_DEVICES)) {
+    return LLTM_ERROR_NO_CUBLAS;
+  }
+  if (code == LLTM_SUCCESS) code = runtime_code(cudaStreamIsCapturing(stream, &capture));
+  if (code != LLTM_SUCCESS) return code;
+  const int capturing = capture != cudaStreamCaptureStatusNone;
   pthread_mutex_lock(&lock);
-  int code = LLTM_SUCCESS;
-  cublas_handle handle = device_handle(stream, &code);
-  if (handle) code = cublas_code(cublas.set_stream(handle, stream));
-  if (code == LLTM_SUCCESS) {
-    code = cublas_code(
-        cublas.set_math_mode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  }
-  if (code != LLTM_SUCCESS) {
-    pthread_mutex_unlock(&lock);
-    return code;
-  }
-  current = handle;
-  return LLTM_SUCCESS;
+  code = take_handle(device, stream, capturing, tf32);
+  if (code == LLTM_SUCCESS) code = run_pass(device, key, stream, capturing, steps, context);
+  current = NULL;
+  pthread_mutex_unlock(&lock);
+  return code;
 }
 
 int lltm_cublas_gemm(int dtype, int transpose_a, int64_t m, int64_t n, int64_t k, const void* a,
@@ -120,11 +206,6 @@ int lltm_cublas_gemm(int dtype, int transpose_a, int64_t m, int64_t n, int64_t k
   const float one = 1, zero = 0;
   return cublas_code(cublas.sgemm(current, op, CUBLAS_OP_N, (int)m, (int)n, (int)k, &one, a,
                                   (int)lda, b, (int)ldb, &zero, c, (int)ldc));
-}
-
-void lltm_cublas_end(void) {
-  current = NULL;
-  pthread_mutex_unlock(&lock);
 }
 
 /* cuBLAS's statuses by number (cublas_api.h). */

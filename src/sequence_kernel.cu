@@ -208,17 +208,20 @@ static bool cublas_may_run(int options, int64_t batch_size, int64_t state_size,
          3 * state_size <= INT32_MAX && weights_row_stride <= INT32_MAX;
 }
 
-// Runs steps() (a loop of the cuBLAS path, returning a code) holding the
-// device's cuBLAS handle; LLTM_ERROR_NO_CUBLAS, having run nothing, where
-// cuBLAS cannot be loaded.
+// Runs steps(stream) (a loop of the cuBLAS path, returning a code) through
+// lltm_cublas_run; LLTM_ERROR_NO_CUBLAS, having run nothing, where cuBLAS
+// cannot be loaded.
 template <typename Steps>
-static int with_cublas(cudaStream_t stream, int options, Steps steps) {
-  int code = lltm_cublas_begin(stream, options & LLTM_SEQUENCE_TF32);
-  if (code != LLTM_SUCCESS) return code;
-  code = steps();
-  lltm_cublas_end();
-  return code;
+static int call_steps(void* steps, cudaStream_t stream) {
+  return (*static_cast<Steps*>(steps))(stream);
 }
+
+template <typename Steps>
+static int with_cublas(const lltm_pass_key& key, cudaStream_t stream, int options, Steps steps) {
+  return lltm_cublas_run(&key, stream, options & LLTM_SEQUENCE_TF32, call_steps<Steps>, &steps);
+}
+
+static int64_t address(const void* pointer) { return (int64_t)(uintptr_t)pointer; }
 
 template <typename Dtype>
 static int dtype_code() {
@@ -387,11 +390,26 @@ __device__ __forceinline__ int parts_per_element(int64_t elements) {
 
 // Copies the first `rows` rows of a (., length) row-major matrix into
 // shared memory rows `stride` apart, zero-padded; bypasses L1, since other
-// blocks wrote them during this launch.
-// The loop is unrolled so that each thread has several loads in flight.
+// blocks wrote them during this launch. Whole vectors where the rows allow
+// it, so that each thread has its few loads in flight at once (the unrolled
+// loop issues them together): a step waits for one round trip to L2.
 template <typename Dtype>
 __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_t length,
                                            Dtype* target, int64_t stride) {
+  typedef typename Vector<Dtype>::type V;
+  const int kWidth = Vector<Dtype>::kWidth;
+  if (length % kWidth == 0 && reinterpret_cast<uintptr_t>(source) % sizeof(V) == 0) {
+    const int width = (int)(stride / kWidth), total = rows * width;
+    const int length_vectors = (int)(length / kWidth);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+      const int r = i / width, k = i - r * width;
+      V value = {};
+      if (k < length_vectors) value = __ldcg(reinterpret_cast<const V*>(source + r * length) + k);
+      reinterpret_cast<V*>(target)[i] = value;
+    }
+    return;
+  }
   const int width = (int)stride, total = rows * width;
 #pragma unroll 8
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
@@ -424,15 +442,30 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
+  const int64_t elements = batch_size * kColumns;
+  const int parts = parts_per_element(elements), part = threadIdx.x % parts;
   for (int64_t t = 0; t < steps; ++t) {
     const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
     const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
+    // What element e's cell needs besides the product: its projected gates
+    // and its old cell, which this lane wrote itself.
+    auto load_inputs = [&](int64_t e, Dtype (&inputs)[4]) {
+      const int64_t column = column0 + e % kColumns;
+      if (part != 0 || e >= elements || column >= state_size) return;
+      const int64_t element = e / kColumns * state_size + column;
+      const int64_t gate = t * 3 * step + e / kColumns * 3 * state_size + column;
+#pragma unroll
+      for (int g = 0; g < 3; ++g) inputs[g] = projected[gate + g * state_size];
+      inputs[3] = old_cell[element];
+    };
+    // The first round's inputs are loaded before the wait for the other
+    // blocks' h, so that their latency hides behind it.
+    Dtype first[4] = {};
+    load_inputs(threadIdx.x / parts, first);
     __syncthreads();
     stage_rows(old_h, (int)batch_size, state_size, h, stride);
     __syncthreads();
     // Every lane runs the same iterations, for the shuffles in sum_parts.
-    const int64_t elements = batch_size * kColumns;
-    const int parts = parts_per_element(elements), part = threadIdx.x % parts;
     for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
       const int64_t e = e0 + threadIdx.x / parts;
       const int row = (int)(e / kColumns);
@@ -445,15 +478,19 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
       }
       sum_parts(parts, sums);
       if (!active || part != 0) continue;
+      Dtype inputs[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) inputs[i] = first[i];
+      if (e0) load_inputs(e, inputs);
       const int64_t element = row * state_size + column;
       const int64_t gate = t * 3 * step + row * 3 * state_size + column;
       Dtype pre[3];
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        pre[g] = projected[gate + g * state_size] + sums[g];
+        pre[g] = inputs[g] + sums[g];
         gates[gate + g * state_size] = pre[g];
       }
-      cell_forward(pre[0], pre[1], pre[2], old_cell[element], &outputs[t * step + element],
+      cell_forward(pre[0], pre[1], pre[2], inputs[3], &outputs[t * step + element],
                    &cells[t * step + element]);
     }
     grid.sync();
@@ -483,15 +520,33 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
+  const int64_t elements = batch_size * kColumns;
+  const int parts = parts_per_element(elements), part = threadIdx.x % parts;
   for (int64_t t = steps - 1; t >= -1; --t) {
     const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
+    // What element e's backward pass needs besides the product: the
+    // gradients of its outputs, its cell, its gates and the gradient carried
+    // to its cell, which this lane wrote itself.
+    auto load_inputs = [&](int64_t e, Dtype (&inputs)[7]) {
+      const int64_t column = column0 + e % kColumns;
+      if (part != 0 || t < 0 || e >= elements || column >= state_size) return;
+      const int64_t element = e / kColumns * state_size + column;
+      const int64_t gate = t * 3 * step + e / kColumns * gates_size + column;
+      inputs[0] = grad_outputs[t * step + element];
+      inputs[1] = grad_cells[t * step + element];
+      inputs[2] = cells[t * step + element];
+#pragma unroll
+      for (int g = 0; g < 3; ++g) inputs[3 + g] = gates[gate + g * state_size];
+      inputs[6] = d_gates_next ? d_c0[element] : Dtype(0);
+    };
+    // As in the forward pass: the first round's inputs before the wait.
+    Dtype first[7] = {};
+    load_inputs(threadIdx.x / parts, first);
     if (d_gates_next) {
       __syncthreads();
       stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
       __syncthreads();
     }
-    const int64_t elements = batch_size * kColumns;
-    const int parts = parts_per_element(elements), part = threadIdx.x % parts;
     for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
       const int64_t e = e0 + threadIdx.x / parts;
       const int row = (int)(e / kColumns);
@@ -509,12 +564,13 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
         d_h0[element] = sums[0];
         continue;
       }
+      Dtype inputs[7];
+#pragma unroll
+      for (int i = 0; i < 7; ++i) inputs[i] = first[i];
+      if (e0) load_inputs(e, inputs);
       const int64_t gate = t * 3 * step + row * gates_size + column;
-      const Dtype carried = d_gates_next ? d_c0[element] : Dtype(0);
-      cell_backward(grad_outputs[t * step + element] + sums[0],
-                    carried + grad_cells[t * step + element], cells[t * step + element],
-                    gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
-                    &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
+      cell_backward(inputs[0] + sums[0], inputs[6] + inputs[1], inputs[2], inputs[3], inputs[4],
+                    inputs[5], &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
                     &d_gates[gate + 2 * state_size]);
     }
     grid.sync();
@@ -605,10 +661,14 @@ static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t st
                                        plan.shared_bytes, stream);
   }
   if (cublas_may_run(options, batch_size, state_size, weights_row_stride)) {
-    const int code = with_cublas(stream, options, [&] {
+    const lltm_pass_key key = {{1, dtype_code<Dtype>(), steps, batch_size, state_size,
+                                weights_row_stride, options & LLTM_SEQUENCE_TF32,
+                                address(projected), address(weights), address(h0), address(c0),
+                                address(outputs), address(cells), address(gates)}};
+    const int code = with_cublas(key, stream, options, [&](cudaStream_t on) {
       return sequence_forward_cublas_steps<Dtype>(steps, batch_size, state_size,
                                                   weights_row_stride, projected, weights, h0,
-                                                  c0, outputs, cells, gates, stream);
+                                                  c0, outputs, cells, gates, on);
     });
     if (code != LLTM_ERROR_NO_CUBLAS) return code;
   }
@@ -637,11 +697,16 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t s
                                        plan.shared_bytes, stream);
   }
   if (cublas_may_run(options, batch_size, state_size, weights_row_stride)) {
-    const int code = with_cublas(stream, options, [&] {
+    const lltm_pass_key key = {{2, dtype_code<Dtype>(), steps, batch_size, state_size,
+                                weights_row_stride, options & LLTM_SEQUENCE_TF32,
+                                address(weights), address(grad_outputs), address(grad_cells),
+                                address(cells), address(gates), address(d_gates), address(d_h0),
+                                address(d_c0)}};
+    const int code = with_cublas(key, stream, options, [&](cudaStream_t on) {
       return sequence_backward_cublas_steps<Dtype>(steps, batch_size, state_size,
                                                    weights_row_stride, weights, grad_outputs,
                                                    grad_cells, cells, gates, d_gates, d_h0, d_c0,
-                                                   stream);
+                                                   on);
     });
     if (code != LLTM_ERROR_NO_CUBLAS) return code;
   }

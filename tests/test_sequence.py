@@ -94,6 +94,23 @@ def test_own_kernels_agree_with_a_loop_of_the_cell(shape, dtype, cuda_device, ge
                                           TOLERANCES[dtype])
 
 
+def test_passes_on_the_same_tensors_again_read_what_they_hold_now(cuda_device, generator):
+    """A pass that comes again with the same sizes and tensors is replayed
+    from a recorded CUDA graph (the cuBLAS path): each replay must compute
+    from the values the tensors hold at that time."""
+    shape = (4, 33, 7, 520)
+    arguments = random_arguments(shape, torch.float32, cuda_device, generator)
+    for _ in range(4):
+        fresh = random_arguments(shape, torch.float32, "cpu", generator)
+        for argument, values in zip(arguments, fresh):
+            argument.copy_(values)
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*arguments)
+        expected, (h, c) = python_loop(*[values.double() for values in fresh])
+        for value, reference in ((outputs, expected), (c_n, c)):
+            error = ((value.cpu().double() - reference).norm() / reference.norm()).item()
+            assert error <= TOLERANCES[torch.float32], error
+
+
 @pytest.fixture
 def tf32():
     """TF32 allowed for torch's float32 matrix products (and so for lltm_sequence's)."""
