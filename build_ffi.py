@@ -40,7 +40,7 @@ DEFAULT_CUDA_ARCH = " ".join(
     [f"-gencode arch=compute_{sm},code=sm_{sm}" for sm in MACHINE_CODE_ARCHS]
     + [f"-gencode arch=compute_{MACHINE_CODE_ARCHS[-1]},code=compute_{MACHINE_CODE_ARCHS[-1]}"])
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC")
-C_SOURCES = ("src/lltm_shim.c", "src/lltm_cpu.c", "src/round_cpu.c")
+C_SOURCES = ("src/lltm_shim.c", "src/lltm_cpu.c", "src/round_cpu.c", "src/lltm_cublas.c")
 
 
 def _load_from_package(name):

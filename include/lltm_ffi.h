@@ -22,7 +22,14 @@ enum {
   /* A CUDA device was asked of a module built without CUDA. */
   LLTM_ERROR_NO_CUDA = -1,
   /* dtype is not an lltm_dtype. */
-  LLTM_ERROR_DTYPE = -2
+  LLTM_ERROR_DTYPE = -2,
+  /* lltm_sequence would make its cuBLAS handle during a CUDA graph capture. */
+  LLTM_ERROR_CUBLAS_CAPTURE = -3,
+  /* cuBLAS could not be loaded (the sequence layer then runs its own
+   * kernels: no entry point returns this). */
+  LLTM_ERROR_NO_CUBLAS = -4,
+  /* A cuBLAS call failed: LLTM_ERROR_CUBLAS minus cuBLAS's status. */
+  LLTM_ERROR_CUBLAS = -1000
 };
 
 /* lltm_ffi.lltm: new_h and new_cell (batch, state) from the pre-activation
@@ -45,15 +52,25 @@ int lltm_backward(int dtype, int device, void* stream, int64_t batch_size, int64
  * every step's new_h (outputs) and new_cell (cells), (steps, batch, state),
  * and its gates. The backward pass takes the gradients of outputs and cells
  * and writes d_gates (each step's gradient of its gates, also that of
- * projected) and the gradients of h0 and c0. */
+ * projected) and the gradients of h0 and c0. `options` (CUDA only): an OR of
+ * the flags below. */
+enum {
+  /* The recurrent products of float32 may use TF32 (where they go through
+   * cuBLAS), as torch.backends.cuda.matmul.allow_tf32 lets torch's own. */
+  LLTM_SEQUENCE_TF32 = 1,
+  /* lltm_ffi's own kernels for the recurrent products even where cuBLAS can
+   * be loaded. */
+  LLTM_SEQUENCE_OWN_KERNELS = 2
+};
 int lltm_sequence_forward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
-                          int64_t state_size, int64_t weights_row_stride, const void* projected,
-                          const void* weights, const void* h0, const void* c0, void* outputs,
-                          void* cells, void* gates);
+                          int64_t state_size, int64_t weights_row_stride, int options,
+                          const void* projected, const void* weights, const void* h0,
+                          const void* c0, void* outputs, void* cells, void* gates);
 int lltm_sequence_backward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
-                           int64_t state_size, int64_t weights_row_stride, const void* weights,
-                           const void* grad_outputs, const void* grad_cells, const void* cells,
-                           const void* gates, void* d_gates, void* d_h0, void* d_c0);
+                           int64_t state_size, int64_t weights_row_stride, int options,
+                           const void* weights, const void* grad_outputs,
+                           const void* grad_cells, const void* cells, const void* gates,
+                           void* d_gates, void* d_h0, void* d_c0);
 
 /* lltm_ffi.round_ste's forward pass: output[i] is 1 where input[i] >= 0.5,
  * else 0, over `count` elements. Its backward pass is the identity. */

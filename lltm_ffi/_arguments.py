@@ -23,6 +23,40 @@ def check_tensor(op, name, tensor):
                         "(torch.strided) tensors: convert it with .to_dense()")
 
 
+def usable_together(reference, *tensors):
+    """True when `reference` and every one of `tensors` are dense (strided),
+    of reference's dtype, a supported one, and on its device: what the checks
+    here accept, in one pass that raises nothing (the ops' fast path)."""
+    dtype, device = reference.dtype, reference.device
+    if dtype not in SUPPORTED_DTYPES or reference.layout is not torch.strided:
+        return False
+    for tensor in tensors:
+        if (tensor.layout is not torch.strided or tensor.dtype is not dtype
+                or tensor.device != device):
+            return False
+    return True
+
+
+def cell_arguments_fit(input, input_dims, weights, bias, h, c):
+    """True when input (input_dims dimensions, the last two batch and
+    features), weights, bias, h and c are usable together with the cell's
+    shapes: every op's valid case, in one expression; False, never an
+    exception, otherwise, for the op's own diagnosis."""
+    try:
+        if input.dim() != input_dims:
+            return False
+        batch_size, input_features = input.shape[-2:]
+        rows, columns = weights.shape
+        state_size = h.shape[1]
+        return (usable_together(input, weights, bias, h, c)
+                and h.dim() == 2 and c.shape == h.shape and h.shape[0] == batch_size
+                and rows == 3 * state_size and columns == state_size + input_features
+                and bias.shape[-1] == rows and (bias.dim() == 1 or bias.shape[0] == 1)
+                and bias.dim() <= 2)
+    except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
+        return False
+
+
 def check_matches(op, name, tensor, reference_name, reference):
     """TypeError or ValueError naming `name` unless `tensor` has the dtype and
     device of `reference`."""

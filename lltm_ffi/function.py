@@ -10,10 +10,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _arguments, ops
-from ._extension import SUPPORTED_DTYPES
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
-_STRIDED = torch.strided
 # Autocast's own device types that lltm_ffi runs on; asking autocast about
 # others (meta, say) raises.
 _AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
@@ -28,30 +26,10 @@ def check_arguments(input, weights, bias, old_h, old_cell):
     passes cannot take; returns nothing when all five are usable together.
     The common, valid case costs one expression; the diagnosis runs only
     when it fails."""
-    try:
-        dtype, device = input.dtype, input.device
-        batch_size, input_features = input.shape
-        rows, columns = weights.shape
-        state_size = old_h.shape[1]
-        valid = (dtype in SUPPORTED_DTYPES
-                 and input.layout is _STRIDED and weights.layout is _STRIDED
-                 and bias.layout is _STRIDED and old_h.layout is _STRIDED
-                 and old_cell.layout is _STRIDED
-                 and weights.dtype is dtype and bias.dtype is dtype
-                 and old_h.dtype is dtype and old_cell.dtype is dtype
-                 and weights.device == device and bias.device == device
-                 and old_h.device == device and old_cell.device == device
-                 and old_h.dim() == 2 and old_cell.shape == old_h.shape
-                 and old_h.shape[0] == batch_size
-                 and rows == 3 * state_size and columns == state_size + input_features
-                 and bias.shape[-1] == rows and (bias.dim() == 1 or bias.shape[0] == 1)
-                 and bias.dim() <= 2)
-    except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
-        valid = False
-    if not valid:
+    if not _arguments.cell_arguments_fit(input, 2, weights, bias, old_h, old_cell):
         _diagnose(input, weights, bias, old_h, old_cell)
-    if device.type != "cpu":
-        _arguments.check_device("lltm", device)
+    if input.device.type != "cpu":
+        _arguments.check_device("lltm", input.device)
 
 
 def _diagnose(input, weights, bias, old_h, old_cell):

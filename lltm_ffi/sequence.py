@@ -3,14 +3,26 @@ operators lltm_ffi::sequence_forward and lltm_ffi::sequence_backward.
 
 Only the recurrence is sequential: the input part of every step's gates
 (inputs times the input columns of the weights, plus the bias) is one matrix
-product in torch before the loop, and the hidden weights' gradient one after
+product in torch before the loop, and the weights' gradient is formed after
 it. The loop itself, each step's product with the hidden weights and its
 gate math, is one C call each way (lltm_sequence_forward/_backward).
+
+As for the cell, eager calls go through SequenceFunction, which calls C
+directly and writes the whole weight gradient at once; torch.compile and
+autocast go through the registered operators.
+
+On a GPU the loop's recurrent products go through cuBLAS (loaded by the C
+code at run time) past the sizes its persistent kernels take, with TF32 where
+torch.backends.cuda.matmul.allow_tf32 allows it for torch's own products;
+LLTM_CUBLAS=0 in the environment has lltm_ffi's own kernels do them instead.
 """
+
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from . import _arguments, _extension
 
@@ -23,7 +35,15 @@ def _shape(tensor):
 
 def check_arguments(inputs, weights, bias, h0, c0):
     """TypeError or ValueError, naming the argument, for anything the C loop
-    cannot take."""
+    cannot take. The common, valid case costs one expression; the diagnosis
+    runs only when it fails."""
+    if not _arguments.cell_arguments_fit(inputs, 3, weights, bias, h0, c0):
+        _diagnose(inputs, weights, bias, h0, c0)
+    if inputs.device.type != "cpu":
+        _arguments.check_device("lltm_sequence", inputs.device)
+
+
+def _diagnose(inputs, weights, bias, h0, c0):
     tensors = (inputs, weights, bias, h0, c0)
     for name, tensor in zip(_ARGUMENT_NAMES, tensors):
         _arguments.check_tensor("lltm_sequence", name, tensor)
@@ -49,7 +69,7 @@ def check_arguments(inputs, weights, bias, h0, c0):
     if _shape(bias) not in ((3 * state_size,), (1, 3 * state_size)):
         raise ValueError(f"lltm_sequence: bias has shape {_shape(bias)} but must be "
                          f"({3 * state_size},) or (1, {3 * state_size})")
-    _arguments.check_device("lltm_sequence", inputs.device)
+    raise AssertionError("check_arguments rejected arguments that _diagnose accepts")
 
 
 def _hidden_weights(weights):
@@ -58,13 +78,18 @@ def _hidden_weights(weights):
     return weights if weights.stride(1) == 1 else weights.contiguous()
 
 
-@torch.library.custom_op("lltm_ffi::sequence_forward", mutates_args=(),
-                         device_types=("cpu", "cuda"))
-def sequence_forward(projected: Tensor, hidden_weights: Tensor, h0: Tensor,
-                     c0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(outputs, cells, gates) of every step, from each step's input part of
-    the gates projected (steps, batch, 3 * state), the hidden weights
-    (3 * state, state) and the initial state h0, c0 (batch, state)."""
+def _options():
+    """The C loop's options (lltm_ffi.h), read at each call as torch reads its
+    own TF32 setting."""
+    lib = _extension.require()
+    options = lib.LLTM_SEQUENCE_TF32 if torch.backends.cuda.matmul.allow_tf32 else 0
+    if os.environ.get("LLTM_CUBLAS") == "0":
+        options |= lib.LLTM_SEQUENCE_OWN_KERNELS
+    return options
+
+
+def _forward_pass(projected, hidden_weights, h0, c0):
+    """(outputs, cells, gates) of every step: the C loop forward."""
     steps, batch_size, _ = projected.shape
     state_size = h0.shape[1]
     projected, h0, c0 = (_extension.dense(tensor) for tensor in (projected, h0, c0))
@@ -74,9 +99,19 @@ def sequence_forward(projected: Tensor, hidden_weights: Tensor, h0: Tensor,
     gates = torch.empty_like(projected)
     if outputs.numel():
         _extension.call("lltm_sequence_forward", h0,
-                        (steps, batch_size, state_size, hidden_weights.stride(0)),
+                        (steps, batch_size, state_size, hidden_weights.stride(0), _options()),
                         (projected, hidden_weights, h0, c0, outputs, cells, gates))
     return outputs, cells, gates
+
+
+@torch.library.custom_op("lltm_ffi::sequence_forward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def sequence_forward(projected: Tensor, hidden_weights: Tensor, h0: Tensor,
+                     c0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(outputs, cells, gates) of every step, from each step's input part of
+    the gates projected (steps, batch, 3 * state), the hidden weights
+    (3 * state, state) and the initial state h0, c0 (batch, state)."""
+    return _forward_pass(projected, hidden_weights, h0, c0)
 
 
 @sequence_forward.register_fake
@@ -85,12 +120,8 @@ def _sequence_forward_fake(projected, hidden_weights, h0, c0):
     return outputs, torch.empty_like(outputs), torch.empty_like(projected)
 
 
-@torch.library.custom_op("lltm_ffi::sequence_backward", mutates_args=(),
-                         device_types=("cpu", "cuda"))
-def sequence_backward(hidden_weights: Tensor, grad_outputs: Tensor, grad_cells: Tensor,
-                      cells: Tensor, gates: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(d_gates, d_h0, d_c0) from the gradients of every step's outputs and
-    cells and what the forward pass saved."""
+def _backward_pass(hidden_weights, grad_outputs, grad_cells, cells, gates):
+    """(d_gates, d_h0, d_c0): the C loop backward."""
     steps, batch_size, state_size = cells.shape
     grad_outputs, grad_cells, cells, gates = (
         _extension.dense(tensor) for tensor in (grad_outputs, grad_cells, cells, gates))
@@ -100,10 +131,19 @@ def sequence_backward(hidden_weights: Tensor, grad_outputs: Tensor, grad_cells: 
     d_c0 = torch.empty_like(d_h0)
     if cells.numel():
         _extension.call("lltm_sequence_backward", cells,
-                        (steps, batch_size, state_size, hidden_weights.stride(0)),
+                        (steps, batch_size, state_size, hidden_weights.stride(0), _options()),
                         (hidden_weights, grad_outputs, grad_cells, cells, gates, d_gates, d_h0,
                          d_c0))
     return d_gates, d_h0, d_c0
+
+
+@torch.library.custom_op("lltm_ffi::sequence_backward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def sequence_backward(hidden_weights: Tensor, grad_outputs: Tensor, grad_cells: Tensor,
+                      cells: Tensor, gates: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(d_gates, d_h0, d_c0) from the gradients of every step's outputs and
+    cells and what the forward pass saved."""
+    return _backward_pass(hidden_weights, grad_outputs, grad_cells, cells, gates)
 
 
 @sequence_backward.register_fake
@@ -118,19 +158,61 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(hidden_weights, h0, outputs, cells, gates)
 
 
+def _hidden_weights_grad(d_gates, h0, outputs, out):
+    """Writes into `out` each step's gate gradient times the h it multiplied:
+    h0, then the outputs but the last."""
+    torch.mm(d_gates[0].t(), h0, out=out)
+    if outputs.shape[0] > 1:
+        out.addmm_(d_gates[1:].flatten(0, 1).t(), outputs[:-1].flatten(0, 1))
+    return out
+
+
 def _sequence_forward_backward(ctx, grad_outputs, grad_cells, _):
     hidden_weights, h0, outputs, cells, gates = ctx.saved_tensors
     grad_outputs = torch.zeros_like(outputs) if grad_outputs is None else grad_outputs
     grad_cells = torch.zeros_like(cells) if grad_cells is None else grad_cells
     d_gates, d_h0, d_c0 = sequence_backward(hidden_weights, grad_outputs, grad_cells, cells, gates)
-    # Each step's gate gradient times the h it multiplied: h0, then the outputs but the last.
-    d_hidden = d_gates[0].t().mm(h0)
-    if outputs.shape[0] > 1:
-        d_hidden = d_hidden.addmm(d_gates[1:].flatten(0, 1).t(), outputs[:-1].flatten(0, 1))
+    d_hidden = _hidden_weights_grad(d_gates, h0, outputs, h0.new_empty(hidden_weights.shape))
     return d_gates, d_hidden, d_h0, d_c0
 
 
 sequence_forward.register_autograd(_sequence_forward_backward, setup_context=_setup_context)
+
+
+class SequenceFunction(torch.autograd.Function):
+    """lltm_sequence in eager mode: (inputs, weights, bias, h0, c0) ->
+    (outputs, cells), calling the C loops directly."""
+
+    @staticmethod
+    def forward(ctx, inputs, weights, bias, h0, c0):
+        state_size = h0.shape[1]
+        projected = F.linear(inputs, weights[:, state_size:], bias.reshape(-1))
+        outputs, cells, gates = _forward_pass(projected, weights[:, :state_size], h0, c0)
+        ctx.save_for_backward(inputs, weights, h0, outputs, cells, gates)
+        ctx.bias_shape = bias.shape
+        return outputs, cells
+
+    @staticmethod
+    @once_differentiable  # the C loops have no derivative of their own
+    def backward(ctx, grad_outputs, grad_cells):
+        inputs, weights, h0, outputs, cells, gates = ctx.saved_tensors
+        state_size = h0.shape[1]
+        d_gates, d_h0, d_c0 = _backward_pass(weights[:, :state_size], grad_outputs, grad_cells,
+                                             cells, gates)
+        needs_inputs, needs_weights, needs_bias, needs_h0, needs_c0 = ctx.needs_input_grad
+        d_inputs = d_weights = d_bias = None
+        if needs_inputs:
+            d_inputs = d_gates.matmul(weights[:, state_size:])
+        if needs_weights:
+            # Both column blocks written in place: one gradient, no slice backward.
+            d_weights = weights.new_empty(weights.shape)
+            _hidden_weights_grad(d_gates, h0, outputs, d_weights[:, :state_size])
+            torch.mm(d_gates.flatten(0, 1).t(), inputs.flatten(0, 1),
+                     out=d_weights[:, state_size:])
+        if needs_bias:
+            d_bias = d_gates.sum(dim=(0, 1)).view(ctx.bias_shape)
+        return (d_inputs, d_weights, d_bias, d_h0 if needs_h0 else None,
+                d_c0 if needs_c0 else None)
 
 
 def _autocast_enabled(inputs):
@@ -138,10 +220,11 @@ def _autocast_enabled(inputs):
             and torch.is_autocast_enabled(inputs.device.type))
 
 
-def _run(inputs, weights, bias, h0, c0):
+def _run(inputs, weights, bias, h0, c0, autocast):
+    """Through the registered operators, for torch.compile and autocast."""
     state_size = h0.shape[1]
     projected = F.linear(inputs, weights[:, state_size:], bias.reshape(-1))
-    if _autocast_enabled(inputs):
+    if autocast:
         # As in the cell: the matrix product before the loop in the autocast
         # dtype, the recurrence in float32.
         with torch.autocast(inputs.device.type, enabled=False):
@@ -160,12 +243,16 @@ def lltm_sequence(inputs, weights, bias, h0, c0):
     Under torch.autocast the input projection runs in the autocast dtype and
     the recurrence in float32 (float32 out).
     """
-    if _autocast_enabled(inputs):
+    autocast = _autocast_enabled(inputs)
+    if autocast:
         inputs, weights, bias, h0, c0 = (
             tensor.float() if isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
             else tensor for tensor in (inputs, weights, bias, h0, c0))
     check_arguments(inputs, weights, bias, h0, c0)
     if inputs.shape[0] == 0:
         return inputs.new_empty(0, *h0.shape), (h0, c0)
-    outputs, cells, _ = _run(inputs, weights, bias, h0, c0)
+    if autocast or _arguments.use_operator():
+        outputs, cells, _ = _run(inputs, weights, bias, h0, c0, autocast)
+    else:
+        outputs, cells = SequenceFunction.apply(inputs, weights, bias, h0, c0)
     return outputs, (outputs[-1], cells[-1])

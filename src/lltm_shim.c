@@ -10,6 +10,7 @@
 #include "lltm_ffi.h"
 
 #ifdef LLTM_WITH_CUDA
+#include "lltm_cublas.h"
 #include "lltm_kernel.h"
 #endif
 
@@ -47,6 +48,7 @@ int lltm_cuda_runtime_version(void) { return CUDART_VERSION; }
 
 const char* lltm_error_string(int code) {
   const char* own = lltm_own_error_string(code);
+  if (!own) own = lltm_cublas_error_string(code);
   return own ? own : cudaGetErrorString((cudaError_t)code);
 }
 
@@ -65,22 +67,23 @@ static cudaError_t enter_device(int device, int* previous) {
   return *previous == device ? cudaSuccess : cleared(cudaSetDevice(device));
 }
 
-static int leave_device(int device, int previous, cudaError_t status) {
+/* status: a CUDA error code or one of lltm_ffi.h's. */
+static int leave_device(int device, int previous, int status) {
   if (previous != device) {
     const cudaError_t restore = cleared(cudaSetDevice(previous));
-    if (status == cudaSuccess) status = restore;
+    if (status == LLTM_SUCCESS) status = (int)restore;
   }
-  return (int)status;
+  return status;
 }
 
-/* Runs `launch` (a cudaError_t expression) on `device` and returns its code,
- * or the device switch's. */
+/* Runs `launch` (an expression giving a cudaError_t, or an int code of
+ * lltm_ffi.h's) on `device` and returns its code, or the device switch's. */
 #define LLTM_ON_DEVICE(device, launch)                                    \
   do {                                                                    \
     int previous_device;                                                  \
     const cudaError_t entered = enter_device((device), &previous_device); \
     if (entered != cudaSuccess) return (int)entered;                      \
-    return leave_device((device), previous_device, (launch));             \
+    return leave_device((device), previous_device, (int)(launch));        \
   } while (0)
 
 #else /* CPU-only build */
@@ -130,28 +133,29 @@ int lltm_backward(int dtype, int device, void* stream, int64_t batch_size, int64
 }
 
 int lltm_sequence_forward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
-                          int64_t state_size, int64_t weights_row_stride, const void* projected,
-                          const void* weights, const void* h0, const void* c0, void* outputs,
-                          void* cells, void* gates) {
+                          int64_t state_size, int64_t weights_row_stride, int options,
+                          const void* projected, const void* weights, const void* h0,
+                          const void* c0, void* outputs, void* cells, void* gates) {
   LLTM_RUN(dtype, device,
            lltm_cpu_sequence_forward(dtype, steps, batch_size, state_size, weights_row_stride,
                                      projected, weights, h0, c0, outputs, cells, gates),
            lltm_launch_sequence_forward(dtype, steps, batch_size, state_size, weights_row_stride,
-                                        projected, weights, h0, c0, outputs, cells, gates,
-                                        (cudaStream_t)stream));
+                                        options, projected, weights, h0, c0, outputs, cells,
+                                        gates, (cudaStream_t)stream));
 }
 
 int lltm_sequence_backward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
-                           int64_t state_size, int64_t weights_row_stride, const void* weights,
-                           const void* grad_outputs, const void* grad_cells, const void* cells,
-                           const void* gates, void* d_gates, void* d_h0, void* d_c0) {
+                           int64_t state_size, int64_t weights_row_stride, int options,
+                           const void* weights, const void* grad_outputs, const void* grad_cells,
+                           const void* cells, const void* gates, void* d_gates, void* d_h0,
+                           void* d_c0) {
   LLTM_RUN(dtype, device,
            lltm_cpu_sequence_backward(dtype, steps, batch_size, state_size, weights_row_stride,
                                       weights, grad_outputs, grad_cells, cells, gates, d_gates,
                                       d_h0, d_c0),
            lltm_launch_sequence_backward(dtype, steps, batch_size, state_size,
-                                         weights_row_stride, weights, grad_outputs, grad_cells,
-                                         cells, gates, d_gates, d_h0, d_c0,
+                                         weights_row_stride, options, weights, grad_outputs,
+                                         grad_cells, cells, gates, d_gates, d_h0, d_c0,
                                          (cudaStream_t)stream));
 }
 

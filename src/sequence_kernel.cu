@@ -2,11 +2,18 @@
 // launchers whose loop over the time steps runs here, in C, on the caller's
 // stream. Layout: every step's tensors are dense (batch, state) or, for the
 // gates, (batch, 3 * state), the steps one after another.
+//
+// Three paths, chosen per pass (launch_sequence_forward says how): the
+// persistent kernels, one launch a pass, for small batch x state; otherwise
+// each step's recurrent product by cuBLAS and a pointwise kernel for its gate
+// math; and, where cuBLAS cannot be loaded, a step-by-step kernel that does
+// both.
 
 #include <cooperative_groups.h>
 
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
+#include "lltm_cublas.h"
 #include "lltm_dtype.h"
 #include "lltm_ffi.h"
 #include "lltm_kernel.h"
@@ -101,7 +108,6 @@ static cudaError_t launch_sequence_forward_by_step(
     const void* projected, const void* weights, const void* h0, const void* c0, void* outputs,
     void* cells, void* gates, cudaStream_t stream) {
   const int64_t step = batch_size * state_size;
-  if (step == 0) return cudaSuccess;
   for (int64_t t = 0; t < steps; ++t) {
     const Dtype* old_h = t ? as<Dtype>(outputs) + (t - 1) * step : as<Dtype>(h0);
     const Dtype* old_cell = t ? as<Dtype>(cells) + (t - 1) * step : as<Dtype>(c0);
@@ -171,7 +177,6 @@ static cudaError_t launch_sequence_backward_by_step(
     const void* weights, const void* grad_outputs, const void* grad_cells, const void* cells,
     const void* gates, void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream) {
   const int64_t step = batch_size * state_size;
-  if (step == 0) return cudaSuccess;
   const int blocks = tile_blocks(batch_size, state_size);
   for (int64_t t = steps - 1; t >= -1; --t) {
     const Dtype* d_gates_next = t + 1 < steps ? as<Dtype>(d_gates) + (t + 1) * 3 * step : NULL;
@@ -185,6 +190,134 @@ static cudaError_t launch_sequence_backward_by_step(
     CUDA_POST_KERNEL_CHECK;
   }
   return cudaSuccess;
+}
+
+// The cuBLAS path: each step's recurrent product by cuBLAS (lltm_cublas.h),
+// then one pointwise kernel for the step's gate math. To cuBLAS, which reads
+// matrices column-major, a row-major (rows, columns) matrix is its transpose:
+// the forward product gates (batch, 3 * state) = old_h W^T is
+// gates^T = W old_h^T, with W read as the (state, 3 * state) matrix W^T
+// (leading dimension weights_row_stride); the backward product d_h
+// (batch, state) = d_gates W is d_h^T = W^T d_gates^T.
+
+// Whether the cuBLAS path may take a pass: not where the caller asks for
+// lltm_ffi's own kernels, nor past the int sizes cuBLAS takes.
+static bool cublas_may_run(int options, int64_t batch_size, int64_t state_size,
+                           int64_t weights_row_stride) {
+  return !(options & LLTM_SEQUENCE_OWN_KERNELS) && batch_size <= INT32_MAX &&
+         3 * state_size <= INT32_MAX && weights_row_stride <= INT32_MAX;
+}
+
+// Runs steps(stream) (a loop of the cuBLAS path, returning a code) through
+// lltm_cublas_run; LLTM_ERROR_NO_CUBLAS, having run nothing, where cuBLAS
+// cannot be loaded.
+template <typename Steps>
+static int call_steps(void* steps, cudaStream_t stream) {
+  return (*static_cast<Steps*>(steps))(stream);
+}
+
+template <typename Steps>
+static int with_cublas(const lltm_pass_key& key, cudaStream_t stream, int options, Steps steps) {
+  return lltm_cublas_run(&key, stream, options & LLTM_SEQUENCE_TF32, call_steps<Steps>, &steps);
+}
+
+static int64_t address(const void* pointer) { return (int64_t)(uintptr_t)pointer; }
+
+template <typename Dtype>
+static int dtype_code() {
+  return sizeof(Dtype) == sizeof(double) ? LLTM_FLOAT64 : LLTM_FLOAT32;
+}
+
+// Forward step t's gate math: gates holds old_h W^T; the kernel adds the
+// step's projected input part, keeps the sum (the pre-activations) in gates
+// and applies the cell. index runs over (batch row, state column) elements.
+template <typename Dtype>
+__global__ void lltm_sequence_gates_forward_kernel(
+    const int64_t count, const int64_t state_size, const Dtype* __restrict__ projected,
+    const Dtype* __restrict__ old_cell, Dtype* __restrict__ gates, Dtype* __restrict__ new_h,
+    Dtype* __restrict__ new_cell) {
+  CUDA_KERNEL_LOOP(index, count) {
+    const int64_t gate = index + 2 * (index / state_size) * state_size;  // row * 3 * state + column
+    Dtype pre[3];
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+      pre[g] = gates[gate + g * state_size] + projected[gate + g * state_size];
+      gates[gate + g * state_size] = pre[g];
+    }
+    cell_forward(pre[0], pre[1], pre[2], old_cell[index], &new_h[index], &new_cell[index]);
+  }
+}
+
+template <typename Dtype>
+static int sequence_forward_cublas_steps(int64_t steps, int64_t batch_size, int64_t state_size,
+                                         int64_t weights_row_stride, const void* projected,
+                                         const void* weights, const void* h0, const void* c0,
+                                         void* outputs, void* cells, void* gates,
+                                         cudaStream_t stream) {
+  const int64_t step = batch_size * state_size;
+  for (int64_t t = 0; t < steps; ++t) {
+    const Dtype* old_h = t ? as<Dtype>(outputs) + (t - 1) * step : as<Dtype>(h0);
+    const Dtype* old_cell = t ? as<Dtype>(cells) + (t - 1) * step : as<Dtype>(c0);
+    Dtype* step_gates = as<Dtype>(gates) + t * 3 * step;
+    const int code = lltm_cublas_gemm(dtype_code<Dtype>(), 1, 3 * state_size, batch_size,
+                                      state_size, weights, weights_row_stride, old_h, state_size,
+                                      step_gates, 3 * state_size);
+    if (code != LLTM_SUCCESS) return code;
+    lltm_sequence_gates_forward_kernel<Dtype>
+        <<<CAFFE_GET_BLOCKS(step), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+            step, state_size, as<Dtype>(projected) + t * 3 * step, old_cell, step_gates,
+            as<Dtype>(outputs) + t * step, as<Dtype>(cells) + t * step);
+    CUDA_POST_KERNEL_CHECK;
+  }
+  return LLTM_SUCCESS;
+}
+
+// Backward step t's gate math: d_h_next is the gradient reaching h_t from
+// step t + 1 (d_gates of t + 1 times W, by cuBLAS), NULL on the last step;
+// d_cell carries the gradient reaching c_t, as in the step-by-step kernel.
+template <typename Dtype>
+__global__ void lltm_sequence_gates_backward_kernel(
+    const int64_t count, const int64_t state_size, const Dtype* __restrict__ d_h_next,
+    const Dtype* __restrict__ grad_output, const Dtype* __restrict__ grad_cell,
+    const Dtype* __restrict__ cells, const Dtype* __restrict__ gates, Dtype* __restrict__ d_cell,
+    Dtype* __restrict__ d_gates) {
+  CUDA_KERNEL_LOOP(index, count) {
+    const int64_t gate = index + 2 * (index / state_size) * state_size;
+    const Dtype d_h = grad_output[index] + (d_h_next ? d_h_next[index] : Dtype(0));
+    const Dtype carried = d_h_next ? d_cell[index] : Dtype(0);
+    cell_backward(d_h, carried + grad_cell[index], cells[index], gates[gate],
+                  gates[gate + state_size], gates[gate + 2 * state_size], &d_cell[index],
+                  &d_gates[gate], &d_gates[gate + state_size], &d_gates[gate + 2 * state_size]);
+  }
+}
+
+// d_h0 holds each step's d_h_next until the last product, that of step 0's
+// d_gates, makes it h0's gradient.
+template <typename Dtype>
+static int sequence_backward_cublas_steps(int64_t steps, int64_t batch_size, int64_t state_size,
+                                          int64_t weights_row_stride, const void* weights,
+                                          const void* grad_outputs, const void* grad_cells,
+                                          const void* cells, const void* gates, void* d_gates,
+                                          void* d_h0, void* d_c0, cudaStream_t stream) {
+  const int64_t step = batch_size * state_size;
+  for (int64_t t = steps - 1; t >= -1; --t) {
+    const Dtype* d_gates_next = t + 1 < steps ? as<Dtype>(d_gates) + (t + 1) * 3 * step : NULL;
+    if (d_gates_next) {
+      const int code = lltm_cublas_gemm(dtype_code<Dtype>(), 0, state_size, batch_size,
+                                        3 * state_size, weights, weights_row_stride,
+                                        d_gates_next, 3 * state_size, d_h0, state_size);
+      if (code != LLTM_SUCCESS) return code;
+    }
+    if (t < 0) break;
+    lltm_sequence_gates_backward_kernel<Dtype>
+        <<<CAFFE_GET_BLOCKS(step), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+            step, state_size, d_gates_next ? as<Dtype>(d_h0) : NULL,
+            as<Dtype>(grad_outputs) + t * step, as<Dtype>(grad_cells) + t * step,
+            as<Dtype>(cells) + t * step, as<Dtype>(gates) + t * 3 * step, as<Dtype>(d_c0),
+            as<Dtype>(d_gates) + t * 3 * step);
+    CUDA_POST_KERNEL_CHECK;
+  }
+  return LLTM_SUCCESS;
 }
 
 // The persistent path: one cooperative launch runs every step of a pass. Each
@@ -257,11 +390,26 @@ __device__ __forceinline__ int parts_per_element(int64_t elements) {
 
 // Copies the first `rows` rows of a (., length) row-major matrix into
 // shared memory rows `stride` apart, zero-padded; bypasses L1, since other
-// blocks wrote them during this launch.
-// The loop is unrolled so that each thread has several loads in flight.
+// blocks wrote them during this launch. Whole vectors where the rows allow
+// it, so that each thread has its few loads in flight at once (the unrolled
+// loop issues them together): a step waits for one round trip to L2.
 template <typename Dtype>
 __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_t length,
                                            Dtype* target, int64_t stride) {
+  typedef typename Vector<Dtype>::type V;
+  const int kWidth = Vector<Dtype>::kWidth;
+  if (length % kWidth == 0 && reinterpret_cast<uintptr_t>(source) % sizeof(V) == 0) {
+    const int width = (int)(stride / kWidth), total = rows * width;
+    const int length_vectors = (int)(length / kWidth);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+      const int r = i / width, k = i - r * width;
+      V value = {};
+      if (k < length_vectors) value = __ldcg(reinterpret_cast<const V*>(source + r * length) + k);
+      reinterpret_cast<V*>(target)[i] = value;
+    }
+    return;
+  }
   const int width = (int)stride, total = rows * width;
 #pragma unroll 8
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
@@ -294,15 +442,30 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
+  const int64_t elements = batch_size * kColumns;
+  const int parts = parts_per_element(elements), part = threadIdx.x % parts;
   for (int64_t t = 0; t < steps; ++t) {
     const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
     const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
+    // What element e's cell needs besides the product: its projected gates
+    // and its old cell, which this lane wrote itself.
+    auto load_inputs = [&](int64_t e, Dtype (&inputs)[4]) {
+      const int64_t column = column0 + e % kColumns;
+      if (part != 0 || e >= elements || column >= state_size) return;
+      const int64_t element = e / kColumns * state_size + column;
+      const int64_t gate = t * 3 * step + e / kColumns * 3 * state_size + column;
+#pragma unroll
+      for (int g = 0; g < 3; ++g) inputs[g] = projected[gate + g * state_size];
+      inputs[3] = old_cell[element];
+    };
+    // The first round's inputs are loaded before the wait for the other
+    // blocks' h, so that their latency hides behind it.
+    Dtype first[4] = {};
+    load_inputs(threadIdx.x / parts, first);
     __syncthreads();
     stage_rows(old_h, (int)batch_size, state_size, h, stride);
     __syncthreads();
     // Every lane runs the same iterations, for the shuffles in sum_parts.
-    const int64_t elements = batch_size * kColumns;
-    const int parts = parts_per_element(elements), part = threadIdx.x % parts;
     for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
       const int64_t e = e0 + threadIdx.x / parts;
       const int row = (int)(e / kColumns);
@@ -315,15 +478,19 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
       }
       sum_parts(parts, sums);
       if (!active || part != 0) continue;
+      Dtype inputs[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) inputs[i] = first[i];
+      if (e0) load_inputs(e, inputs);
       const int64_t element = row * state_size + column;
       const int64_t gate = t * 3 * step + row * 3 * state_size + column;
       Dtype pre[3];
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        pre[g] = projected[gate + g * state_size] + sums[g];
+        pre[g] = inputs[g] + sums[g];
         gates[gate + g * state_size] = pre[g];
       }
-      cell_forward(pre[0], pre[1], pre[2], old_cell[element], &outputs[t * step + element],
+      cell_forward(pre[0], pre[1], pre[2], inputs[3], &outputs[t * step + element],
                    &cells[t * step + element]);
     }
     grid.sync();
@@ -353,15 +520,33 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
+  const int64_t elements = batch_size * kColumns;
+  const int parts = parts_per_element(elements), part = threadIdx.x % parts;
   for (int64_t t = steps - 1; t >= -1; --t) {
     const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
+    // What element e's backward pass needs besides the product: the
+    // gradients of its outputs, its cell, its gates and the gradient carried
+    // to its cell, which this lane wrote itself.
+    auto load_inputs = [&](int64_t e, Dtype (&inputs)[7]) {
+      const int64_t column = column0 + e % kColumns;
+      if (part != 0 || t < 0 || e >= elements || column >= state_size) return;
+      const int64_t element = e / kColumns * state_size + column;
+      const int64_t gate = t * 3 * step + e / kColumns * gates_size + column;
+      inputs[0] = grad_outputs[t * step + element];
+      inputs[1] = grad_cells[t * step + element];
+      inputs[2] = cells[t * step + element];
+#pragma unroll
+      for (int g = 0; g < 3; ++g) inputs[3 + g] = gates[gate + g * state_size];
+      inputs[6] = d_gates_next ? d_c0[element] : Dtype(0);
+    };
+    // As in the forward pass: the first round's inputs before the wait.
+    Dtype first[7] = {};
+    load_inputs(threadIdx.x / parts, first);
     if (d_gates_next) {
       __syncthreads();
       stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
       __syncthreads();
     }
-    const int64_t elements = batch_size * kColumns;
-    const int parts = parts_per_element(elements), part = threadIdx.x % parts;
     for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
       const int64_t e = e0 + threadIdx.x / parts;
       const int row = (int)(e / kColumns);
@@ -379,12 +564,13 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
         d_h0[element] = sums[0];
         continue;
       }
+      Dtype inputs[7];
+#pragma unroll
+      for (int i = 0; i < 7; ++i) inputs[i] = first[i];
+      if (e0) load_inputs(e, inputs);
       const int64_t gate = t * 3 * step + row * gates_size + column;
-      const Dtype carried = d_gates_next ? d_c0[element] : Dtype(0);
-      cell_backward(grad_outputs[t * step + element] + sums[0],
-                    carried + grad_cells[t * step + element], cells[t * step + element],
-                    gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
-                    &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
+      cell_backward(inputs[0] + sums[0], inputs[6] + inputs[1], inputs[2], inputs[3], inputs[4],
+                    inputs[5], &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
                     &d_gates[gate + 2 * state_size]);
     }
     grid.sync();
@@ -454,69 +640,97 @@ static PersistentPlan plan_persistent(int64_t batch_size, int64_t state_size,
   return plan;
 }
 
+// The pass's path: the persistent kernel where its plan allows, else the
+// cuBLAS path where cuBLAS can be loaded, else the step-by-step kernels.
 template <typename Dtype>
-static cudaError_t launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t state_size,
-                                           int64_t weights_row_stride, const void* projected,
-                                           const void* weights, const void* h0, const void* c0,
-                                           void* outputs, void* cells, void* gates,
-                                           cudaStream_t stream) {
+static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t state_size,
+                                   int64_t weights_row_stride, int options, const void* projected,
+                                   const void* weights, const void* h0, const void* c0,
+                                   void* outputs, void* cells, void* gates, cudaStream_t stream) {
+  if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
   const void* kernels[4] = {(const void*)lltm_sequence_forward_persistent_kernel<Dtype, 1>,
                             (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 2>,
                             (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 4>,
                             (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 8>};
-  const PersistentPlan plan = batch_size * state_size && steps
-      ? plan_persistent<Dtype>(batch_size, state_size, 3, state_size, kernels)
-      : PersistentPlan{NULL, 0, 0};
-  if (plan.blocks == 0) {
-    return launch_sequence_forward_by_step<Dtype>(steps, batch_size, state_size,
-                                                  weights_row_stride, projected, weights, h0,
-                                                  c0, outputs, cells, gates, stream);
+  const PersistentPlan plan =
+      plan_persistent<Dtype>(batch_size, state_size, 3, state_size, kernels);
+  if (plan.blocks) {
+    void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &projected,
+                         &weights, &h0, &c0, &outputs, &cells, &gates};
+    return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
+                                       plan.shared_bytes, stream);
   }
-  void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &projected,
-                       &weights, &h0, &c0, &outputs, &cells, &gates};
-  return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
-                                     plan.shared_bytes, stream);
+  if (cublas_may_run(options, batch_size, state_size, weights_row_stride)) {
+    const lltm_pass_key key = {{1, dtype_code<Dtype>(), steps, batch_size, state_size,
+                                weights_row_stride, options & LLTM_SEQUENCE_TF32,
+                                address(projected), address(weights), address(h0), address(c0),
+                                address(outputs), address(cells), address(gates)}};
+    const int code = with_cublas(key, stream, options, [&](cudaStream_t on) {
+      return sequence_forward_cublas_steps<Dtype>(steps, batch_size, state_size,
+                                                  weights_row_stride, projected, weights, h0,
+                                                  c0, outputs, cells, gates, on);
+    });
+    if (code != LLTM_ERROR_NO_CUBLAS) return code;
+  }
+  return launch_sequence_forward_by_step<Dtype>(steps, batch_size, state_size,
+                                                weights_row_stride, projected, weights, h0, c0,
+                                                outputs, cells, gates, stream);
 }
 
 template <typename Dtype>
-static cudaError_t launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t state_size,
-                                            int64_t weights_row_stride, const void* weights,
-                                            const void* grad_outputs, const void* grad_cells,
-                                            const void* cells, const void* gates, void* d_gates,
-                                            void* d_h0, void* d_c0, cudaStream_t stream) {
+static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t state_size,
+                                    int64_t weights_row_stride, int options, const void* weights,
+                                    const void* grad_outputs, const void* grad_cells,
+                                    const void* cells, const void* gates, void* d_gates,
+                                    void* d_h0, void* d_c0, cudaStream_t stream) {
+  if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
   const void* kernels[4] = {(const void*)lltm_sequence_backward_persistent_kernel<Dtype, 1>,
                             (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 2>,
                             (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 4>,
                             (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 8>};
-  const PersistentPlan plan = batch_size * state_size && steps
-      ? plan_persistent<Dtype>(batch_size, state_size, 1, 3 * state_size, kernels)
-      : PersistentPlan{NULL, 0, 0};
-  if (plan.blocks == 0) {
-    return launch_sequence_backward_by_step<Dtype>(steps, batch_size, state_size,
+  const PersistentPlan plan =
+      plan_persistent<Dtype>(batch_size, state_size, 1, 3 * state_size, kernels);
+  if (plan.blocks) {
+    void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &weights,
+                         &grad_outputs, &grad_cells, &cells, &gates, &d_gates, &d_h0, &d_c0};
+    return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
+                                       plan.shared_bytes, stream);
+  }
+  if (cublas_may_run(options, batch_size, state_size, weights_row_stride)) {
+    const lltm_pass_key key = {{2, dtype_code<Dtype>(), steps, batch_size, state_size,
+                                weights_row_stride, options & LLTM_SEQUENCE_TF32,
+                                address(weights), address(grad_outputs), address(grad_cells),
+                                address(cells), address(gates), address(d_gates), address(d_h0),
+                                address(d_c0)}};
+    const int code = with_cublas(key, stream, options, [&](cudaStream_t on) {
+      return sequence_backward_cublas_steps<Dtype>(steps, batch_size, state_size,
                                                    weights_row_stride, weights, grad_outputs,
                                                    grad_cells, cells, gates, d_gates, d_h0, d_c0,
-                                                   stream);
+                                                   on);
+    });
+    if (code != LLTM_ERROR_NO_CUBLAS) return code;
   }
-  void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &weights,
-                       &grad_outputs, &grad_cells, &cells, &gates, &d_gates, &d_h0, &d_c0};
-  return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
-                                     plan.shared_bytes, stream);
+  return launch_sequence_backward_by_step<Dtype>(steps, batch_size, state_size,
+                                                 weights_row_stride, weights, grad_outputs,
+                                                 grad_cells, cells, gates, d_gates, d_h0, d_c0,
+                                                 stream);
 }
 
-extern "C" cudaError_t lltm_launch_sequence_forward(
+extern "C" int lltm_launch_sequence_forward(
     int dtype, int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
-    const void* projected, const void* weights, const void* h0, const void* c0, void* outputs,
-    void* cells, void* gates, cudaStream_t stream) {
+    int options, const void* projected, const void* weights, const void* h0, const void* c0,
+    void* outputs, void* cells, void* gates, cudaStream_t stream) {
   return LLTM_TYPED_CALL(dtype, launch_sequence_forward, steps, batch_size, state_size,
-                         weights_row_stride, projected, weights, h0, c0, outputs, cells, gates,
-                         stream);
+                         weights_row_stride, options, projected, weights, h0, c0, outputs, cells,
+                         gates, stream);
 }
 
-extern "C" cudaError_t lltm_launch_sequence_backward(
+extern "C" int lltm_launch_sequence_backward(
     int dtype, int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
-    const void* weights, const void* grad_outputs, const void* grad_cells, const void* cells,
-    const void* gates, void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream) {
+    int options, const void* weights, const void* grad_outputs, const void* grad_cells,
+    const void* cells, const void* gates, void* d_gates, void* d_h0, void* d_c0,
+    cudaStream_t stream) {
   return LLTM_TYPED_CALL(dtype, launch_sequence_backward, steps, batch_size, state_size,
-                         weights_row_stride, weights, grad_outputs, grad_cells, cells, gates,
-                         d_gates, d_h0, d_c0, stream);
+                         weights_row_stride, options, weights, grad_outputs, grad_cells, cells,
+                         gates, d_gates, d_h0, d_c0, stream);
 }

@@ -14,6 +14,7 @@ import torch
 
 from builders import random_grad_outputs
 from conftest import PASS_NAMES, RESULT_NAMES, outputs_and_gradients
+import lltm_ffi
 from lltm_ffi import selfcheck
 
 THREADS = 4
@@ -134,3 +135,44 @@ def test_threads_with_own_cuda_streams_match_a_serial_run(step, names, cuda_devi
     serial = [_run(step, work, stream) for work, stream in zip(works, streams)]
     for _ in range(2):
         _assert_bitwise_equal(_run_concurrently(step, works, streams), serial, names)
+
+
+# (steps, batch, input_features, state_size, dtype): the persistent kernels'
+# sizes and, past them, cuBLAS's products; each thread its own tensors and stream.
+SEQUENCE_CASES = [(6, 3, 5, 24, torch.float32), (4, 40, 7, 520, torch.float32),
+                  (3, 33, 6, 530, torch.float64)]
+
+
+def _sequence_work(device, generator):
+    work = []
+    for steps, batch_size, input_features, state_size, dtype in SEQUENCE_CASES:
+        def normal(*size):
+            return torch.randn(*size, generator=generator, dtype=dtype).to(device)
+
+        arguments = [normal(steps, batch_size, input_features),
+                     normal(3 * state_size, state_size + input_features) * state_size ** -0.5,
+                     normal(3 * state_size), normal(batch_size, state_size),
+                     normal(batch_size, state_size)]
+        grads = [normal(steps, batch_size, state_size), normal(batch_size, state_size),
+                 normal(batch_size, state_size)]
+        work.append((arguments, grads))
+    return work
+
+
+def _sequence_step(arguments, grads):
+    leaves = [argument.detach().clone().requires_grad_(True) for argument in arguments]
+    outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves)
+    torch.autograd.backward((outputs, h_n, c_n), grads)
+    return [outputs, h_n, c_n] + [leaf.grad for leaf in leaves]
+
+
+def test_threads_with_own_cuda_streams_run_sequences_as_a_serial_run(cuda_device, seed):
+    """The sequence layer's cuBLAS handle is shared by every stream of a device."""
+    generator = torch.Generator().manual_seed(seed)
+    works = [_sequence_work(cuda_device, generator) * 3 for _ in range(THREADS)]
+    streams = [torch.cuda.Stream(cuda_device) for _ in works]
+    torch.cuda.synchronize(cuda_device)
+    serial = [_run(_sequence_step, work, stream) for work, stream in zip(works, streams)]
+    names = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_c0")
+    for _ in range(2):
+        _assert_bitwise_equal(_run_concurrently(_sequence_step, works, streams), serial, names)

@@ -1,12 +1,18 @@
 """lltm_sequence and LLTMSequence: agreement with a Python loop of lltm_ffi.lltm
-(forward and every gradient), gradcheck, the operators (opcheck, compile,
-CUDA graphs, streams, devices), refusals, and the module."""
+(forward and every gradient) on each of the GPU's paths and under TF32,
+gradcheck, the operators (opcheck, compile, CUDA graphs, streams, devices),
+refusals, and the module."""
+
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 from torch.library import opcheck
 
 import lltm_ffi
+from checkouts import REPO_ROOT
 from conftest import raises_with, skip_without_gpu
 
 # (steps, batch, input_features, state_size): one step, batch 1, odd sizes,
@@ -17,7 +23,13 @@ from conftest import raises_with, skip_without_gpu
 # run those.
 SHAPES = [(1, 1, 3, 5), (1, 16, 32, 128), (5, 3, 4, 7), (37, 2, 5, 17), (7, 1, 9, 33),
           (4, 19, 6, 40), (6, 300, 3, 24), (2, 130, 4, 130), (3, 2, 5, 1100)]
+# Past the persistent kernels: cuBLAS's products on a GPU, or with
+# LLTM_CUBLAS=0 the step-by-step kernels.
+BY_STEP_SHAPES = [(2, 130, 4, 130), (3, 2, 5, 1100), (5, 33, 7, 520)]
 TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10}
+# TF32 keeps 10 bits of each factor's mantissa: the sequence and the loop
+# round differently, and agree to about 1e-3.
+TF32_TOLERANCE = 1e-2
 
 
 def random_arguments(shape, dtype, device, generator):
@@ -52,8 +64,7 @@ def results(function, arguments, grads):
 NAMES = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_c0")
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: "x".join(map(str, shape)))
-def test_agrees_with_a_loop_of_the_cell(shape, dtype, device, generator):
+def assert_agrees_with_a_loop_of_the_cell(shape, dtype, device, generator, tolerance):
     arguments = random_arguments(shape, dtype, device, generator)
     steps, batch_size, _, state_size = shape
     grads = [torch.randn(size, generator=generator, dtype=dtype).to(device)
@@ -63,7 +74,56 @@ def test_agrees_with_a_loop_of_the_cell(shape, dtype, device, generator):
     expected = results(python_loop, arguments, grads)
     for name, value, reference in zip(NAMES, actual, expected):
         error = ((value - reference).norm() / reference.norm()).item()
-        assert error <= TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+        assert error <= tolerance, f"{name}: relative error {error:.3g}"
+
+
+def shape_id(shape):
+    return "x".join(map(str, shape))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_agrees_with_a_loop_of_the_cell(shape, dtype, device, generator):
+    assert_agrees_with_a_loop_of_the_cell(shape, dtype, device, generator, TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("shape", BY_STEP_SHAPES, ids=shape_id)
+def test_own_kernels_agree_with_a_loop_of_the_cell(shape, dtype, cuda_device, generator,
+                                                   monkeypatch):
+    monkeypatch.setenv("LLTM_CUBLAS", "0")
+    assert_agrees_with_a_loop_of_the_cell(shape, dtype, cuda_device, generator,
+                                          TOLERANCES[dtype])
+
+
+def test_passes_on_the_same_tensors_again_read_what_they_hold_now(cuda_device, generator):
+    """A pass that comes again with the same sizes and tensors is replayed
+    from a recorded CUDA graph (the cuBLAS path): each replay must compute
+    from the values the tensors hold at that time."""
+    shape = (4, 33, 7, 520)
+    arguments = random_arguments(shape, torch.float32, cuda_device, generator)
+    for _ in range(4):
+        fresh = random_arguments(shape, torch.float32, "cpu", generator)
+        for argument, values in zip(arguments, fresh):
+            argument.copy_(values)
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*arguments)
+        expected, (h, c) = python_loop(*[values.double() for values in fresh])
+        for value, reference in ((outputs, expected), (c_n, c)):
+            error = ((value.cpu().double() - reference).norm() / reference.norm()).item()
+            assert error <= TOLERANCES[torch.float32], error
+
+
+@pytest.fixture
+def tf32():
+    """TF32 allowed for torch's float32 matrix products (and so for lltm_sequence's)."""
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 32, 128)] + BY_STEP_SHAPES, ids=shape_id)
+def test_agrees_with_a_loop_of_the_cell_under_tf32(shape, cuda_device, generator, tf32):
+    assert_agrees_with_a_loop_of_the_cell(shape, torch.float32, cuda_device, generator,
+                                          TF32_TOLERANCE)
 
 
 def test_gradcheck(device, generator):
@@ -194,9 +254,12 @@ def test_second_gpu_while_the_first_is_current(generator):
         torch.testing.assert_close(value.cpu(), reference, msg=name)
 
 
-def test_cuda_graph_capture_of_a_training_step(cuda_device, generator):
-    module = lltm_ffi.LLTMSequence(4, 16).to(cuda_device)
-    inputs = torch.randn(6, 8, 4, generator=generator).to(cuda_device)
+# The persistent kernels, then cuBLAS's products.
+@pytest.mark.parametrize("shape", [(6, 8, 4, 16), (3, 40, 4, 420)], ids=shape_id)
+def test_cuda_graph_capture_of_a_training_step(shape, cuda_device, generator):
+    steps, batch_size, input_features, state_size = shape
+    module = lltm_ffi.LLTMSequence(input_features, state_size).to(cuda_device)
+    inputs = torch.randn(steps, batch_size, input_features, generator=generator).to(cuda_device)
 
     def step():
         outputs, _ = module(inputs)
@@ -218,6 +281,28 @@ def test_cuda_graph_capture_of_a_training_step(cuda_device, generator):
     graph.replay()
     torch.cuda.synchronize(cuda_device)
     torch.testing.assert_close(module.weights.grad, expected)
+
+
+def test_capture_before_any_call_on_the_device_is_refused_clearly(cuda_device):
+    """cuBLAS's handle cannot be made during a capture: a fresh process that
+    captures before any sequence ran on the device gets LLTMError saying so."""
+    child = textwrap.dedent("""
+        import torch
+        import lltm_ffi
+        arguments = [torch.randn(*size, device="cuda")
+                     for size in ((2, 40, 4), (1260, 424), (1260,), (40, 420), (40, 420))]
+        torch.mm(arguments[3], arguments[3].t())  # torch's own handle, made outside
+        torch.cuda.synchronize()
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                lltm_ffi.lltm_sequence(*arguments)
+        except lltm_ffi.LLTMError as error:
+            print("refused:", error)
+    """)
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                            timeout=300, cwd=REPO_ROOT)
+    assert "refused: lltm_sequence_forward failed" in result.stdout and "before capturing" in result.stdout, (
+        result.stdout + result.stderr)
 
 
 @pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])

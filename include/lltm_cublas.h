@@ -1,0 +1,54 @@
+/* The sequence layer's recurrent matrix products through cuBLAS
+ * (src/lltm_cublas.c), found at run time: the libcublas that torch has
+ * already loaded, else one on the library path. Nothing here needs a cuBLAS
+ * header or links cuBLAS, so the module builds where there is none; where
+ * none can be loaded, lltm_cublas_run says so and the sequence layer runs its
+ * own kernels.
+ *
+ * One handle per device, made on its first use and kept for the process;
+ * a pass holds it for its launches, so threads take turns. Matrices are
+ * column-major, as cuBLAS reads them. */
+#ifndef LLTM_CUBLAS_H
+#define LLTM_CUBLAS_H
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What identifies a pass for the graph of its launches: every size,
+ * option and address it uses, the unused tail zero. */
+typedef struct {
+  int64_t values[16];
+} lltm_pass_key;
+
+/* Runs steps(context, stream), the launches of one pass (lltm_cublas_gemm
+ * and kernels, all on the stream given), holding the current device's handle
+ * set to strict float32 or (tf32 != 0) TF32 products, and returns its code.
+ * Launching a pass's dozens of kernels costs the host more than the GPU
+ * spends at middling sizes, so a pass whose key comes again is recorded as a
+ * CUDA graph (on a stream of its own) the second time and replayed on
+ * `stream` from then on; a pass on a stream that is capturing a graph
+ * already runs its launches there. LLTM_ERROR_NO_CUBLAS, having run nothing,
+ * where cuBLAS cannot be loaded; LLTM_ERROR_CUBLAS_CAPTURE where the handle
+ * would be made while `stream` is capturing. */
+int lltm_cublas_run(const lltm_pass_key* key, cudaStream_t stream, int tf32,
+                    int (*steps)(void* context, cudaStream_t stream), void* context);
+
+/* C (m x n, leading dimension ldc) = op(A) B, op(A) = A^T when transpose_a
+ * (A is k x m) or A (m x k); B is k x n. float or double by `dtype`. Only
+ * within the steps of lltm_cublas_run; every size must fit an int.
+ * LLTM_SUCCESS or the cuBLAS status as an error code. */
+int lltm_cublas_gemm(int dtype, int transpose_a, int64_t m, int64_t n, int64_t k, const void* a,
+                     int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc);
+
+/* The text for a code lltm_cublas_gemm returned, or NULL for other codes. */
+const char* lltm_cublas_error_string(int code);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LLTM_CUBLAS_H */

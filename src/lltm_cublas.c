@@ -1,0 +1,245 @@
+/* cuBLAS loaded at run time for the sequence layer's recurrent products
+ * (include/lltm_cublas.h): the few functions used, declared here with
+ * cuBLAS's own signatures and found with dlsym, so that neither a cuBLAS
+ * header nor a cuBLAS library is needed to build. */
+#ifdef LLTM_WITH_CUDA
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "lltm_cublas.h"
+#include "lltm_dtype.h"
+#include "lltm_ffi.h"
+
+/* cuBLAS's types, as its header declares them: enums are ints, the handle
+ * a pointer. */
+typedef void* cublas_handle;
+typedef int (*create_function)(cublas_handle*);
+typedef int (*set_stream_function)(cublas_handle, cudaStream_t);
+typedef int (*set_math_mode_function)(cublas_handle, int);
+typedef int (*set_workspace_function)(cublas_handle, void*, size_t);
+typedef int (*sgemm_function)(cublas_handle, int, int, int, int, int, const float*, const float*,
+                              int, const float*, int, const float*, float*, int);
+typedef int (*dgemm_function)(cublas_handle, int, int, int, int, int, const double*,
+                              const double*, int, const double*, int, const double*, double*,
+                              int);
+
+enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
+
+static struct {
+  create_function create;
+  set_stream_function set_stream;
+  set_math_mode_function set_math_mode;
+  set_workspace_function set_workspace;
+  sgemm_function sgemm;
+  dgemm_function dgemm;
+} cublas;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static int loaded;
+
+/* The libcublas torch loaded (newest first), else the first on the library
+ * path; the handle is never closed. */
+static void load(void) {
+  static const char* const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+  const int count = (int)(sizeof(names) / sizeof(names[0]));
+  void* library = NULL;
+  for (int i = 0; i < count && !library; ++i) library = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
+  for (int i = 0; i < count && !library; ++i) library = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!library) return;
+  cublas.create = (create_function)dlsym(library, "cublasCreate_v2");
+  cublas.set_stream = (set_stream_function)dlsym(library, "cublasSetStream_v2");
+  cublas.set_math_mode = (set_math_mode_function)dlsym(library, "cublasSetMathMode");
+  cublas.set_workspace = (set_workspace_function)dlsym(library, "cublasSetWorkspace_v2");
+  cublas.sgemm = (sgemm_function)dlsym(library, "cublasSgemm_v2");
+  cublas.dgemm = (dgemm_function)dlsym(library, "cublasDgemm_v2");
+  loaded = cublas.create && cublas.set_stream && cublas.set_math_mode && cublas.set_workspace &&
+           cublas.sgemm && cublas.dgemm;
+}
+
+/* A handle per device index, made under the lock and kept; so is each
+ * device's stream for recording graphs. */
+#define LLTM_CUBLAS_MAX_DEVICES 64
+static cublas_handle handles[LLTM_CUBLAS_MAX_DEVICES];
+static cudaStream_t recording_streams[LLTM_CUBLAS_MAX_DEVICES];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static cublas_handle current;  /* the handle of the pass that holds the lock */
+
+static int cublas_code(int status) { return status ? LLTM_ERROR_CUBLAS - status : LLTM_SUCCESS; }
+
+/* A failed runtime call also leaves its error as the runtime's last error;
+ * clear it so that a later launch check does not report it. */
+static int runtime_code(cudaError_t status) {
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  return (int)status;
+}
+
+/* Sets the handle's stream. cuBLAS then gives it its default workspace
+ * back; taking that away means no product keeps scratch data in the
+ * handle, so that passes on several streams (and their replayed graphs) may
+ * share it. */
+static int use_stream(cublas_handle handle, cudaStream_t stream) {
+  const int code = cublas_code(cublas.set_stream(handle, stream));
+  return code != LLTM_SUCCESS ? code : cublas_code(cublas.set_workspace(handle, NULL, 0));
+}
+
+/* The current device's handle in `current`, made now if need be, set to
+ * `stream` and the math mode. Under the lock. */
+static int take_handle(int device, cudaStream_t stream, int capturing, int tf32) {
+  if (!handles[device]) {
+    if (capturing) return LLTM_ERROR_CUBLAS_CAPTURE;
+    const int code = cublas_code(cublas.create(&handles[device]));
+    if (code != LLTM_SUCCESS) {
+      handles[device] = NULL;
+      return code;
+    }
+  }
+  current = handles[device];
+  const int code = use_stream(current, stream);
+  if (code != LLTM_SUCCESS) return code;
+  return cublas_code(
+      cublas.set_math_mode(current, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+/* The passes seen lately, by key: a graph of the launches once one came a
+ * second time (or recording is known to fail for it). Under the lock. */
+#define LLTM_GRAPHS 16
+static struct {
+  int valid, device, unrecordable;
+  lltm_pass_key key;
+  cudaGraphExec_t graph;
+  uint64_t used; /* the clock at its last use */
+} graphs[LLTM_GRAPHS];
+static uint64_t clock_now;
+
+/* The index of the entry for (device, key), or -1 with *slot the one to
+ * fill: an empty one, else the least recently used, emptied. */
+static int find_graph(int device, const lltm_pass_key* key, int* slot) {
+  int found = -1, oldest = 0;
+  for (int i = 0; i < LLTM_GRAPHS && found < 0; ++i) {
+    if (graphs[i].valid && graphs[i].device == device &&
+        memcmp(&graphs[i].key, key, sizeof(*key)) == 0) {
+      found = i;
+    } else if (!graphs[i].valid || (graphs[oldest].valid && graphs[i].used < graphs[oldest].used)) {
+      oldest = i;
+    }
+  }
+  if (found >= 0) return found;
+  if (graphs[oldest].valid && graphs[oldest].graph) (void)cudaGraphExecDestroy(graphs[oldest].graph);
+  memset(&graphs[oldest], 0, sizeof(graphs[oldest]));
+  *slot = oldest;
+  return -1;
+}
+
+/* Records steps() as a graph on the device's recording stream and launches
+ * it on `stream`; LLTM_ERROR_NO_CUBLAS (nothing launched) where recording
+ * fails. */
+static int record(int device, int entry, cudaStream_t stream,
+                  int (*steps)(void*, cudaStream_t), void* context) {
+  cudaStream_t side = recording_streams[device];
+  if (!side && runtime_code(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking))) {
+    return LLTM_ERROR_NO_CUBLAS;
+  }
+  recording_streams[device] = side;
+  if (use_stream(current, side) != LLTM_SUCCESS ||
+      runtime_code(cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal))) {
+    return LLTM_ERROR_NO_CUBLAS;
+  }
+  int code = steps(context, side);
+  cudaGraph_t graph = NULL;
+  const int ended = runtime_code(cudaStreamEndCapture(side, &graph));
+  if (code == LLTM_SUCCESS) code = ended;
+  if (code == LLTM_SUCCESS) code = runtime_code(cudaGraphInstantiate(&graphs[entry].graph, graph, 0));
+  if (graph) (void)cudaGraphDestroy(graph);
+  if (code != LLTM_SUCCESS) {
+    graphs[entry].graph = NULL;
+    return LLTM_ERROR_NO_CUBLAS;
+  }
+  return runtime_code(cudaGraphLaunch(graphs[entry].graph, stream));
+}
+
+/* The pass under the lock: replayed, recorded, or launched as it comes. */
+static int run_pass(int device, const lltm_pass_key* key, cudaStream_t stream, int capturing,
+                    int (*steps)(void*, cudaStream_t), void* context) {
+  if (capturing) return steps(context, stream);
+  int entry = -1;
+  const int found = find_graph(device, key, &entry);
+  if (found < 0) {
+    graphs[entry].valid = 1;
+    graphs[entry].device = device;
+    graphs[entry].key = *key;
+    graphs[entry].used = ++clock_now;
+    return steps(context, stream);
+  }
+  graphs[found].used = ++clock_now;
+  if (graphs[found].graph) return runtime_code(cudaGraphLaunch(graphs[found].graph, stream));
+  if (!graphs[found].unrecordable) {
+    const int code = record(device, found, stream, steps, context);
+    if (code != LLTM_ERROR_NO_CUBLAS) return code;
+    graphs[found].unrecordable = 1;
+    const int reset = use_stream(current, stream);
+    if (reset != LLTM_SUCCESS) return reset;
+  }
+  return steps(context, stream);
+}
+
+int lltm_cublas_run(const lltm_pass_key* key, cudaStream_t stream, int tf32,
+                    int (*steps)(void* context, cudaStream_t stream), void* context) {
+  pthread_once(&load_once, load);
+  if (!loaded) return LLTM_ERROR_NO_CUBLAS;
+  int device;
+  enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  int code = runtime_code(cudaGetDevice(&device));
+  if (code == LLTM_SUCCESS && (device < 0 || device >= LLTM_CUBLAS_MAX_DEVICES)) {
+    return LLTM_ERROR_NO_CUBLAS;
+  }
+  if (code == LLTM_SUCCESS) code = runtime_code(cudaStreamIsCapturing(stream, &capture));
+  if (code != LLTM_SUCCESS) return code;
+  const int capturing = capture != cudaStreamCaptureStatusNone;
+  pthread_mutex_lock(&lock);
+  code = take_handle(device, stream, capturing, tf32);
+  if (code == LLTM_SUCCESS) code = run_pass(device, key, stream, capturing, steps, context);
+  current = NULL;
+  pthread_mutex_unlock(&lock);
+  return code;
+}
+
+int lltm_cublas_gemm(int dtype, int transpose_a, int64_t m, int64_t n, int64_t k, const void* a,
+                     int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc) {
+  const int op = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (dtype == LLTM_FLOAT64) {
+    const double one = 1, zero = 0;
+    return cublas_code(cublas.dgemm(current, op, CUBLAS_OP_N, (int)m, (int)n, (int)k, &one, a,
+                                    (int)lda, b, (int)ldb, &zero, c, (int)ldc));
+  }
+  const float one = 1, zero = 0;
+  return cublas_code(cublas.sgemm(current, op, CUBLAS_OP_N, (int)m, (int)n, (int)k, &one, a,
+                                  (int)lda, b, (int)ldb, &zero, c, (int)ldc));
+}
+
+/* cuBLAS's statuses by number (cublas_api.h). */
+static const char* const status_texts[] = {
+    [1] = "cuBLAS: CUBLAS_STATUS_NOT_INITIALIZED", [3] = "cuBLAS: CUBLAS_STATUS_ALLOC_FAILED",
+    [7] = "cuBLAS: CUBLAS_STATUS_INVALID_VALUE", [8] = "cuBLAS: CUBLAS_STATUS_ARCH_MISMATCH",
+    [11] = "cuBLAS: CUBLAS_STATUS_MAPPING_ERROR", [13] = "cuBLAS: CUBLAS_STATUS_EXECUTION_FAILED",
+    [14] = "cuBLAS: CUBLAS_STATUS_INTERNAL_ERROR", [15] = "cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED",
+    [16] = "cuBLAS: CUBLAS_STATUS_LICENSE_ERROR"};
+
+const char* lltm_cublas_error_string(int code) {
+  if (code == LLTM_ERROR_NO_CUBLAS) return "cuBLAS could not be loaded";
+  if (code == LLTM_ERROR_CUBLAS_CAPTURE) {
+    return "lltm_sequence makes its cuBLAS handle for a device on its first call there, which "
+           "cannot happen during a CUDA graph capture: run the sequence once on this device "
+           "before capturing (as torch.cuda.graph's warm-up does)";
+  }
+  const int status = LLTM_ERROR_CUBLAS - code;
+  const int known = (int)(sizeof(status_texts) / sizeof(status_texts[0]));
+  if (status <= 0 || status >= 1000) return NULL;
+  return status < known && status_texts[status] ? status_texts[status]
+                                                : "cuBLAS: a call failed with another status";
+}
+
+#endif /* LLTM_WITH_CUDA */
