@@ -34,7 +34,7 @@ command_for() {
     build)   echo "make clean && make" ;;
     diag)    echo "python3 -m lltm_ffi" ;;
     test)    echo "python3 test.py" ;;
-    pytest)  echo "python3 -m pytest -q -rs tests" ;;
+    pytest)  echo "OUT=$OUT scripts/gpu_tests.sh" ;;
     bench)   echo "python3 benchmark.py --compare -c --output $OUT/compare_cuda.md" ;;
     kernels) echo "python3 benchmark.py --kernels -c" ;;
     overhead) echo "python3 benchmark.py --overhead -c" ;;
