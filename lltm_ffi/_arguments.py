@@ -16,7 +16,7 @@ def check_tensor(op, name, tensor):
         raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; "
                         "lltm_ffi supports torch.float32 and torch.float64")
     if tensor.is_nested:
-        raise TypeError(f"{op}: {name} is a nested tensor; lltm_ffi takes dense "
+        raise TypeError(f"{op}: {name} is a nested tensor (layout {tensor.layout}); lltm_ffi takes dense "
                         "(torch.strided) tensors: pad it with torch.nested.to_padded_tensor()")
     if tensor.layout is not torch.strided:
         raise TypeError(f"{op}: {name} has layout {tensor.layout}; lltm_ffi takes dense "
@@ -78,8 +78,15 @@ def check_device(op, device, subject="the arguments are"):
         raise ValueError(f"{op}: {subject} on {device}; lltm_ffi runs on cpu and cuda")
 
 
-def use_operator():
+def use_operator(*tensors):
     """True where an op must go through its registered torch.library operator
-    rather than call C directly: while torch.compile traces (dynamo cannot
-    trace into a cffi call)."""
-    return torch.compiler.is_compiling()
+    rather than hand data_ptr() to C itself: while torch.compile or
+    torch.jit.trace traces (neither can see into a cffi call), under a
+    __torch_dispatch__ mode (FakeTensorMode, make_fx, export), and for any
+    argument that is not a plain torch.Tensor (tensor subclasses, fake
+    tensors), which the dispatcher then hands to its own handling. functorch's
+    wrapped tensors are plain torch.Tensors: the autograd.Functions take them
+    and unwrap them before their forward runs."""
+    return (torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling()
+            or torch._C._get_tracing_state() is not None
+            or any(type(tensor) is not torch.Tensor for tensor in tensors))

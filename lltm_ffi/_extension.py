@@ -136,8 +136,26 @@ def call(function, reference, sizes, tensors):
         stream = _cast("void *", _current_raw_stream(index))
     else:
         index, stream = lib.LLTM_CPU, _NULL
-    pointers = [_cast("void *", tensor.data_ptr()) for tensor in tensors]
+    addresses = [tensor.data_ptr() for tensor in tensors]
+    if not all(addresses) or any(type(tensor) is not torch.Tensor for tensor in tensors):
+        _check_memory(function, tensors, addresses)
+    pointers = [_cast("void *", address) for address in addresses]
     check(function, entry(_DTYPE_CODES[reference.dtype], index, stream, *sizes, *pointers))
+
+
+def _check_memory(function, tensors, addresses):
+    """TypeError unless every tensor has memory of its own at a non-null
+    address: a fake tensor, or a subclass that overrides __torch_dispatch__
+    (a wrapper such as TwoTensor), has none, and C would write to address 0.
+    Subclasses of __torch_function__ alone hold real memory and pass."""
+    for tensor, address in zip(tensors, addresses):
+        kind = type(tensor)
+        if not address or (kind is not torch.Tensor and kind.__torch_dispatch__
+                            is not torch.Tensor.__torch_dispatch__):
+            raise TypeError(f"{function}: got a {kind.__module__}.{kind.__qualname__} without "
+                            "memory of its own (a fake tensor or a __torch_dispatch__ subclass); "
+                            "lltm_ffi's C passes take tensors with real storage, and lltm_ffi's "
+                            "public functions route such tensors through the torch.library operators")
 
 
 def check(function, code):

@@ -7,9 +7,7 @@ C shim.
 """
 
 import torch
-from torch.autograd.function import once_differentiable
-
-from . import _arguments, ops
+from . import _arguments, derivatives, ops
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 # Autocast's own device types that lltm_ffi runs on; asking autocast about
@@ -64,35 +62,116 @@ def _diagnose(input, weights, bias, old_h, old_cell):
 
 
 class LLTMFunction(torch.autograd.Function):
-    """The LLTM cell: (input, weights, bias, old_h, old_cell) -> (new_h, new_cell)."""
+    """The LLTM cell: (input, weights, bias, old_h, old_cell) -> (new_h,
+    new_cell, X, gates), X = [old_h, input] and gates its pre-activation
+    gates, both also outputs so that the backward pass, the forward-mode and
+    the vmap rules find them (lltm() returns the first two).
+
+    First-order backward runs the fused C pass; while autograd records the
+    backward (create_graph=True, torch.func) the same math runs in torch ops
+    (lltm_ffi.derivatives), which autograd differentiates again."""
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        # Function.apply binds the arguments to forward's signature at every
+        # call (inspect.signature: longer than the C pass at small sizes);
+        # forward has no defaults, so outside torch.func that can be skipped.
+        if kwargs or torch._C._are_functorch_transforms_active():
+            return super().apply(*args, **kwargs)
+        args = torch._functorch.utils.unwrap_dead_wrappers(args)
+        return super(torch.autograd.Function, cls).apply(*args)
 
     @staticmethod
-    def forward(ctx, input, weights, bias, old_h, old_cell):
+    def forward(input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
         X = torch.cat((old_h, input), dim=1)
         gates = torch.nn.functional.linear(X, weights, bias)
         new_h, new_cell = ops.forward(gates, old_cell)
-        # The backward pass recomputes the gate activations from `gates`.
-        ctx.save_for_backward(X, weights, gates, new_cell)
-        ctx.bias_shape = bias.shape
-        return new_h, new_cell
+        return new_h, new_cell, X, gates
 
     @staticmethod
-    @once_differentiable  # the C pass has no derivative of its own
-    def backward(ctx, grad_h, grad_cell):
+    def setup_context(ctx, inputs, output):
+        _, weights, bias, _, _ = inputs
+        _, new_cell, X, gates = output
+        # The backward pass recomputes the gate activations from `gates`.
+        ctx.save_for_backward(X, weights, gates, new_cell)
+        ctx.save_for_forward(X, weights, gates, new_cell)
+        ctx.bias_shape = bias.shape
+        # X's and gates' gradients are None unless someone used them.
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_cell, grad_X, grad_gates):
         X, weights, gates, new_cell = ctx.saved_tensors
-        d_old_cell, d_gates = ops.backward(grad_h, grad_cell, new_cell, gates)
+        if grad_h is None and grad_cell is None:
+            d_old_cell = d_gates = None
+        elif torch.is_grad_enabled():
+            d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)
+        else:
+            d_old_cell, d_gates = ops.backward(_or_zeros(grad_h, new_cell),
+                                               _or_zeros(grad_cell, new_cell), new_cell, gates)
+        d_gates = _sum(d_gates, grad_gates)
         needs_input, needs_weights, needs_bias, needs_old_h, needs_old_cell = ctx.needs_input_grad
         d_input = d_weights = d_bias = d_old_h = None
-        if needs_input or needs_old_h:
-            d_X = d_gates.mm(weights)
+        if (needs_input or needs_old_h) and (d_gates is not None or grad_X is not None):
+            d_X = _sum(None if d_gates is None else d_gates.mm(weights), grad_X)
             state_size = new_cell.shape[1]
             d_old_h, d_input = d_X[:, :state_size], d_X[:, state_size:]
-        if needs_weights:
+        if needs_weights and d_gates is not None:
             d_weights = d_gates.t().mm(X)
-        if needs_bias:
+        if needs_bias and d_gates is not None:
             d_bias = d_gates.sum(dim=0).view(ctx.bias_shape)
         return d_input, d_weights, d_bias, d_old_h, d_old_cell if needs_old_cell else None
+
+    @staticmethod
+    def jvp(ctx, input_tangent, weights_tangent, bias_tangent, old_h_tangent, old_cell_tangent):
+        X, weights, gates, new_cell = ctx.saved_tensors
+        X_tangent = None
+        if input_tangent is not None or old_h_tangent is not None:
+            X_tangent = torch.cat((_or_zeros(old_h_tangent, new_cell),
+                                   _or_zeros(input_tangent, X[:, new_cell.shape[1]:])), dim=1)
+        gates_tangent = _sum(_sum(None if X_tangent is None else X_tangent.mm(weights.t()),
+                                  None if weights_tangent is None else X.mm(weights_tangent.t())),
+                             bias_tangent)
+        gates_tangent = _or_zeros(gates_tangent, gates).expand_as(gates)
+        new_h_tangent, new_cell_tangent = derivatives.forward_tangents(
+            gates, new_cell, gates_tangent, old_cell_tangent)
+        return new_h_tangent, new_cell_tangent, _or_zeros(X_tangent, X), gates_tangent
+
+    @staticmethod
+    def vmap(info, in_dims, input, weights, bias, old_h, old_cell):
+        arguments = [_batch_first(tensor, dim, info.batch_size)
+                     for tensor, dim in zip((input, weights, bias, old_h, old_cell), in_dims)]
+        if in_dims[1] is None and in_dims[2] is None:
+            # Shared parameters: the mapped dimension joins the batch.
+            input, old_h, old_cell = (tensor.flatten(0, 1) for tensor in
+                                      (arguments[0], arguments[3], arguments[4]))
+            outputs = LLTMFunction.apply(input, weights, bias, old_h, old_cell)
+            outputs = tuple(output.unflatten(0, (info.batch_size, -1)) for output in outputs)
+        else:
+            # A stack of parameters (an ensemble): one call a member.
+            members = [LLTMFunction.apply(*(tensor[index] for tensor in arguments))
+                       for index in range(info.batch_size)]
+            outputs = tuple(torch.stack(output) for output in zip(*members))
+        return outputs, (0, 0, 0, 0)
+
+
+def _or_zeros(gradient, like):
+    """`gradient`, or zeros shaped like `like` (a broadcast view: no memory)."""
+    return like.new_zeros(()).expand_as(like) if gradient is None else gradient
+
+
+def _sum(first, second):
+    if first is None:
+        return second
+    return first if second is None else first + second
+
+
+def _batch_first(tensor, dim, batch_size):
+    """`tensor` with its vmapped dimension `dim` first (expanded where None)."""
+    if dim is None:
+        return tensor.expand(batch_size, *tensor.shape)
+    return tensor.movedim(dim, 0)
 
 
 def _traceable_lltm(input, weights, bias, old_h, old_cell):
@@ -131,7 +210,8 @@ def lltm(input, weights, bias, old_h, old_cell):
     device_type = input.device.type if isinstance(input, torch.Tensor) else "cpu"
     if device_type in _AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
         return _autocast_lltm(input, weights, bias, old_h, old_cell, device_type)
-    if _arguments.use_operator():
+    if _arguments.use_operator(input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
         return _traceable_lltm(input, weights, bias, old_h, old_cell)
-    return LLTMFunction.apply(input, weights, bias, old_h, old_cell)
+    new_h, new_cell, _, _ = LLTMFunction.apply(input, weights, bias, old_h, old_cell)
+    return new_h, new_cell

@@ -13,7 +13,7 @@ dispatcher.
 import torch
 from torch import Tensor
 
-from . import _arguments, _extension
+from . import _arguments, _extension, derivatives
 
 
 def forward(gates, old_cell):
@@ -96,7 +96,12 @@ def _setup_context(ctx, inputs, output):
 
 def _forward_pass_backward(ctx, grad_h, grad_cell):
     gates, new_cell = ctx.saved_tensors
-    d_old_cell, d_gates = backward_pass(grad_h, grad_cell, new_cell, gates)
+    if torch.is_grad_enabled():
+        # Autograd records this backward (create_graph=True, torch.func): the
+        # same math in torch ops, which it can differentiate again.
+        d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)
+    else:
+        d_old_cell, d_gates = backward_pass(grad_h, grad_cell, new_cell, gates)
     return d_gates, d_old_cell
 
 

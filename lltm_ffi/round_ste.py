@@ -69,6 +69,6 @@ round_forward_op.register_autograd(lambda ctx, grad_output: grad_output)
 def round_ste(input):
     """1 where input >= 0.5, else 0, with the gradient passed straight through."""
     check_argument(input)
-    if _arguments.use_operator():
+    if _arguments.use_operator(input):
         return round_forward_op(input)
     return RoundSTE.apply(input)
