@@ -87,6 +87,7 @@ def use_operator(*tensors):
     tensors), which the dispatcher then hands to its own handling. functorch's
     wrapped tensors are plain torch.Tensors: the autograd.Functions take them
     and unwrap them before their forward runs."""
-    return (torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling()
+    # is_compiling() first: dynamo takes it as True and reads no further.
+    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._get_tracing_state() is not None
             or any(type(tensor) is not torch.Tensor for tensor in tensors))

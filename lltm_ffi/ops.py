@@ -106,3 +106,27 @@ def _forward_pass_backward(ctx, grad_h, grad_cell):
 
 
 forward_pass.register_autograd(_forward_pass_backward, setup_context=_setup_context)
+
+
+def _backward_pass_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward_pass_backward(ctx, grad_d_old_cell, grad_d_gates):
+    """backward_pass's own derivatives: autograd's, of the same pass in torch
+    ops (the gradients come materialized: never None)."""
+    create_graph = torch.is_grad_enabled()
+    needed = ctx.needs_input_grad
+    with torch.enable_grad():
+        inputs = [tensor if create_graph else tensor.detach().requires_grad_(need)
+                  for tensor, need in zip(ctx.saved_tensors, needed)]
+        outputs = derivatives.backward_pass(*inputs)
+        sources = [tensor for tensor, need in zip(inputs, needed) if need]
+        grads = iter(torch.autograd.grad(outputs, sources, (grad_d_old_cell, grad_d_gates),
+                                         create_graph=create_graph, allow_unused=True,
+                                         materialize_grads=True))
+    return tuple(next(grads) if need else None for need in needed)
+
+
+backward_pass.register_autograd(_backward_pass_backward,
+                                setup_context=_backward_pass_setup_context)
