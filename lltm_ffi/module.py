@@ -35,6 +35,13 @@ class LLTM(torch.nn.Module):
         old_h, old_cell = state
         return lltm(input, self.weights, self.bias, old_h, old_cell)
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every module it compiles.
+        raise RuntimeError(
+            f"lltm_ffi.{type(self).__name__} does not support TorchScript (torch.jit.script): "
+            "its passes are called through cffi, which TorchScript cannot compile. Use "
+            "torch.compile, or torch.export for a graph to save and load")
+
     def extra_repr(self):
         return f"input_features={self.input_features}, state_size={self.state_size}"
 

@@ -10,6 +10,9 @@ lltm_ffi's outputs and gradients with the reference's (computed in float64),
 as relative errors in norm, within conftest.allowed_error.
 
     python tests/child_cases.py SEED CASE...   (what the child runs)
+
+Other test files run their own crash-prone cases the same way: their main
+calls child_main with their own run_case, and run_child(their file, ids).
 """
 
 import json
@@ -150,12 +153,16 @@ def _run_case(case_id, seed):
     return f"largest relative error {worst:.3g}"
 
 
-def _child_main(arguments):
+def child_main(arguments, run_case=None):
+    """The child's loop: runs each case id after the seed in `arguments` with
+    run_case(case_id, seed) (this file's _run_case by default), printing a
+    JSON line as it starts and as it ends each."""
+    run_case = run_case or _run_case
     seed, case_ids = int(arguments[0]), arguments[1:]
     for case_id in case_ids:
         print(json.dumps({"start": case_id}), flush=True)
         try:
-            outcome, detail = "ok", _run_case(case_id, seed)
+            outcome, detail = "ok", run_case(case_id, seed)
         except AssertionError as error:
             outcome, detail = "mismatch", str(error)
         except Exception as error:  # noqa: BLE001 -- reported to the parent
@@ -165,12 +172,15 @@ def _child_main(arguments):
     return 0
 
 
-def run_child():
-    """Runs every case in CASE_IDS in one child process; what it reported."""
+def run_child(script=None, case_ids=None):
+    """Runs `case_ids` (every case in CASE_IDS by default) in one child
+    process running `script` (this file by default, or another whose main
+    calls child_main); what it reported."""
     replay = os.environ.get(SEED_VARIABLE)
     seed = int(replay) if replay else torch.Generator().seed() % 2 ** 63
     process = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(seed), *CASE_IDS],
+        [sys.executable, str(script or Path(__file__).resolve()), str(seed),
+         *(CASE_IDS if case_ids is None else case_ids)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     results, last_started = {}, None
     for line in process.stdout.splitlines():
@@ -220,4 +230,4 @@ def check_case(case_id, run):
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
+    sys.exit(child_main(sys.argv[1:]))
