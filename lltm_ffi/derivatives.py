@@ -1,10 +1,13 @@
-"""The derivatives of the cell's pointwise passes written in torch ops, for
-where autograd must differentiate them again or run them forward:
+"""The cell's pointwise passes and their derivatives written in torch ops,
+for where autograd must differentiate them again or run them forward:
 
 - backward_pass: what the C backward pass computes, used instead of it while
   autograd records a graph of the backward (create_graph=True, torch.func),
   so that second derivatives flow through it;
-- forward_tangents: forward-mode AD (torch.func.jvp, jacfwd, forward_ad).
+- forward_tangents: forward-mode AD (torch.func.jvp, jacfwd, forward_ad);
+- forward_pass and recorded_grads: the gradients of passes that have no
+  hand-written derivative (the sequence's loops, backward_pass itself) by
+  autograd of the same math in torch ops, when autograd records them.
 
 Both recompute the gate activations from the pre-activation gates, as the C
 passes do. Elu's derivative at 0 is taken as 1, as in C.
@@ -27,6 +30,13 @@ def _elu_derivative(pre_activation):
 
 def _zeros_where_none(gradient, like):
     return torch.zeros_like(like) if gradient is None else gradient
+
+
+def forward_pass(gates, old_cell):
+    """(new_h, new_cell), as lltm_ffi::forward_pass."""
+    input_gate, output_gate, candidate, _ = _activations(gates)
+    new_cell = old_cell + candidate * input_gate
+    return torch.tanh(new_cell) * output_gate, new_cell
 
 
 def backward_pass(grad_h, grad_cell, new_cell, gates):
@@ -56,3 +66,20 @@ def forward_tangents(gates, new_cell, gates_tangent, old_cell_tangent):
     new_h_tangent = (output_gate * (1 - tanh_cell * tanh_cell) * new_cell_tangent
                      + tanh_cell * output_gate * (1 - output_gate) * output_tangent)
     return new_h_tangent, new_cell_tangent
+
+
+def recorded_grads(function, arguments, needed, grad_outputs):
+    """The gradients of function(*arguments) (torch ops) with respect to the
+    arguments flagged in `needed` (None for the others), for grad_outputs
+    (none None). While grad mode is on they are differentiable again,
+    through the arguments' own history (create_graph)."""
+    create_graph = torch.is_grad_enabled()
+    with torch.enable_grad():
+        arguments = [argument if create_graph else argument.detach().requires_grad_(need)
+                     for argument, need in zip(arguments, needed)]
+        outputs = function(*arguments)
+        sources = [argument for argument, need in zip(arguments, needed) if need]
+        grads = iter(torch.autograd.grad(outputs, sources, grad_outputs,
+                                         create_graph=create_graph, allow_unused=True,
+                                         materialize_grads=True))
+    return tuple(next(grads) if need else None for need in needed)

@@ -113,19 +113,9 @@ def _backward_pass_setup_context(ctx, inputs, output):
 
 
 def _backward_pass_backward(ctx, grad_d_old_cell, grad_d_gates):
-    """backward_pass's own derivatives: autograd's, of the same pass in torch
-    ops (the gradients come materialized: never None)."""
-    create_graph = torch.is_grad_enabled()
-    needed = ctx.needs_input_grad
-    with torch.enable_grad():
-        inputs = [tensor if create_graph else tensor.detach().requires_grad_(need)
-                  for tensor, need in zip(ctx.saved_tensors, needed)]
-        outputs = derivatives.backward_pass(*inputs)
-        sources = [tensor for tensor, need in zip(inputs, needed) if need]
-        grads = iter(torch.autograd.grad(outputs, sources, (grad_d_old_cell, grad_d_gates),
-                                         create_graph=create_graph, allow_unused=True,
-                                         materialize_grads=True))
-    return tuple(next(grads) if need else None for need in needed)
+    """backward_pass's own derivatives: autograd's, of the same pass in torch ops."""
+    return derivatives.recorded_grads(derivatives.backward_pass, ctx.saved_tensors,
+                                      ctx.needs_input_grad, (grad_d_old_cell, grad_d_gates))
 
 
 backward_pass.register_autograd(_backward_pass_backward,

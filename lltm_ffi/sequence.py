@@ -22,9 +22,8 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from . import _arguments, _extension
+from . import _arguments, _extension, derivatives
 
 _ARGUMENT_NAMES = ("inputs", "weights", "bias", "h0", "c0")
 
@@ -152,10 +151,22 @@ def _sequence_backward_fake(hidden_weights, grad_outputs, grad_cells, cells, gat
     return torch.empty_like(gates), d_h0, torch.empty_like(d_h0)
 
 
+def _recurrence_in_torch(projected, hidden_weights, h0, c0):
+    """(outputs, cells) of every step, as sequence_forward, in torch ops: what
+    autograd differentiates where it records the backward (create_graph=True),
+    for which the C loops have no derivative."""
+    h, c, outputs, cells = h0, c0, [], []
+    for step in projected:
+        h, c = derivatives.forward_pass(step + h.mm(hidden_weights.t()), c)
+        outputs.append(h)
+        cells.append(c)
+    return torch.stack(outputs), torch.stack(cells)
+
+
 def _setup_context(ctx, inputs, output):
-    _, hidden_weights, h0, _ = inputs
+    projected, hidden_weights, h0, c0 = inputs
     outputs, cells, gates = output
-    ctx.save_for_backward(hidden_weights, h0, outputs, cells, gates)
+    ctx.save_for_backward(hidden_weights, h0, outputs, cells, gates, projected, c0)
 
 
 def _hidden_weights_grad(d_gates, h0, outputs, out):
@@ -168,9 +179,12 @@ def _hidden_weights_grad(d_gates, h0, outputs, out):
 
 
 def _sequence_forward_backward(ctx, grad_outputs, grad_cells, _):
-    hidden_weights, h0, outputs, cells, gates = ctx.saved_tensors
+    hidden_weights, h0, outputs, cells, gates, projected, c0 = ctx.saved_tensors
     grad_outputs = torch.zeros_like(outputs) if grad_outputs is None else grad_outputs
     grad_cells = torch.zeros_like(cells) if grad_cells is None else grad_cells
+    if torch.is_grad_enabled():
+        return derivatives.recorded_grads(_recurrence_in_torch, (projected, hidden_weights, h0, c0),
+                                          ctx.needs_input_grad, (grad_outputs, grad_cells))
     d_gates, d_h0, d_c0 = sequence_backward(hidden_weights, grad_outputs, grad_cells, cells, gates)
     d_hidden = _hidden_weights_grad(d_gates, h0, outputs, h0.new_empty(hidden_weights.shape))
     return d_gates, d_hidden, d_h0, d_c0
@@ -188,14 +202,16 @@ class SequenceFunction(torch.autograd.Function):
         state_size = h0.shape[1]
         projected = F.linear(inputs, weights[:, state_size:], bias.reshape(-1))
         outputs, cells, gates = _forward_pass(projected, weights[:, :state_size], h0, c0)
-        ctx.save_for_backward(inputs, weights, h0, outputs, cells, gates)
+        ctx.save_for_backward(inputs, weights, h0, outputs, cells, gates, bias, c0)
         ctx.bias_shape = bias.shape
         return outputs, cells
 
     @staticmethod
-    @once_differentiable  # the C loops have no derivative of their own
     def backward(ctx, grad_outputs, grad_cells):
-        inputs, weights, h0, outputs, cells, gates = ctx.saved_tensors
+        inputs, weights, h0, outputs, cells, gates, bias, c0 = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return derivatives.recorded_grads(_sequence_in_torch, (inputs, weights, bias, h0, c0),
+                                              ctx.needs_input_grad, (grad_outputs, grad_cells))
         state_size = h0.shape[1]
         d_gates, d_h0, d_c0 = _backward_pass(weights[:, :state_size], grad_outputs, grad_cells,
                                              cells, gates)
@@ -213,6 +229,24 @@ class SequenceFunction(torch.autograd.Function):
             d_bias = d_gates.sum(dim=(0, 1)).view(ctx.bias_shape)
         return (d_inputs, d_weights, d_bias, d_h0 if needs_h0 else None,
                 d_c0 if needs_c0 else None)
+
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
+
+
+_UNSUPPORTED_TRANSFORMS = (
+    "lltm_ffi.lltm_sequence supports torch.autograd's reverse mode, to any order, but not "
+    "forward-mode AD nor torch.func's transforms (grad, vjp, jacrev, jvp, jacfwd, vmap); "
+    "lltm_ffi.lltm, one step at a time, supports them all")
+
+
+def _sequence_in_torch(inputs, weights, bias, h0, c0):
+    """(outputs, cells) of SequenceFunction in torch ops."""
+    state_size = h0.shape[1]
+    projected = F.linear(inputs, weights[:, state_size:], bias.reshape(-1))
+    return _recurrence_in_torch(projected, weights[:, :state_size], h0, c0)
 
 
 def _autocast_enabled(inputs):
@@ -254,5 +288,7 @@ def lltm_sequence(inputs, weights, bias, h0, c0):
     if autocast or _arguments.use_operator(inputs, weights, bias, h0, c0):
         outputs, cells, _ = _run(inputs, weights, bias, h0, c0, autocast)
     else:
+        if torch._C._are_functorch_transforms_active():
+            raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
         outputs, cells = SequenceFunction.apply(inputs, weights, bias, h0, c0)
     return outputs, (outputs[-1], cells[-1])

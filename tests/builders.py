@@ -97,3 +97,12 @@ def copied_to(view, device):
     elements = view.untyped_storage().nbytes() // view.element_size()
     buffer = view.as_strided((elements,), (1,), 0).to(device)
     return buffer.as_strided(view.shape, view.stride(), view.storage_offset())
+
+
+def sequence_arguments(generator, shape, dtype=torch.float64, device="cpu"):
+    """[inputs, weights, bias, h0, c0] of lltm_sequence for shape (steps,
+    batch, features, state), drawn as random_inputs draws the cell's."""
+    steps, batch_size, input_features, state_size = shape
+    cell = random_inputs(generator, (batch_size, input_features, state_size), dtype, device)
+    inputs = torch.randn(steps, batch_size, input_features, generator=generator, dtype=dtype)
+    return [inputs.to(device), *cell[1:]]

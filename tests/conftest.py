@@ -199,3 +199,12 @@ def raises_with(exception, *fragments):
     """pytest.raises for `exception` whose message holds every fragment, literally."""
     return pytest.raises(exception, match="".join(f"(?=[\\s\\S]*{re.escape(str(fragment))})"
                                                   for fragment in fragments))
+
+
+def reference_sequence(inputs, weights, bias, h0, c0):
+    """lltm_sequence's results from a loop of the reference cell."""
+    h, c, outputs = h0, c0, []
+    for step in inputs:
+        h, c = lltm_ffi.reference.lltm(step, weights, bias, h, c)
+        outputs.append(h)
+    return torch.stack(outputs), (h, c)

@@ -13,12 +13,13 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 import lltm_ffi
-from builders import random_inputs, random_like
-from conftest import ARGUMENT_NAMES, assert_all_close, shape_id
+from builders import random_inputs, random_like, sequence_arguments
+from conftest import ARGUMENT_NAMES, assert_all_close, reference_sequence, shape_id
 from lltm_ffi import reference, selfcheck
 
 CELLS = {"reference": reference.lltm, "lltm_ffi": lltm_ffi.lltm}
 SHAPES = [(1, 2, 3), (3, 5, 7), (4, 6, 5)]
+SEQUENCE_SHAPE = (4, 3, 5, 7)
 
 
 def _leaves(inputs):
@@ -328,3 +329,53 @@ def test_func_functional_call(device, dtype, generator):
     assert_all_close([got["weights"], got["bias"]], [expected["weights"], expected["bias"]],
                      _tolerance(dtype))
     assert torch.equal(module.weights, own_weights)
+
+
+def test_sequence_gradient_penalty(device, generator):
+    arguments = sequence_arguments(generator, SEQUENCE_SHAPE, device=device)
+
+    def penalised_grads(sequence):
+        leaves = _leaves(arguments)
+        outputs, (h_n, c_n) = sequence(*leaves)
+        grads = torch.autograd.grad(outputs.sum() + c_n.sum(), leaves, create_graph=True)
+        assert all(grad.requires_grad for grad in grads)
+        penalty = sum((grad ** 2).sum() for grad in grads)
+        return torch.autograd.grad(outputs.sin().sum() + penalty, leaves)
+
+    got = penalised_grads(lltm_ffi.lltm_sequence)
+    expected = penalised_grads(reference_sequence)
+    assert_all_close(got, expected, _tolerance(torch.float64))
+
+
+def test_sequence_gradgradcheck(device, generator):
+    arguments = _leaves(sequence_arguments(generator, (3, 2, 3, 4), device=device))
+    assert torch.autograd.gradgradcheck(lambda *leaves: lltm_ffi.lltm_sequence(*leaves)[0],
+                                        arguments)
+
+
+def test_sequence_operator_gradgradcheck(device, generator):
+    steps_input, weights, bias, h0, c0 = sequence_arguments(generator, (3, 2, 3, 4),
+                                                            device=device)
+    projected = torch.nn.functional.linear(steps_input, weights[:, 4:], bias)
+    arguments = _leaves([projected, weights[:, :4], h0, c0])
+    assert torch.autograd.gradgradcheck(
+        lambda *leaves: torch.ops.lltm_ffi.sequence_forward(*leaves)[:2], arguments)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jvp", "forward_ad"])
+def test_sequence_refuses_transforms_naming_lltm_ffi(transform, generator):
+    arguments = sequence_arguments(generator, SEQUENCE_SHAPE, device=torch.device("cpu"))
+
+    def output_sum(*arguments):
+        return lltm_ffi.lltm_sequence(*arguments)[0].sum()
+
+    with pytest.raises(NotImplementedError, match="lltm_ffi.lltm_sequence .* not forward-mode"):
+        if transform == "grad":
+            torch.func.grad(output_sum)(*arguments)
+        elif transform == "vmap":
+            torch.func.vmap(output_sum)(*(tensor.unsqueeze(0) for tensor in arguments))
+        elif transform == "jvp":
+            torch.func.jvp(output_sum, tuple(arguments), tuple(arguments))
+        else:
+            with forward_ad.dual_level():
+                output_sum(forward_ad.make_dual(arguments[0], arguments[0]), *arguments[1:])

@@ -25,28 +25,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import child_cases
 import lltm_ffi
-from builders import random_grad_outputs, random_inputs
-from conftest import assert_all_close, outputs_and_gradients, raises_with
+from builders import random_grad_outputs, random_inputs, sequence_arguments
+from conftest import (assert_all_close, outputs_and_gradients, raises_with,
+                      reference_sequence)
 from lltm_ffi import function, ops, reference, selfcheck
 from lltm_ffi.round_ste import round_forward
 
 SHAPE = (3, 5, 7)
+SEQUENCE_SHAPE = (4, 3, 5, 7)
 TOLERANCE = selfcheck.TOLERANCES[torch.float64]
-
-
-def _reference_sequence(inputs, weights, bias, h0, c0):
-    h, c, outputs = h0, c0, []
-    for step in inputs:
-        h, c = reference.lltm(step, weights, bias, h, c)
-        outputs.append(h)
-    return torch.stack(outputs), (h, c)
-
-
-def _sequence_arguments(generator, device, steps=4):
-    inputs = random_inputs(generator, SHAPE, torch.float64, device)
-    steps_input = torch.randn(steps, *inputs[0].shape, generator=generator,
-                              dtype=torch.float64).to(device)
-    return [steps_input, *inputs[1:]]
 
 
 def _halves(tensors):
@@ -72,10 +59,10 @@ def _two_tensor_cell(device, generator):
 
 
 def _two_tensor_sequence(device, generator):
-    arguments = _sequence_arguments(generator, device)
+    arguments = sequence_arguments(generator, SEQUENCE_SHAPE, device=device)
     outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(
         *(TwoTensor(tensor, tensor.clone()) for tensor in arguments))
-    expected, (expected_h, expected_c) = _reference_sequence(*arguments)
+    expected, (expected_h, expected_c) = reference_sequence(*arguments)
     assert_all_close(_halves([outputs, h_n, c_n]), _twice([expected, expected_h, expected_c]),
                      TOLERANCE)
 
@@ -107,11 +94,11 @@ def _fake_cell(device, generator):
 
 
 def _fake_sequence(device, generator):
-    arguments = _sequence_arguments(generator, device)
+    arguments = sequence_arguments(generator, SEQUENCE_SHAPE, device=device)
     with FakeTensorMode() as mode:
         fakes = [mode.from_tensor(tensor) for tensor in arguments]
         outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*fakes)
-        expected, (expected_h, expected_c) = _reference_sequence(*fakes)
+        expected, (expected_h, expected_c) = reference_sequence(*fakes)
     _assert_fake_like([outputs, h_n, c_n], [expected, expected_h, expected_c])
 
 
