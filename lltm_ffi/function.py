@@ -175,10 +175,15 @@ def _batch_first(tensor, dim, batch_size):
 
 
 def _traceable_lltm(input, weights, bias, old_h, old_cell):
-    """The cell through the registered operators, for torch.compile and autocast."""
+    """The cell through the registered operators, for torch.compile, tracers,
+    subclasses and autocast. Inside torch.func's transforms (torch.compile of
+    torch.func.grad, say) the pointwise pass runs in torch ops instead: the
+    operators' autograd does not support those transforms."""
     X = torch.cat((old_h, input), dim=1)
-    gates = torch.nn.functional.linear(X, weights, bias)
-    return ops.forward_pass(gates.to(old_cell.dtype), old_cell)
+    gates = torch.nn.functional.linear(X, weights, bias).to(old_cell.dtype)
+    if torch._C._are_functorch_transforms_active():
+        return derivatives.forward_pass(gates, old_cell)
+    return ops.forward_pass(gates, old_cell)
 
 
 def _autocast_lltm(input, weights, bias, old_h, old_cell, device_type):

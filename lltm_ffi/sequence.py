@@ -285,10 +285,10 @@ def lltm_sequence(inputs, weights, bias, h0, c0):
     check_arguments(inputs, weights, bias, h0, c0)
     if inputs.shape[0] == 0:
         return inputs.new_empty(0, *h0.shape), (h0, c0)
+    if torch._C._are_functorch_transforms_active():
+        raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
     if autocast or _arguments.use_operator(inputs, weights, bias, h0, c0):
         outputs, cells, _ = _run(inputs, weights, bias, h0, c0, autocast)
     else:
-        if torch._C._are_functorch_transforms_active():
-            raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
         outputs, cells = SequenceFunction.apply(inputs, weights, bias, h0, c0)
     return outputs, (outputs[-1], cells[-1])

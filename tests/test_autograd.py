@@ -189,6 +189,31 @@ def test_compiled_double_backward_is_refused_as_for_the_reference(cell, generato
         grad_input.pow(2).sum().backward()
 
 
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jvp"])
+def test_compiled_func_transforms(transform, generator):
+    """torch.compile of a torch.func transform of the cell (its pointwise pass
+    then in torch ops: the operators' autograd does not support them)."""
+    inputs = random_inputs(generator, (3, 5, 7))
+    tangents = [random_like(tensor, generator) for tensor in inputs]
+    stacked = _stacked(inputs, generator, VMAPPED["batch"])
+
+    def compiled(cell):
+        if transform == "grad":
+            function = torch.func.grad(_loss(cell), argnums=ARGNUMS)
+            arguments = inputs
+        elif transform == "vmap":
+            function = torch.func.vmap(cell, in_dims=(0, None, None, 0, 0))
+            arguments = stacked
+        else:
+            def function(*arguments):
+                return torch.func.jvp(cell, arguments, tuple(tangents))[1]
+            arguments = inputs
+        return torch.compile(function, fullgraph=True)(*arguments)
+
+    got, expected = _both(compiled)
+    assert_all_close(got, expected, _tolerance(torch.float64))
+
+
 def test_forward_mode_dual_numbers(device, dtype, generator):
     inputs = random_inputs(generator, (3, 5, 7), dtype, device)
     tangents = [random_like(tensor, generator) for tensor in inputs]
