@@ -78,6 +78,9 @@ def check_device(op, device, subject="the arguments are"):
         raise ValueError(f"{op}: {subject} on {device}; lltm_ffi runs on cpu and cuda")
 
 
+_PLAIN = {torch.Tensor}
+
+
 def use_operator(*tensors):
     """True where an op must go through its registered torch.library operator
     rather than hand data_ptr() to C itself: while torch.compile or
@@ -90,4 +93,4 @@ def use_operator(*tensors):
     # is_compiling() first: dynamo takes it as True and reads no further.
     return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._get_tracing_state() is not None
-            or any(type(tensor) is not torch.Tensor for tensor in tensors))
+            or set(map(type, tensors)) != _PLAIN)

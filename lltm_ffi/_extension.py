@@ -137,10 +137,13 @@ def call(function, reference, sizes, tensors):
     else:
         index, stream = lib.LLTM_CPU, _NULL
     addresses = [tensor.data_ptr() for tensor in tensors]
-    if not all(addresses) or any(type(tensor) is not torch.Tensor for tensor in tensors):
+    if not all(addresses) or set(map(type, tensors)) != _PLAIN:
         _check_memory(function, tensors, addresses)
     pointers = [_cast("void *", address) for address in addresses]
     check(function, entry(_DTYPE_CODES[reference.dtype], index, stream, *sizes, *pointers))
+
+
+_PLAIN = {torch.Tensor}
 
 
 def _check_memory(function, tensors, addresses):
