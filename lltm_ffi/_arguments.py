@@ -78,9 +78,6 @@ def check_device(op, device, subject="the arguments are"):
         raise ValueError(f"{op}: {subject} on {device}; lltm_ffi runs on cpu and cuda")
 
 
-_PLAIN = {torch.Tensor}
-
-
 def use_operator(*tensors):
     """True where an op must go through its registered torch.library operator
     rather than hand data_ptr() to C itself: while torch.compile or
@@ -93,4 +90,4 @@ def use_operator(*tensors):
     # is_compiling() first: dynamo takes it as True and reads no further.
     return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._get_tracing_state() is not None
-            or set(map(type, tensors)) != _PLAIN)
+            or not _extension.PLAIN_TENSOR_TYPES.issuperset(map(type, tensors)))

@@ -123,6 +123,11 @@ _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
+# The types whose instances are plain tensors with storage of their own
+# (nn.Parameter is plain to everything but nn.Module).
+PLAIN_TENSOR_TYPES = {torch.Tensor, torch.nn.Parameter}
+
+
 def call(function, reference, sizes, tensors):
     """Runs the C entry point lib.<function>(dtype, device, stream, *sizes,
     *addresses of tensors) for `reference`'s dtype and device, on that
@@ -137,13 +142,10 @@ def call(function, reference, sizes, tensors):
     else:
         index, stream = lib.LLTM_CPU, _NULL
     addresses = [tensor.data_ptr() for tensor in tensors]
-    if not all(addresses) or set(map(type, tensors)) != _PLAIN:
+    if not all(addresses) or not PLAIN_TENSOR_TYPES.issuperset(map(type, tensors)):
         _check_memory(function, tensors, addresses)
     pointers = [_cast("void *", address) for address in addresses]
     check(function, entry(_DTYPE_CODES[reference.dtype], index, stream, *sizes, *pointers))
-
-
-_PLAIN = {torch.Tensor}
 
 
 def _check_memory(function, tensors, addresses):

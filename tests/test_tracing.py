@@ -28,7 +28,7 @@ import lltm_ffi
 from builders import random_grad_outputs, random_inputs, sequence_arguments
 from conftest import (assert_all_close, outputs_and_gradients, raises_with,
                       reference_sequence)
-from lltm_ffi import function, ops, reference, selfcheck
+from lltm_ffi import function, ops, reference, selfcheck, sequence
 from lltm_ffi.round_ste import round_forward
 
 SHAPE = (3, 5, 7)
@@ -223,6 +223,23 @@ def test_crash_prone_case(case_id, crash_prone_run):
 
 def test_crash_prone_child_exits_normally(crash_prone_run):
     child_cases.check_exit(crash_prone_run)
+
+
+def test_plain_tensors_and_parameters_take_the_eager_path(monkeypatch, device, generator):
+    """The modules' nn.Parameters count as plain: no detour through the operators."""
+    def refuse(*arguments):
+        raise AssertionError("a plain call went through the operators")
+
+    monkeypatch.setattr(function, "_traceable_lltm", refuse)
+    monkeypatch.setattr(sequence, "_run", refuse)
+    cell = lltm_ffi.LLTM(5, 7, device=device, dtype=torch.float64)
+    input, _, _, h, c = random_inputs(generator, SHAPE, torch.float64, device)
+    expected = reference.lltm(input, cell.weights, cell.bias, h, c)
+    assert_all_close(cell(input, (h, c)), expected, TOLERANCE)
+    layer = lltm_ffi.LLTMSequence(5, 7, device=device, dtype=torch.float64)
+    layer.load_state_dict(cell.state_dict())
+    outputs, _ = layer(input.unsqueeze(0), (h, c))
+    assert_all_close([outputs[0]], [expected[0]], TOLERANCE)
 
 
 class Tagged(torch.Tensor):
