@@ -7,6 +7,8 @@ C shim.
 """
 
 import torch
+from torch.autograd import forward_ad
+
 from . import _arguments, derivatives, ops
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
@@ -95,7 +97,8 @@ class LLTMFunction(torch.autograd.Function):
         _, new_cell, X, gates = output
         # The backward pass recomputes the gate activations from `gates`.
         ctx.save_for_backward(X, weights, gates, new_cell)
-        ctx.save_for_forward(X, weights, gates, new_cell)
+        if forward_ad._current_level >= 0:  # inside a dual level: forward mode may call jvp
+            ctx.save_for_forward(X, weights, gates, new_cell)
         ctx.bias_shape = bias.shape
         # X's and gates' gradients are None unless someone used them.
         ctx.set_materialize_grads(False)
