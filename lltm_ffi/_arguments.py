@@ -16,8 +16,9 @@ def check_tensor(op, name, tensor):
         raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; "
                         "lltm_ffi supports torch.float32 and torch.float64")
     if tensor.is_nested:
-        raise TypeError(f"{op}: {name} is a nested tensor (layout {tensor.layout}); lltm_ffi takes dense "
-                        "(torch.strided) tensors: pad it with torch.nested.to_padded_tensor()")
+        raise TypeError(f"{op}: {name} is a nested tensor (layout {tensor.layout}); lltm_ffi "
+                        "takes dense (torch.strided) tensors: pad it with "
+                        "torch.nested.to_padded_tensor()")
     if tensor.layout is not torch.strided:
         raise TypeError(f"{op}: {name} has layout {tensor.layout}; lltm_ffi takes dense "
                         "(torch.strided) tensors: convert it with .to_dense()")

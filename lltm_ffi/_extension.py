@@ -160,7 +160,8 @@ def _check_memory(function, tensors, addresses):
             raise TypeError(f"{function}: got a {kind.__module__}.{kind.__qualname__} without "
                             "memory of its own (a fake tensor or a __torch_dispatch__ subclass); "
                             "lltm_ffi's C passes take tensors with real storage, and lltm_ffi's "
-                            "public functions route such tensors through the torch.library operators")
+                            "public functions route such tensors through the torch.library "
+                            "operators")
 
 
 def check(function, code):

@@ -183,7 +183,8 @@ def _sequence_forward_backward(ctx, grad_outputs, grad_cells, _):
     grad_outputs = torch.zeros_like(outputs) if grad_outputs is None else grad_outputs
     grad_cells = torch.zeros_like(cells) if grad_cells is None else grad_cells
     if torch.is_grad_enabled():
-        return derivatives.recorded_grads(_recurrence_in_torch, (projected, hidden_weights, h0, c0),
+        return derivatives.recorded_grads(_recurrence_in_torch,
+                                          (projected, hidden_weights, h0, c0),
                                           ctx.needs_input_grad, (grad_outputs, grad_cells))
     d_gates, d_h0, d_c0 = sequence_backward(hidden_weights, grad_outputs, grad_cells, cells, gates)
     d_hidden = _hidden_weights_grad(d_gates, h0, outputs, h0.new_empty(hidden_weights.shape))
@@ -210,7 +211,8 @@ class SequenceFunction(torch.autograd.Function):
     def backward(ctx, grad_outputs, grad_cells):
         inputs, weights, h0, outputs, cells, gates, bias, c0 = ctx.saved_tensors
         if torch.is_grad_enabled():
-            return derivatives.recorded_grads(_sequence_in_torch, (inputs, weights, bias, h0, c0),
+            return derivatives.recorded_grads(_sequence_in_torch,
+                                              (inputs, weights, bias, h0, c0),
                                               ctx.needs_input_grad, (grad_outputs, grad_cells))
         state_size = h0.shape[1]
         d_gates, d_h0, d_c0 = _backward_pass(weights[:, :state_size], grad_outputs, grad_cells,
@@ -229,7 +231,6 @@ class SequenceFunction(torch.autograd.Function):
             d_bias = d_gates.sum(dim=(0, 1)).view(ctx.bias_shape)
         return (d_inputs, d_weights, d_bias, d_h0 if needs_h0 else None,
                 d_c0 if needs_c0 else None)
-
 
     @staticmethod
     def jvp(ctx, *tangents):
