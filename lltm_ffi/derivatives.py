@@ -17,6 +17,16 @@ import torch
 import torch.nn.functional as F
 
 
+def in_torch_ops(*gradients):
+    """True where a backward given `gradients` must run in torch ops rather
+    than C: while autograd records it (create_graph=True), or inside vmap,
+    whose batched tensors C cannot read (torch.func's transforms; the
+    autograd.grad(is_grads_batched=True) behind jacobian(vectorize=True))."""
+    return (torch.is_grad_enabled() or torch._C._are_functorch_transforms_active()
+            or any(gradient is not None and torch._C._functorch.is_legacy_batchedtensor(gradient)
+                   for gradient in gradients))
+
+
 def _activations(gates):
     gate_input, gate_output, gate_candidate = gates.chunk(3, dim=1)
     return (torch.sigmoid(gate_input), torch.sigmoid(gate_output), F.elu(gate_candidate),

@@ -108,7 +108,7 @@ class LLTMFunction(torch.autograd.Function):
         X, weights, gates, new_cell = ctx.saved_tensors
         if grad_h is None and grad_cell is None:
             d_old_cell = d_gates = None
-        elif torch.is_grad_enabled():
+        elif derivatives.in_torch_ops(grad_h, grad_cell):
             d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)
         else:
             d_old_cell, d_gates = ops.backward(_or_zeros(grad_h, new_cell),

@@ -96,7 +96,7 @@ def _setup_context(ctx, inputs, output):
 
 def _forward_pass_backward(ctx, grad_h, grad_cell):
     gates, new_cell = ctx.saved_tensors
-    if torch.is_grad_enabled():
+    if derivatives.in_torch_ops(grad_h, grad_cell):
         # Autograd records this backward (create_graph=True, torch.func): the
         # same math in torch ops, which it can differentiate again.
         d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)

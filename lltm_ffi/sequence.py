@@ -182,7 +182,7 @@ def _sequence_forward_backward(ctx, grad_outputs, grad_cells, _):
     hidden_weights, h0, outputs, cells, gates, projected, c0 = ctx.saved_tensors
     grad_outputs = torch.zeros_like(outputs) if grad_outputs is None else grad_outputs
     grad_cells = torch.zeros_like(cells) if grad_cells is None else grad_cells
-    if torch.is_grad_enabled():
+    if derivatives.in_torch_ops(grad_outputs, grad_cells):
         return derivatives.recorded_grads(_recurrence_in_torch,
                                           (projected, hidden_weights, h0, c0),
                                           ctx.needs_input_grad, (grad_outputs, grad_cells))
@@ -210,7 +210,7 @@ class SequenceFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_outputs, grad_cells):
         inputs, weights, h0, outputs, cells, gates, bias, c0 = ctx.saved_tensors
-        if torch.is_grad_enabled():
+        if derivatives.in_torch_ops(grad_outputs, grad_cells):
             return derivatives.recorded_grads(_sequence_in_torch,
                                               (inputs, weights, bias, h0, c0),
                                               ctx.needs_input_grad, (grad_outputs, grad_cells))

@@ -169,6 +169,22 @@ def _compiled_graphs(function, arguments):
     return graphs
 
 
+def test_vectorized_jacobian(device, generator):
+    """jacobian(vectorize=True): a backward on batched gradients
+    (autograd.grad(is_grads_batched=True)), for the cell and the sequence."""
+    inputs = tuple(random_inputs(generator, (2, 3, 4), torch.float64, device))
+    arguments = tuple(sequence_arguments(generator, (3, 2, 3, 4), device=device))
+
+    def jacobians(cell, sequence):
+        return [*torch.autograd.functional.jacobian(cell, inputs, vectorize=True)[0],
+                *torch.autograd.functional.jacobian(lambda *leaves: sequence(*leaves)[0],
+                                                    arguments, vectorize=True)]
+
+    got = jacobians(lltm_ffi.lltm, lltm_ffi.lltm_sequence)
+    expected = jacobians(reference.lltm, reference_sequence)
+    assert_all_close(got, expected, _tolerance(torch.float64))
+
+
 def test_compiled_first_order_backward_keeps_the_fused_pass(generator):
     arguments = _leaves(random_inputs(generator, (3, 4, 5)))
     graphs = _compiled_graphs(lltm_ffi.lltm, arguments)
