@@ -2,8 +2,9 @@
 operators, against the same derivatives of the reference cell: second order
 (gradient penalties, Hessian-vector products, gradgradcheck), third order,
 forward mode, and torch.func's transforms (grad, vjp, jacrev, jvp, jacfwd,
-vmap over the batch and over a stack of weights, functional_call).
-First-order gradients are in test_agreement.py and test_gradcheck.py."""
+vmap over the batch and over a stack of weights, functional_call), also
+under torch.compile; and lltm_sequence's second order and its clear refusal
+of forward mode and torch.func. First-order gradients are in test_agreement.py and test_gradcheck.py."""
 
 import pytest
 import torch
@@ -56,8 +57,6 @@ def test_gradient_penalty_reproducer(device, dtype):
 
     got, expected = _both(penalised_weight_grad)
     assert_all_close(got, expected, _tolerance(dtype))
-    if dtype == torch.float64:
-        assert abs(got[1].norm().item() - 122.8) < 0.05  # the figure in the issue
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
