@@ -4,7 +4,8 @@ operators, against the same derivatives of the reference cell: second order
 forward mode, and torch.func's transforms (grad, vjp, jacrev, jvp, jacfwd,
 vmap over the batch and over a stack of weights, functional_call), also
 under torch.compile; and lltm_sequence's second order and its clear refusal
-of forward mode and torch.func. First-order gradients are in test_agreement.py and test_gradcheck.py."""
+of forward mode and torch.func. First-order gradients are in
+test_agreement.py and test_gradcheck.py."""
 
 import pytest
 import torch
