@@ -166,6 +166,7 @@ def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkey
                                                          precision):
     skip_without_gpu()
     monkeypatch.setattr(sequence, "SEQUENCE_SHAPES", ((3, 5, 7, 9), (2, 4, 3, 17)))
+    settings = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     assert benchmark.main(["--sequence", "-c", "-r", "3", *precision]) == 0
     output = capsys.readouterr().out
     rows = rows_of_numbers(output, 2)
@@ -174,8 +175,8 @@ def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkey
              "nn.GRU (cuDNN)"]
     assert [row.split("|")[2].strip() for row in rows] == names * 2
     assert ("TF32 allowed" if precision else "strict float32") in output
-    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32, \
-        "the benchmark left TF32 on for the tests that follow"
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == settings, \
+        "the benchmark changed the TF32 settings for the tests that follow"
 
 
 def test_autocast_times_the_pieces(few_warmup_runs, monkeypatch, capsys):
