@@ -33,6 +33,8 @@ DEMO_TIMEOUT_S = 300
 # float64 throughout: the sums of two shares' gradients differ from one sum
 # over the whole batch by rounding alone.
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
+# NVLink multicast stays off, in NCCL and in torch's symmetric memory.
+NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 DDP_CASES = [f"ddp-{kind}-{batch}" for kind in ("cell", "sequence") for batch in (1, 3)]
 COMPILE_CASES = ["compile-cell-2", "compile-sequence-3"]
 FSDP_CASES = ["fsdp-cell-2", "fsdp-sequence-3"]
@@ -50,7 +52,7 @@ def torchrun(arguments, device_type, timeout):
         [str(REPO_ROOT)] + [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                             if path]))
     if device_type == "cuda":
-        environment["NCCL_NVLS_ENABLE"] = "0"
+        environment.update(NVLINK_MULTICAST_OFF)
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc-per-node={PROCESSES}", *arguments],
