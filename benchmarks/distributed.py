@@ -101,16 +101,14 @@ def worker(rank, world_size, port, device_type, dtype, workloads, warmup, runs, 
     if device_type == "cpu":
         torch.set_num_threads(1)
     rank, world_size, device = training.start(device_type)
-    try:
-        torch.manual_seed(0)
-        results = [(workload.name, wrapped,
-                    steps_per_second(workload, wrapped, device, dtype, warmup, runs))
-                   for workload in workloads
-                   for wrapped in ((False, True) if world_size == 1 else (True,))]
-        if rank == 0:
-            torch.save(results, result_path)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    results = [(workload.name, wrapped,
+                steps_per_second(workload, wrapped, device, dtype, warmup, runs))
+               for workload in workloads
+               for wrapped in ((False, True) if world_size == 1 else (True,))]
+    if rank == 0:
+        torch.save(results, result_path)
+    training.finish()
 
 
 def measure(device_type, dtype, workloads, runs):

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from . import selfcheck
+from ._build_info import VERSION
 from .demo import Progress, mean_losses, save_plot
 from .module import LLTMSequence
 
@@ -61,6 +62,15 @@ def start(device_type):
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def finish():
+    """Leaves the process group once every process is done with it (a gloo
+    process that tears its group down while another still uses it can
+    abort). Not after an error: the others may never come to the barrier,
+    and torchrun stops them."""
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 class WholeSequenceRegressor(torch.nn.Module):
@@ -145,16 +155,15 @@ def run(args):
     """The demo's training run in this process (args: the demo's options).
     Returns the exit code."""
     rank, world_size, device = start(args.device)
-    try:
-        return train(args, rank, world_size, device)
-    finally:
-        dist.destroy_process_group()
+    code = train(args, rank, world_size, device)
+    finish()
+    return code
 
 
 def train(args, rank, world_size, device):
     say = print if rank == 0 else (lambda *_: None)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    say(f"lltm_ffi on {world_size} process(es), {device.type} ({name}) through "
+    say(f"lltm_ffi {VERSION} on {world_size} process(es), {device.type} ({name}) through "
         f"{dist.get_backend()}, torch {torch.__version__}")
     failure = all_agree(device)
     say("agreement with the PyTorch reference on every process (16x32x128, float32, outputs "

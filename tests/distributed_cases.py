@@ -16,7 +16,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
@@ -130,14 +129,11 @@ def main(outdir, device_type, seed, cases):
     # FSDP2 warns for every module output that is a view (LLTMSequence's, a readout
     # column); nothing here writes into one in place, which is what it warns of.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-    try:
-        for index, case in enumerate(cases):
-            result = run_case(case, seed + 1000 * index, rank, world_size, device)
-            result["world_size"] = world_size
-            torch.save(result, Path(outdir) / f"{case}_rank{rank}.pt")
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    for index, case in enumerate(cases):
+        result = run_case(case, seed + 1000 * index, rank, world_size, device)
+        result["world_size"] = world_size
+        torch.save(result, Path(outdir) / f"{case}_rank{rank}.pt")
+    distributed.finish()
 
 
 if __name__ == "__main__":
