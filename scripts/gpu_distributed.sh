@@ -7,4 +7,9 @@
 # step's log goes to $OUT/STEP.log (OUT defaults to ./gpu_out); a table of
 # steps, results and times is printed last. An existing PYTHONPATH (a
 # --target directory with cffi, say) is kept.
+gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())') || exit 1
+if [ "$gpus" -lt 2 ]; then
+  echo "gpu_distributed.sh: needs 2 GPUs or more; torch sees $gpus" >&2
+  exit 2
+fi
 exec "$(dirname "$0")/gpu_session.sh" build dist-pytest dist-demo dist-bench

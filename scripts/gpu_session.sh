@@ -49,7 +49,7 @@ command_for() {
     demo)    echo "python3 -m lltm_ffi.demo --plot $OUT/demo_loss.png" ;;
     dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_distributed.py tests/test_benchmark.py -k 'distributed'" ;;
     dist-demo) echo "$torchrun -m lltm_ffi.demo --distributed --steps 150 --checkpoint $OUT/dist_demo.pt --plot $OUT/dist_demo_first.png && $torchrun -m lltm_ffi.demo --distributed --steps 300 --checkpoint $OUT/dist_demo.pt --resume --plot $OUT/dist_demo_loss.png" ;;
-    dist-bench) echo "python3 benchmark.py --distributed -c | tee $OUT/dist_bench.md" ;;
+    dist-bench) echo "set -o pipefail; python3 benchmark.py --distributed -c | tee $OUT/dist_bench.md" ;;
     *)       echo "" ;;
   esac
 }
@@ -64,9 +64,9 @@ for step in "${steps[@]}"; do
   status=$?
   seconds=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
   tail -n 25 "$OUT/$step.log"
-  table+=("$(printf '%-8s %-5s %7ss  %s' "$step" "$([ $status -eq 0 ] && echo ok || echo FAIL)" "$seconds" "$(grep -v '^\s*$' "$OUT/$step.log" | tail -n 1 | cut -c1-90)")")
+  table+=("$(printf '%-11s %-5s %7ss  %s' "$step" "$([ $status -eq 0 ] && echo ok || echo FAIL)" "$seconds" "$(grep -v '^\s*$' "$OUT/$step.log" | tail -n 1 | cut -c1-90)")")
 done
 
 echo
-echo "step     result    time  last line"
+echo "step        result    time  last line"
 printf '%s\n' "${table[@]}"

@@ -192,7 +192,9 @@ def test_demo_resumes_where_it_stopped(demo_device, tmp_path):
     assert after_seven["step"] == 7 and len(after_seven["losses"]) == 7
     assert continued["step"] == uninterrupted["step"] == 12
     assert continued["losses"][:7] == after_seven["losses"]
-    torch.testing.assert_close(continued["losses"], uninterrupted["losses"])
+    # float32 training: the same computation, but allow for a GPU library's rounding.
+    torch.testing.assert_close(torch.tensor(continued["losses"]),
+                               torch.tensor(uninterrupted["losses"]))
     torch.testing.assert_close(continued["model"], uninterrupted["model"])
     assert not list(tmp_path.glob("*.partial"))
     try:
