@@ -92,6 +92,8 @@ def run_case(case, seed, rank, world_size, device):
 
         fully_shard(model.cell if kind == "cell" else model.rnn)
         fully_shard(model)
+        result["shard_rows"] = {name: parameter.to_local().shape[0]
+                                for name, parameter in model.named_parameters()}
         optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
         result["batches"], result["losses"] = [], []
         for step in range(FSDP_STEPS):

@@ -143,6 +143,11 @@ def test_fsdp2_trains_to_the_parameters_one_process_reaches(launch, case):
         shares = sum(result["losses"][step] for result in results) / PROCESSES
         assert shares == pytest.approx(loss.item(), rel=1e-12), f"{launch.note(case)}, step {step}"
     trained = {name: parameter.detach().cpu() for name, parameter in model.named_parameters()}
+    for name, value in trained.items():  # each process holds its rows of the LLTM's parameters
+        rows = [result["shard_rows"][name] for result in results]
+        assert sum(rows) == value.shape[0], (name, rows)
+        if not name.startswith("readout."):
+            assert 0 < min(rows) and max(rows) < value.shape[0], (name, rows)
     for rank, result in enumerate(results):
         assert result["trained"].keys() == trained.keys()
         for name, value in trained.items():
