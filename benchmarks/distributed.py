@@ -7,7 +7,7 @@ tiny size, one torch thread a process).
 Weak scaling: each process trains on a batch of its own, so N processes
 train N times the sequences in a step. The scaling efficiency is the
 sequences per second of N processes over N times those of one process
-without DDP. Each process count is a fresh mp.spawn of that many processes,
+without DDP. Each process count is a fresh spawn of that many processes,
 which join their group as torchrun's would (lltm_ffi.distributed.start);
 a step's time is the slowest process's.
 """
@@ -16,6 +16,7 @@ import os
 import socket
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,7 @@ WORKLOADS = {
 CPU_PROCESSES = 2
 DEFAULT_RUNS = {"cuda": 50, "cpu": 5}  # timed steps in each of REPEATS rounds
 REPEATS = 3
+SPAWN_TIMEOUT_S = 600  # for all the sizes at one process count: a hung group fails
 
 
 def process_counts(available):
@@ -119,8 +121,17 @@ def measure(device_type, dtype, workloads, runs):
         for count in process_counts(available):
             harness.note(f"--distributed: {count} process(es)")
             path = Path(directory) / f"{count}.pt"
-            mp.spawn(worker, args=(count, free_port(), device_type, dtype, workloads,
-                                   harness.WARMUP_RUNS, runs, str(path)), nprocs=count)
+            spawned = mp.start_processes(
+                worker, args=(count, free_port(), device_type, dtype, workloads,
+                              harness.WARMUP_RUNS, runs, str(path)),
+                nprocs=count, join=False, start_method="spawn")
+            deadline = time.monotonic() + SPAWN_TIMEOUT_S
+            while not spawned.join(timeout=max(0.0, deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    for process in spawned.processes:
+                        process.kill()
+                    raise SystemExit(f"benchmark.py: --distributed: {count} process(es) still "
+                                     f"running after {SPAWN_TIMEOUT_S} s; stopped them")
             for name, wrapped, rate in torch.load(path, weights_only=True):
                 measured[name, count, wrapped] = rate
     return measured
