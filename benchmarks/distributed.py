@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from lltm_ffi import distributed as training
+from lltm_ffi import demo, distributed as training
 
 from . import harness
 
@@ -70,8 +70,8 @@ def free_port():
 
 def steps_per_second(workload, wrapped, device, dtype, warmup, runs):
     """Training steps per second of the slowest process, median of REPEATS rounds."""
-    model = training.WholeSequenceRegressor(workload.features, workload.state, device=device,
-                                            dtype=dtype)
+    model = demo.SequenceRegressor(workload.features, workload.state, batch_first=True,
+                                   device=device, dtype=dtype)
     if wrapped:
         model = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)

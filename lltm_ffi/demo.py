@@ -23,17 +23,18 @@ from lltm_ffi import selfcheck
 
 
 class SequenceRegressor(torch.nn.Module):
-    def __init__(self, input_features, state_size):
+    """The demo's model: LLTMSequence over the whole sequence, then a linear
+    readout of the last hidden state. Takes (steps, batch, features), or
+    (batch, steps, features) with batch_first."""
+
+    def __init__(self, input_features, state_size, batch_first=False, device=None, dtype=None):
         super().__init__()
-        self.cell = lltm_ffi.LLTM(input_features, state_size)
-        self.readout = torch.nn.Linear(state_size, 1)
+        self.rnn = lltm_ffi.LLTMSequence(input_features, state_size, batch_first=batch_first,
+                                         device=device, dtype=dtype)
+        self.readout = torch.nn.Linear(state_size, 1, device=device, dtype=dtype)
 
     def forward(self, sequence):
-        steps, batch_size, _ = sequence.shape
-        h = sequence.new_zeros(batch_size, self.cell.state_size)
-        cell = sequence.new_zeros(batch_size, self.cell.state_size)
-        for step in range(steps):
-            h, cell = self.cell(sequence[step], (h, cell))
+        _, (h, _) = self.rnn(sequence)
         return self.readout(h).squeeze(1)
 
 

@@ -25,8 +25,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from . import selfcheck
 from ._build_info import VERSION
-from .demo import Progress, mean_losses, save_plot
-from .module import LLTMSequence
+from .demo import Progress, SequenceRegressor, mean_losses, save_plot
 
 # What torchrun (and any launcher of torch.distributed) sets for each process.
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -71,21 +70,6 @@ def finish():
     and torchrun stops them."""
     dist.barrier()
     dist.destroy_process_group()
-
-
-class WholeSequenceRegressor(torch.nn.Module):
-    """The demo's task over whole sequences: LLTMSequence, then a linear
-    readout of the last hidden state. Takes (batch, steps, features)."""
-
-    def __init__(self, input_features, state_size, device=None, dtype=None):
-        super().__init__()
-        self.rnn = LLTMSequence(input_features, state_size, batch_first=True, device=device,
-                                dtype=dtype)
-        self.readout = torch.nn.Linear(state_size, 1, device=device, dtype=dtype)
-
-    def forward(self, sequences):
-        _, (h, _) = self.rnn(sequences)
-        return self.readout(h)[:, 0]
 
 
 def training_step(model, optimizer, sequences, targets):
@@ -173,7 +157,7 @@ def train(args, rank, world_size, device):
 
     torch.manual_seed(0)
     model = DistributedDataParallel(
-        WholeSequenceRegressor(INPUT_FEATURES, STATE_SIZE, device=device),
+        SequenceRegressor(INPUT_FEATURES, STATE_SIZE, batch_first=True, device=device),
         device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     data = synthetic_data(args.samples)

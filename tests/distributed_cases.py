@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 # conftest puts the checkout first on sys.path (this file runs as a script from tests/).
 import conftest  # noqa: F401
 
+import lltm_ffi  # noqa: E402
 from lltm_ffi import demo, distributed  # noqa: E402
 
 INPUT_FEATURES, STATE_SIZE, SEQUENCE_STEPS = 5, 7, 4
@@ -29,12 +30,28 @@ FSDP_STEPS = 3
 LEARNING_RATE = 1e-2
 
 
+class CellLoopRegressor(torch.nn.Module):
+    """The demo's task by a Python loop over lltm_ffi.LLTM, (steps, batch, features)."""
+
+    def __init__(self, input_features, state_size):
+        super().__init__()
+        self.cell = lltm_ffi.LLTM(input_features, state_size)
+        self.readout = torch.nn.Linear(state_size, 1)
+
+    def forward(self, sequence):
+        h = cell = sequence.new_zeros(sequence.shape[1], self.cell.state_size)
+        for step in sequence:
+            h, cell = self.cell(step, (h, cell))
+        return self.readout(h).squeeze(1)
+
+
 def build_model(kind):
     """float64 on the CPU, parameters from torch's global generator: `cell`
-    is the demo's loop over lltm_ffi.LLTM, `sequence` LLTMSequence."""
+    is a loop over lltm_ffi.LLTM, `sequence` the demo's LLTMSequence model."""
     if kind == "cell":
-        return demo.SequenceRegressor(INPUT_FEATURES, STATE_SIZE).double()
-    return distributed.WholeSequenceRegressor(INPUT_FEATURES, STATE_SIZE, dtype=torch.float64)
+        return CellLoopRegressor(INPUT_FEATURES, STATE_SIZE).double()
+    return demo.SequenceRegressor(INPUT_FEATURES, STATE_SIZE, batch_first=True,
+                                  dtype=torch.float64)
 
 
 def predict(model, kind, sequences):

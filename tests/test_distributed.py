@@ -252,7 +252,7 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
 
 
 def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
-    model = distributed.WholeSequenceRegressor(3, 5)
+    model = demo.SequenceRegressor(3, 5)
     optimizer = torch.optim.Adam(model.parameters())
     path = tmp_path / "state.pt"
     distributed.save_checkpoint(path, model, optimizer, 4, [1.0, 0.5, 0.25, 0.125], {"samples": 9})
