@@ -5,7 +5,7 @@ torch.compile of it, after the PyTorch C++/CUDA extension tutorial's benchmark.
     Forward: 177.860/196.116 us | Backward 430.584/461.504 us
 
 and one flag per other mode: --compare, --kernels, --overhead, --sequence,
---autocast (see --help and BENCHMARKS.md). Each mode is a module of the
+--autocast, --distributed (see --help and BENCHMARKS.md). Each mode is a module of the
 benchmarks package.
 """
 

@@ -9,7 +9,7 @@ import torch
 
 import lltm_ffi
 
-from . import autocast, compare, harness, kernels, overhead, sequence, tutorial
+from . import autocast, compare, distributed, harness, kernels, overhead, sequence, tutorial
 
 # needs_cuda: why the mode refuses to run without -c (None: it runs on the CPU too).
 Mode = namedtuple("Mode", "help run needs_cuda")
@@ -27,6 +27,8 @@ MODES = {
     "sequence": Mode("whole sequences: cell loops, lltm_sequence, nn.LSTM, nn.GRU (needs -c)",
                      sequence.run,
                      "--sequence compares with cuDNN and CUDA graph replay: it needs -c/--cuda"),
+    "distributed": Mode("training steps/s with DDP on 1 and more GPUs (-c), or a gloo smoke run "
+                        "on 2 CPU processes", distributed.run, None),
 }
 
 
@@ -61,7 +63,9 @@ def build_parser():
                         help=f"timed runs, at every size (default {tutorial.DEFAULT_RUNS}; "
                              f"--compare: {compare.default_runs_text('cpu')} on CPU, "
                              f"{compare.default_runs_text('cuda')} on CUDA, by size; --kernels: "
-                             f"{kernels.KERNEL_REPEATS})")
+                             f"{kernels.KERNEL_REPEATS}; --distributed: steps a round, "
+                             f"{distributed.DEFAULT_RUNS['cuda']} on CUDA, "
+                             f"{distributed.DEFAULT_RUNS['cpu']} on CPU)")
     parser.add_argument("--tf32", action="store_true",
                         help="--sequence: allow TF32 in cuBLAS and cuDNN alike (default strict "
                              "float32)")

@@ -2,13 +2,17 @@
 available, after checking lltm_ffi against the reference there.
 
     python -m lltm_ffi.demo [--steps 300] [--device cuda|cpu] [--plot loss.png]
+    torchrun --nproc-per-node N -m lltm_ffi.demo --distributed [--checkpoint PATH [--resume]]
 
 The task: read a sequence of random vectors and report, at the end, a squashed
 running sum of their first feature. The LLTM has no forget gate, so its cell
 state can carry the sum; the loss should fall by well over an order of magnitude.
+With --distributed, lltm_ffi/distributed.py trains on that task over several
+processes (DistributedDataParallel), with checkpoints.
 """
 
 import argparse
+import os
 import sys
 import time
 
@@ -19,17 +23,18 @@ from lltm_ffi import selfcheck
 
 
 class SequenceRegressor(torch.nn.Module):
-    def __init__(self, input_features, state_size):
+    """The demo's model: LLTMSequence over the whole sequence, then a linear
+    readout of the last hidden state. Takes (steps, batch, features), or
+    (batch, steps, features) with batch_first."""
+
+    def __init__(self, input_features, state_size, batch_first=False, device=None, dtype=None):
         super().__init__()
-        self.cell = lltm_ffi.LLTM(input_features, state_size)
-        self.readout = torch.nn.Linear(state_size, 1)
+        self.rnn = lltm_ffi.LLTMSequence(input_features, state_size, batch_first=batch_first,
+                                         device=device, dtype=dtype)
+        self.readout = torch.nn.Linear(state_size, 1, device=device, dtype=dtype)
 
     def forward(self, sequence):
-        steps, batch_size, _ = sequence.shape
-        h = sequence.new_zeros(batch_size, self.cell.state_size)
-        cell = sequence.new_zeros(batch_size, self.cell.state_size)
-        for step in range(steps):
-            h, cell = self.cell(sequence[step], (h, cell))
+        _, (h, _) = self.rnn(sequence)
         return self.readout(h).squeeze(1)
 
 
@@ -48,16 +53,16 @@ def best_device():
 class Progress:
     """tqdm when it is installed, a plain updating line otherwise."""
 
-    def __init__(self, total):
+    def __init__(self, total, start=0):
         try:
             from tqdm import tqdm
         except ImportError:
             tqdm = None
         if not sys.stderr.isatty():  # a log file gets a line every tenth of the run
             tqdm = None
-        self.bar = tqdm(total=total, unit="step") if tqdm else None
+        self.bar = tqdm(total=total, initial=start, unit="step") if tqdm else None
         self.total = total
-        self.done = 0
+        self.done = start
 
     def update(self, loss):
         self.done += 1
@@ -84,7 +89,7 @@ def mean_losses(losses, window=10):
     return window, sum(losses[:window]) / window, sum(losses[-window:]) / window
 
 
-def save_plot(losses, path):
+def save_plot(losses, path, resumed_at=None):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -99,6 +104,8 @@ def save_plot(losses, path):
     for start, label, mean in ((0, "first", first), (len(losses) - window, "last", last)):
         axes.plot([start, start + window - 1], [mean, mean], linewidth=3,
                   label=f"mean of the {label} {window} steps: {mean:.4f}")
+    if resumed_at is not None:
+        axes.axvline(resumed_at, color="gray", linestyle=":", label=f"resumed at step {resumed_at}")
     axes.legend()
     axes.set_yscale("log")
     axes.set_xlabel("step")
@@ -109,6 +116,34 @@ def save_plot(losses, path):
     print(f"loss curve written to {path}")
 
 
+DISTRIBUTED_SAMPLES = 65536
+
+
+def run_distributed(parser, args, device):
+    """parser.error for what cannot run, before any process group is joined."""
+    from . import distributed  # it imports this module's reporting
+
+    args.device = device
+    if args.samples is None:
+        args.samples = DISTRIBUTED_SAMPLES
+    if args.resume and not args.checkpoint:
+        parser.error("--resume needs --checkpoint PATH, the checkpoint to go on from")
+    if args.resume and not os.path.isfile(args.checkpoint):
+        parser.error(f"--resume: no checkpoint at {args.checkpoint}")
+    if args.checkpoint_every < 1:
+        parser.error("--checkpoint-every must be at least 1")
+    if device == "cuda" and not lltm_ffi.CUDA_COMPILED:
+        parser.error("--device cuda: lltm_ffi was built without its CUDA kernels")
+    problem = distributed.launch_problem(device)
+    if problem:
+        parser.error(problem)
+    world_size = int(os.environ["WORLD_SIZE"])
+    if args.samples < world_size * distributed.BATCH_SIZE:
+        parser.error(f"--samples {args.samples}: each of the {world_size} processes needs at "
+                     f"least a batch ({distributed.BATCH_SIZE})")
+    return distributed.run(args)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
@@ -116,12 +151,28 @@ def main(argv=None):
                         help="default: cuda when a GPU is present and CUDA is compiled in")
     parser.add_argument("--plot", default="lltm_demo_loss.png",
                         help="where to save the loss curve when matplotlib is installed")
+    parser.add_argument("--distributed", action="store_true",
+                        help="train with DistributedDataParallel, one process a device; launch "
+                             "with torchrun (README, \"Training on several GPUs\")")
+    parser.add_argument("--checkpoint", help="--distributed: save the training state here")
+    parser.add_argument("--checkpoint-every", type=int, default=100,
+                        help="--distributed: steps between checkpoints (default 100), and one last")
+    parser.add_argument("--resume", action="store_true",
+                        help="--distributed: go on from --checkpoint up to --steps in all")
+    parser.add_argument("--samples", type=int, default=None,
+                        help=f"--distributed: sequences in the synthetic data set "
+                             f"(default {DISTRIBUTED_SAMPLES})")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     device = args.device or best_device()
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no GPU")
+    if args.distributed:
+        return run_distributed(parser, args, device)
+    for option in ("checkpoint", "resume", "samples"):
+        if getattr(args, option) not in (None, False):
+            parser.error(f"--{option} is for --distributed runs only")
 
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     print(f"lltm_ffi {lltm_ffi.__version__} on {device} ({name}), torch {torch.__version__}")

@@ -2,7 +2,8 @@
 # Everything that needs the GPU, in one call: build, test, benchmark.
 #
 #   scripts/gpu_session.sh [STEP...]   steps: build diag test pytest bench kernels overhead sequence
-#                                      demo sanitizers (default: all but sanitizers)
+#                                      demo sanitizers, and the distributed ones: dist-pytest
+#                                      dist-demo dist-bench (default: all but sanitizers and dist-*)
 #
 # Each step's full log goes to $OUT/STEP.log (OUT defaults to ./gpu_out); a
 # table of steps, results and times is printed last. Wheels in .whl/ (cffi and
@@ -12,6 +13,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# NVLink multicast stays off for the NCCL runs of the dist-* steps.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -29,6 +32,9 @@ steps=("$@")
 } > "$OUT/environment.log" 2>&1
 cat "$OUT/environment.log"
 
+# One process a GPU; --standalone finds a free port.
+torchrun="python3 -m torch.distributed.run --standalone --nproc-per-node $(python3 -c 'import torch; print(torch.cuda.device_count())')"
+
 command_for() {
   case "$1" in
     build)   echo "make clean && make" ;;
@@ -41,6 +47,9 @@ command_for() {
     sequence) echo "python3 benchmark.py --sequence -c" ;;
     sanitizers) echo "make memcheck && make racecheck && make initcheck" ;;
     demo)    echo "python3 -m lltm_ffi.demo --plot $OUT/demo_loss.png" ;;
+    dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_distributed.py tests/test_benchmark.py -k 'distributed'" ;;
+    dist-demo) echo "$torchrun -m lltm_ffi.demo --distributed --steps 150 --checkpoint $OUT/dist_demo.pt --plot $OUT/dist_demo_first.png && $torchrun -m lltm_ffi.demo --distributed --steps 300 --checkpoint $OUT/dist_demo.pt --resume --plot $OUT/dist_demo_loss.png" ;;
+    dist-bench) echo "set -o pipefail; python3 benchmark.py --distributed -c | tee $OUT/dist_bench.md" ;;
     *)       echo "" ;;
   esac
 }
@@ -55,9 +64,9 @@ for step in "${steps[@]}"; do
   status=$?
   seconds=$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")
   tail -n 25 "$OUT/$step.log"
-  table+=("$(printf '%-8s %-5s %7ss  %s' "$step" "$([ $status -eq 0 ] && echo ok || echo FAIL)" "$seconds" "$(grep -v '^\s*$' "$OUT/$step.log" | tail -n 1 | cut -c1-90)")")
+  table+=("$(printf '%-11s %-5s %7ss  %s' "$step" "$([ $status -eq 0 ] && echo ok || echo FAIL)" "$seconds" "$(grep -v '^\s*$' "$OUT/$step.log" | tail -n 1 | cut -c1-90)")")
 done
 
 echo
-echo "step     result    time  last line"
+echo "step        result    time  last line"
 printf '%s\n' "${table[@]}"

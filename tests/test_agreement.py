@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import builders
 import lltm_ffi
 from builders import random_inputs, random_like
-from conftest import PASS_NAMES, allowed_error, assert_agrees_with_reference, shape_id
+from conftest import PASS_NAMES, assert_cell_agrees, cell_disagreements, shape_id
 from lltm_ffi import ops, reference, selfcheck
 
 # (batch, input_features, state_size)
@@ -37,9 +37,7 @@ SHAPES = [
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_outputs_and_gradients_match_reference(shape, dtype, device, seed):
-    errors = selfcheck.compare_with_reference(*shape, dtype, device, seed=seed)
-    assert errors["seed"] == seed
-    assert_agrees_with_reference(errors, dtype)
+    assert_cell_agrees(shape, dtype, device, seed)
 
 
 def test_state_depends_on_every_input(generator):
@@ -62,9 +60,7 @@ def test_random_small_shapes_match_reference_on_cpu(generator):
                                   for high in (10, 41, 71))
         dtype = (torch.float32, torch.float64)[int(torch.randint(2, (1,), generator=generator))]
         case_seed = int(torch.randint(2**62, (1,), generator=generator))
-        errors = selfcheck.compare_with_reference(batch, features, state, dtype, "cpu",
-                                                  seed=case_seed)
-        assert_agrees_with_reference(errors, dtype)
+        assert_cell_agrees((batch, features, state), dtype, "cpu", case_seed)
 
 
 # Seeded random shapes (batch 1..33, input_features 0..70, state_size
@@ -98,16 +94,7 @@ def _scaled(scales, monkeypatch):
 def test_random_shape_and_scales_agree_with_reference(case, dtype, device, seed, monkeypatch):
     shape, scales = _draw(seed)
     _scaled(scales, monkeypatch)
-    errors = selfcheck.compare_with_reference(*shape, dtype, device, seed=seed)
-    # How hard the inputs are: the reference cell's own float32 error.
-    conditioning = selfcheck.compare_with_reference(*shape, torch.float32, device, seed=seed,
-                                                    function=reference.lltm)
-    failures = []
-    for name in selfcheck.OUTPUT_NAMES + selfcheck.GRADIENT_NAMES:
-        allowed = allowed_error(dtype, conditioning[name])
-        if not errors[name] <= allowed:  # NaN fails
-            failures.append(f"{name}: {errors[name]:.3g} > {allowed:.3g} (reference in float32: "
-                            f"{conditioning[name]:.3g})")
+    failures = cell_disagreements(shape, dtype, device, seed)
     assert not failures, (f"shape {shape_id(shape)}, scales "
                           f"{', '.join(f'{scale:.3g}' for scale in scales)} (input, weights, "
                           f"bias, old_h, old_cell), seed {seed}: " + "; ".join(failures))
@@ -123,8 +110,7 @@ EDGE_SHAPES = [(1, 1, 1), (1, 0, 4), (1, 3, 8), (2, 5, 3), (1, 2, 2), (4, 3, 12)
 
 @pytest.mark.parametrize("shape", EDGE_SHAPES, ids=shape_id)
 def test_edge_shapes_agree_with_reference(shape, dtype, device, seed):
-    assert_agrees_with_reference(
-        selfcheck.compare_with_reference(*shape, dtype, device, seed=seed), dtype)
+    assert_cell_agrees(shape, dtype, device, seed)
 
 
 def _reference_pointwise(gates, old_cell):

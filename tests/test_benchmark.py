@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import benchmark
-from benchmarks import autocast, compare, harness, kernels, overhead, sequence
+from benchmarks import autocast, compare, distributed, harness, kernels, overhead, sequence
 from conftest import skip_without_gpu
 
 TUTORIAL_LINE = re.compile(r"Forward: \d+\.\d{3}/\d+\.\d{3} us \| Backward \d+\.\d{3}/\d+\.\d{3} us")
@@ -166,6 +166,7 @@ def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkey
                                                          precision):
     skip_without_gpu()
     monkeypatch.setattr(sequence, "SEQUENCE_SHAPES", ((3, 5, 7, 9), (2, 4, 3, 17)))
+    settings = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     assert benchmark.main(["--sequence", "-c", "-r", "3", *precision]) == 0
     output = capsys.readouterr().out
     rows = rows_of_numbers(output, 2)
@@ -174,8 +175,8 @@ def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkey
              "nn.GRU (cuDNN)"]
     assert [row.split("|")[2].strip() for row in rows] == names * 2
     assert ("TF32 allowed" if precision else "strict float32") in output
-    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32, \
-        "the benchmark left TF32 on for the tests that follow"
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == settings, \
+        "the benchmark changed the TF32 settings for the tests that follow"
 
 
 def test_autocast_times_the_pieces(few_warmup_runs, monkeypatch, capsys):
@@ -183,6 +184,28 @@ def test_autocast_times_the_pieces(few_warmup_runs, monkeypatch, capsys):
     monkeypatch.setattr(autocast, "AUTOCAST_SIZES", (harness.Size(3, 5, 7),))
     assert benchmark.main(["--autocast", "-c"]) == 0
     assert len(rows_of_numbers(capsys.readouterr().out, 1)) == 5
+
+
+def test_distributed_times_every_process_count_with_and_without_ddp(few_warmup_runs, device,
+                                                                    monkeypatch, capsys):
+    if device.type == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip(f"--distributed -c needs 2 GPUs, torch sees {torch.cuda.device_count()}")
+    small = (distributed.Workload("small", 3, 4, 5, 7), distributed.Workload("other", 2, 1, 3, 9))
+    monkeypatch.setitem(distributed.WORKLOADS, device.type, small)
+    assert benchmark.main(["--distributed", *device_flags(device), "-r", "2"]) == 0
+    report = capsys.readouterr().out
+    counts = distributed.process_counts(torch.cuda.device_count() if device.type == "cuda"
+                                        else distributed.CPU_PROCESSES)
+    for workload in small:
+        rows = re.findall(rf"^\| {re.escape(workload.name)} \| {workload} \| (\d+) \| (yes|no) \| "
+                          rf"([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", report, flags=re.MULTILINE)
+        assert [(int(count), ddp) for count, ddp, *_ in rows] == (
+            [(1, "no"), (1, "yes")] + [(count, "yes") for count in counts[1:]]), report
+        for count, _, steps, sequences, efficiency in rows:
+            assert float(steps) > 0
+            assert float(sequences) == pytest.approx(float(steps) * int(count) * workload.batch,
+                                                     rel=0.01, abs=1)
+        assert rows[0][4] == "1.00"
 
 
 def test_benchmarks_measure_through_public_names_only():

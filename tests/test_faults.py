@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import lltm_ffi
-from conftest import assert_agrees_with_reference, skip_without_gpu
+from conftest import cell_disagreements, skip_without_gpu
 from lltm_ffi import _extension, selfcheck
 
 BATCH, STATE = 3, 5
@@ -60,14 +60,14 @@ def _assert_ordinary_path_works(device, seed, when):
     paths (state 8: 16-byte packs; state 7: one element)."""
     for shape in ((4, 6, 8), (3, 5, 7)):
         try:
-            errors = selfcheck.compare_with_reference(*shape, torch.float32, device, seed=seed)
+            failures = cell_disagreements(shape, torch.float32, device, seed)
             torch.cuda.synchronize(device)
         except lltm_ffi.LLTMError as error:
             pytest.fail(f"{when}, an ordinary call of shape {shape} failed: {error}. If this is "
                         f"the fault's error again, the shim left it set in the CUDA runtime "
                         f"(cudaGetLastError after the next launch returns it): clear it with "
                         f"cudaGetLastError() where the shim returns an error")
-        assert_agrees_with_reference(errors, torch.float32)
+        assert not failures, f"{when}, shape {shape}: " + "; ".join(failures)
 
 
 def test_device_that_does_not_exist_is_an_lltm_error_with_cuda_message(cuda_lib, seed):

@@ -196,11 +196,14 @@ def venv_without_cffi(environment):
 def test_a_wheel_build_without_cffi_fails_loudly(tmp_path):
     clone = clone_head(tmp_path / "clone")
     python = venv_without_cffi(tmp_path / "venv")
-    assert subprocess.run([python, "-c", "import cffi"], capture_output=True).returncode != 0
-    assert subprocess.run([python, "-c", "import setuptools, pip"]).returncode == 0
+    # PYTHONPATH (where a machine keeps cffi outside any site) would lend the venv cffi.
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    environment["LLTM_CUDA"] = "0"
+    assert subprocess.run([python, "-c", "import cffi"], capture_output=True,
+                          env=environment).returncode != 0
+    assert subprocess.run([python, "-c", "import setuptools, pip"], env=environment).returncode == 0
     result = subprocess.run([python, "-m", "pip", "wheel", *OFFLINE, "-w", str(tmp_path / "dist"),
-                             "."], cwd=clone, capture_output=True, text=True,
-                            env=dict(os.environ, LLTM_CUDA="0"))
+                             "."], cwd=clone, capture_output=True, text=True, env=environment)
     assert result.returncode != 0, result.stdout
     assert "lltm_ffi: building needs cffi" in result.stdout + result.stderr, result.stdout
     assert not list((tmp_path / "dist").glob("*.whl"))

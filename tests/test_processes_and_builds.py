@@ -24,7 +24,7 @@ import torch
 
 import lltm_ffi
 from checkouts import output_within
-from conftest import REPO_ROOT, raises_with
+from conftest import PASS_NAMES, REPO_ROOT, raises_with
 from lltm_ffi import _extension
 
 # A pool worker's result must come back well within this; a spawn worker
@@ -176,9 +176,43 @@ def run_scenario(code, timeout=SCENARIO_TIMEOUT_S):
         BIG = (256, 16, 256)  # batch * state = 65536, past LLTM_CPU_PARALLEL_MIN
         SMALL = (3, 5, 7)
 
+        def pointwise(gates, old_cell):
+            # The reference cell after its matrix product.
+            input_gate, output_gate, candidate = gates.chunk(3, dim=1)
+            new_cell = old_cell + torch.nn.functional.elu(candidate) * torch.sigmoid(input_gate)
+            return torch.tanh(new_cell) * torch.sigmoid(output_gate), new_cell
+
+        def make_case(shape, dtype):
+            # The fused passes' inputs and float64 reference results, made here,
+            # before any fork: after the parent has run autograd, torch's CUDA
+            # builds refuse autograd in a forked child (torch's own rule), so the
+            # children check the C passes without it.
+            batch, _, state = shape
+            generator = torch.Generator().manual_seed(batch * state)
+            gates, old_cell, grad_h, grad_cell = (
+                torch.randn(batch, width * state, generator=generator, dtype=dtype)
+                for width in (3, 1, 1, 1))
+            leaves = [gates.double().requires_grad_(), old_cell.double().requires_grad_()]
+            outputs = pointwise(*leaves)
+            torch.autograd.backward(outputs, (grad_h.double(), grad_cell.double()))
+            expected = [output.detach() for output in outputs] + [leaves[1].grad, leaves[0].grad]
+            return (gates, old_cell, grad_h, grad_cell), expected
+
+        CASES = {(shape, dtype): make_case(shape, dtype)
+                 for shape in (BIG, SMALL) for dtype in (torch.float32, torch.float64)}
+
         def disagreements(shape):
-            return [text for dtype in (torch.float32, torch.float64)
-                    for text in [selfcheck.disagreement(*shape, dtype, "cpu")] if text]
+            # The fused passes in C, forward and backward, against the reference.
+            problems = []
+            for dtype in (torch.float32, torch.float64):
+                (gates, old_cell, grad_h, grad_cell), expected = CASES[shape, dtype]
+                new_h, new_cell = ops.forward(gates, old_cell)
+                results = (new_h, new_cell, *ops.backward(grad_h, grad_cell, new_cell, gates))
+                for name, value, reference_value in zip(PASS_NAMES, results, expected):
+                    error = selfcheck.relative_error(value, reference_value)
+                    if not error <= selfcheck.TOLERANCES[dtype]:
+                        problems.append(f"{name} ({dtype}) relative error {error:.3g}")
+            return problems
 
         def start_openmp_threads():
             # The big passes (forward and backward) run across OpenMP threads.
@@ -201,6 +235,7 @@ def run_scenario(code, timeout=SCENARIO_TIMEOUT_S):
         [str(REPO_ROOT)] + [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                             if path]))
     environment.pop("OMP_NUM_THREADS", None)
+    prelude += f"PASS_NAMES = {PASS_NAMES!r}\n"
     process = subprocess.Popen([sys.executable, "-c", prelude + textwrap.dedent(code)],
                                cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -215,8 +250,6 @@ def test_os_fork_children_compute_after_the_parent_ran_big_passes():
         for shapes in ([SMALL, BIG], [BIG, SMALL]):
             pid = os.fork()
             if pid == 0:
-                # lltm_ffi.lltm end to end: the gate product in torch, the
-                # fused passes in C, forward and backward.
                 problems = [text for shape in shapes for text in disagreements(shape)]
                 # A grandchild, forked from a child that has computed.
                 grandchild = os.fork()
