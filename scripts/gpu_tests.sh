@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 builds="tests/test_build.py tests/test_packaging.py"
-sequence="tests/test_processes_and_builds.py tests/test_sequence.py tests/test_concurrency.py tests/test_streams_graphs_devices.py tests/test_benchmark.py"
+sequence="tests/test_distributed.py tests/test_processes_and_builds.py tests/test_sequence.py tests/test_concurrency.py tests/test_streams_graphs_devices.py tests/test_benchmark.py"
 rest=$(ls tests/test_*.py | grep -v -x -F -e tests/test_build.py -e tests/test_packaging.py \
        $(for f in $sequence; do printf -- '-e %s ' "$f"; done))
 run_group() {
