@@ -105,10 +105,13 @@ def run_case(case, seed, rank, world_size, device):
     model.to(device)
     device_ids = [device.index] if device.type == "cuda" else None
     if what == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        fully_shard(model.cell if kind == "cell" else model.rnn)
-        fully_shard(model)
+        # fully_shard's own mesh is on the GPU wherever there is one.
+        mesh = init_device_mesh(device.type, (world_size,))
+        fully_shard(model.cell if kind == "cell" else model.rnn, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         result["shard_rows"] = {name: parameter.to_local().shape[0]
                                 for name, parameter in model.named_parameters()}
         optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
