@@ -65,13 +65,42 @@ def _diagnose(input, weights, bias, old_h, old_cell):
 
 class LLTMFunction(torch.autograd.Function):
     """The LLTM cell: (input, weights, bias, old_h, old_cell) -> (new_h,
-    new_cell, X, gates), X = [old_h, input] and gates its pre-activation
-    gates, both also outputs so that the backward pass, the forward-mode and
-    the vmap rules find them (lltm() returns the first two).
+    new_cell), the tutorial's Function and lltm()'s for plain tensors.
 
-    First-order backward runs the fused C pass; while autograd records the
-    backward (create_graph=True, torch.func) the same math runs in torch ops
-    (lltm_ffi.derivatives), which autograd differentiates again."""
+    The backward pass runs the fused C pass. While autograd records the
+    backward (create_graph=True) or the gradients are batched, it runs the same
+    math in torch ops (lltm_ffi.derivatives) on the gates recomputed from the
+    saved arguments, so that second derivatives are the reference's."""
+
+    @staticmethod
+    def forward(ctx, input, weights, bias, old_h, old_cell):
+        check_arguments(input, weights, bias, old_h, old_cell)
+        X = torch.cat((old_h, input), dim=1)
+        gates = torch.nn.functional.linear(X, weights, bias)
+        new_h, new_cell = ops.forward(gates, old_cell)
+        ctx.save_for_backward(input, weights, bias, old_h, old_cell, X, gates, new_cell)
+        return new_h, new_cell
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_cell):
+        input, weights, bias, old_h, old_cell, X, gates, new_cell = ctx.saved_tensors
+        if derivatives.in_torch_ops(grad_h, grad_cell):
+            # X, the gates and new_cell as functions of the arguments.
+            X = torch.cat((old_h, input), dim=1)
+            gates = torch.nn.functional.linear(X, weights, bias)
+            _, new_cell = derivatives.forward_pass(gates, old_cell)
+            d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)
+        else:
+            d_old_cell, d_gates = ops.backward(grad_h, grad_cell, new_cell, gates)
+        return _argument_gradients(ctx.needs_input_grad, d_old_cell, d_gates, None, X, weights,
+                                   bias.shape)
+
+
+class _TransformableCell(torch.autograd.Function):
+    """The cell for torch.func's transforms and forward mode: LLTMFunction
+    with X = [old_h, input] and the pre-activation gates also outputs, so that
+    the backward pass, the forward-mode and the vmap rules find them as
+    torch.func requires (lltm() returns the first two)."""
 
     @classmethod
     def apply(cls, *args, **kwargs):
@@ -113,18 +142,8 @@ class LLTMFunction(torch.autograd.Function):
         else:
             d_old_cell, d_gates = ops.backward(_or_zeros(grad_h, new_cell),
                                                _or_zeros(grad_cell, new_cell), new_cell, gates)
-        d_gates = _sum(d_gates, grad_gates)
-        needs_input, needs_weights, needs_bias, needs_old_h, needs_old_cell = ctx.needs_input_grad
-        d_input = d_weights = d_bias = d_old_h = None
-        if (needs_input or needs_old_h) and (d_gates is not None or grad_X is not None):
-            d_X = _sum(None if d_gates is None else d_gates.mm(weights), grad_X)
-            state_size = new_cell.shape[1]
-            d_old_h, d_input = d_X[:, :state_size], d_X[:, state_size:]
-        if needs_weights and d_gates is not None:
-            d_weights = d_gates.t().mm(X)
-        if needs_bias and d_gates is not None:
-            d_bias = d_gates.sum(dim=0).view(ctx.bias_shape)
-        return d_input, d_weights, d_bias, d_old_h, d_old_cell if needs_old_cell else None
+        return _argument_gradients(ctx.needs_input_grad, d_old_cell, _sum(d_gates, grad_gates),
+                                   grad_X, X, weights, ctx.bias_shape)
 
     @staticmethod
     def jvp(ctx, input_tangent, weights_tangent, bias_tangent, old_h_tangent, old_cell_tangent):
@@ -149,14 +168,29 @@ class LLTMFunction(torch.autograd.Function):
             # Shared parameters: the mapped dimension joins the batch.
             input, old_h, old_cell = (tensor.flatten(0, 1) for tensor in
                                       (arguments[0], arguments[3], arguments[4]))
-            outputs = LLTMFunction.apply(input, weights, bias, old_h, old_cell)
+            outputs = _TransformableCell.apply(input, weights, bias, old_h, old_cell)
             outputs = tuple(output.unflatten(0, (info.batch_size, -1)) for output in outputs)
         else:
             # A stack of parameters (an ensemble): one call a member.
-            members = [LLTMFunction.apply(*(tensor[index] for tensor in arguments))
+            members = [_TransformableCell.apply(*(tensor[index] for tensor in arguments))
                        for index in range(info.batch_size)]
             outputs = tuple(torch.stack(output) for output in zip(*members))
         return outputs, (0, 0, 0, 0)
+
+
+def _argument_gradients(needs_input_grad, d_old_cell, d_gates, d_X, X, weights, bias_shape):
+    """The five arguments' gradients (None where not needed) from d_old_cell,
+    d_gates and any gradient reaching X directly (d_X); None counts as zeros."""
+    needs_input, needs_weights, needs_bias, needs_old_h, needs_old_cell = needs_input_grad
+    d_input = d_weights = d_bias = d_old_h = None
+    if (needs_input or needs_old_h) and (d_gates is not None or d_X is not None):
+        d_X = _sum(None if d_gates is None else d_gates.mm(weights), d_X)
+        d_old_h, d_input = d_X[:, :weights.shape[0] // 3], d_X[:, weights.shape[0] // 3:]
+    if needs_weights and d_gates is not None:
+        d_weights = d_gates.t().mm(X)
+    if needs_bias and d_gates is not None:
+        d_bias = d_gates.sum(dim=0).view(bias_shape)
+    return d_input, d_weights, d_bias, d_old_h, d_old_cell if needs_old_cell else None
 
 
 def _or_zeros(gradient, like):
@@ -221,5 +255,7 @@ def lltm(input, weights, bias, old_h, old_cell):
     if _arguments.use_operator(input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
         return _traceable_lltm(input, weights, bias, old_h, old_cell)
-    new_h, new_cell, _, _ = LLTMFunction.apply(input, weights, bias, old_h, old_cell)
-    return new_h, new_cell
+    if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
+        new_h, new_cell, _, _ = _TransformableCell.apply(input, weights, bias, old_h, old_cell)
+        return new_h, new_cell
+    return LLTMFunction.apply(input, weights, bias, old_h, old_cell)
