@@ -44,8 +44,8 @@ class Workload:
 
 WORKLOADS = {
     "cuda": (Workload("compute-bound", 50, 256, 256, 1024),
-             Workload("the demo's", training.SEQUENCE_STEPS, training.BATCH_SIZE,
-                      training.INPUT_FEATURES, training.STATE_SIZE)),
+             Workload("the demo's", demo.SEQUENCE_STEPS, demo.BATCH_SIZE,
+                      demo.INPUT_FEATURES, demo.STATE_SIZE)),
     "cpu": (Workload("tiny (smoke run)", 4, 8, 5, 7),),
 }
 CPU_PROCESSES = 2
@@ -81,7 +81,7 @@ def steps_per_second(workload, wrapped, device, dtype, warmup, runs):
     targets = torch.randn(workload.batch, device=device, dtype=dtype)
 
     def step():
-        training.training_step(model, optimizer, sequences, targets)
+        demo.training_step(model, optimizer, sequences, targets)
 
     synchronize = harness.synchronizer(device)
     harness.warm_up(step, warmup)

@@ -22,6 +22,11 @@ import lltm_ffi
 from lltm_ffi import selfcheck
 
 
+# The task's sequences and the model, for the single-process and the
+# --distributed runs alike.
+SEQUENCE_STEPS, BATCH_SIZE, INPUT_FEATURES, STATE_SIZE = 20, 64, 8, 64
+
+
 class SequenceRegressor(torch.nn.Module):
     """The demo's model: LLTMSequence over the whole sequence, then a linear
     readout of the last hidden state. Takes (steps, batch, features), or
@@ -38,10 +43,24 @@ class SequenceRegressor(torch.nn.Module):
         return self.readout(h).squeeze(1)
 
 
+def task_targets(sequences, steps_dim):
+    """The squashed running sum of the first feature over the steps, which
+    are dimension `steps_dim` of `sequences`."""
+    return torch.tanh(sequences[..., 0].sum(dim=steps_dim) / sequences.shape[steps_dim] ** 0.5)
+
+
 def make_batch(steps, batch_size, input_features, device, generator):
     sequence = torch.randn(steps, batch_size, input_features, generator=generator).to(device)
-    target = torch.tanh(sequence[:, :, 0].sum(dim=0) / steps ** 0.5)
-    return sequence, target
+    return sequence, task_targets(sequence, 0)
+
+
+def training_step(model, optimizer, sequences, targets):
+    """One optimizer step on the mean squared error; returns the loss."""
+    loss = torch.nn.functional.mse_loss(model(sequences), targets)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss
 
 
 def best_device():
@@ -138,9 +157,9 @@ def run_distributed(parser, args, device):
     if problem:
         parser.error(problem)
     world_size = int(os.environ["WORLD_SIZE"])
-    if args.samples < world_size * distributed.BATCH_SIZE:
+    if args.samples < world_size * BATCH_SIZE:
         parser.error(f"--samples {args.samples}: each of the {world_size} processes needs at "
-                     f"least a batch ({distributed.BATCH_SIZE})")
+                     f"least a batch ({BATCH_SIZE})")
     return distributed.run(args)
 
 
@@ -184,25 +203,21 @@ def main(argv=None):
 
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(1)
-    steps, batch_size, input_features, state_size = 20, 64, 8, 64
-    model = SequenceRegressor(input_features, state_size).to(device)
+    model = SequenceRegressor(INPUT_FEATURES, STATE_SIZE).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     progress = Progress(args.steps)
     start = time.perf_counter()
     for _ in range(args.steps):
-        sequence, target = make_batch(steps, batch_size, input_features, device, generator)
-        loss = torch.nn.functional.mse_loss(model(sequence), target)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+        sequence, target = make_batch(SEQUENCE_STEPS, BATCH_SIZE, INPUT_FEATURES, device,
+                                      generator)
+        losses.append(training_step(model, optimizer, sequence, target).item())
         progress.update(losses[-1])
     progress.close()
     elapsed = time.perf_counter() - start
 
     window, first, last = mean_losses(losses)
-    print(f"trained {args.steps} steps of a {steps}-step sequence, batch {batch_size}, "
+    print(f"trained {args.steps} steps of a {SEQUENCE_STEPS}-step sequence, batch {BATCH_SIZE}, "
           f"{elapsed / args.steps * 1e3:.2f} ms per step")
     print(f"mean loss of the first {window} steps {first:.4f} -> of the last {window} steps "
           f"{last:.4f} ({first / last:.1f}x lower)")

@@ -19,17 +19,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from . import selfcheck
 from ._build_info import VERSION
-from .demo import Progress, SequenceRegressor, mean_losses, save_plot
+from .demo import (BATCH_SIZE, INPUT_FEATURES, SEQUENCE_STEPS, STATE_SIZE, Progress,
+                   SequenceRegressor, mean_losses, save_plot, task_targets, training_step)
 
 # What torchrun (and any launcher of torch.distributed) sets for each process.
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-SEQUENCE_STEPS, BATCH_SIZE, INPUT_FEATURES, STATE_SIZE = 20, 64, 8, 64  # the demo's sizes
 DATA_SEED = 1
 
 
@@ -72,23 +71,13 @@ def finish():
     dist.destroy_process_group()
 
 
-def training_step(model, optimizer, sequences, targets):
-    """One optimizer step on the mean squared error; returns the loss."""
-    loss = F.mse_loss(model(sequences), targets)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    return loss
-
-
 def synthetic_data(samples, seed=DATA_SEED):
     """The demo's task as a data set: `samples` random sequences and, for
     each, the squashed sum of its first feature. Every process draws the
     same one; the sampler gives each its share."""
     sequences = torch.randn(samples, SEQUENCE_STEPS, INPUT_FEATURES,
                             generator=torch.Generator().manual_seed(seed))
-    return TensorDataset(sequences, torch.tanh(sequences[:, :, 0].sum(dim=1)
-                                               / SEQUENCE_STEPS ** 0.5))
+    return TensorDataset(sequences, task_targets(sequences, 1))
 
 
 def batches(sampler, batch_size, first_step):

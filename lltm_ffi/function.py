@@ -102,16 +102,6 @@ class _TransformableCell(torch.autograd.Function):
     the backward pass, the forward-mode and the vmap rules find them as
     torch.func requires (lltm() returns the first two)."""
 
-    @classmethod
-    def apply(cls, *args, **kwargs):
-        # Function.apply binds the arguments to forward's signature at every
-        # call (inspect.signature: longer than the C pass at small sizes);
-        # forward has no defaults, so outside torch.func that can be skipped.
-        if kwargs or torch._C._are_functorch_transforms_active():
-            return super().apply(*args, **kwargs)
-        args = torch._functorch.utils.unwrap_dead_wrappers(args)
-        return super(torch.autograd.Function, cls).apply(*args)
-
     @staticmethod
     def forward(input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
@@ -185,7 +175,8 @@ def _argument_gradients(needs_input_grad, d_old_cell, d_gates, d_X, X, weights, 
     d_input = d_weights = d_bias = d_old_h = None
     if (needs_input or needs_old_h) and (d_gates is not None or d_X is not None):
         d_X = _sum(None if d_gates is None else d_gates.mm(weights), d_X)
-        d_old_h, d_input = d_X[:, :weights.shape[0] // 3], d_X[:, weights.shape[0] // 3:]
+        state_size = weights.shape[0] // 3
+        d_old_h, d_input = d_X[:, :state_size], d_X[:, state_size:]
     if needs_weights and d_gates is not None:
         d_weights = d_gates.t().mm(X)
     if needs_bias and d_gates is not None:
