@@ -58,6 +58,15 @@ def cell_arguments_fit(input, input_dims, weights, bias, h, c):
         return False
 
 
+def check_all(op, names, tensors):
+    """check_tensor for every tensor, then check_matches of each against the
+    first: the type, dtype, layout and device checks of a call's arguments."""
+    for name, tensor in zip(names, tensors):
+        check_tensor(op, name, tensor)
+    for name, tensor in zip(names[1:], tensors[1:]):
+        check_matches(op, name, tensor, names[0], tensors[0])
+
+
 def check_matches(op, name, tensor, reference_name, reference):
     """TypeError or ValueError naming `name` unless `tensor` has the dtype and
     device of `reference`."""

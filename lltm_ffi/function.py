@@ -34,11 +34,7 @@ def check_arguments(input, weights, bias, old_h, old_cell):
 
 def _diagnose(input, weights, bias, old_h, old_cell):
     tensors = (input, weights, bias, old_h, old_cell)
-    for name, tensor in zip(_ARGUMENT_NAMES, tensors):
-        _arguments.check_tensor("lltm", name, tensor)
-    for name, tensor in zip(_ARGUMENT_NAMES[1:], tensors[1:]):
-        _arguments.check_matches("lltm", name, tensor, "input", input)
-
+    _arguments.check_all("lltm", _ARGUMENT_NAMES, tensors)
     for name, tensor in zip(_ARGUMENT_NAMES, tensors):
         if tensor.dim() != 2 and not (name == "bias" and tensor.dim() == 1):
             expected = "1 or 2 dimensions" if name == "bias" else "2 dimensions"

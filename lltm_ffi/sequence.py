@@ -43,11 +43,7 @@ def check_arguments(inputs, weights, bias, h0, c0):
 
 
 def _diagnose(inputs, weights, bias, h0, c0):
-    tensors = (inputs, weights, bias, h0, c0)
-    for name, tensor in zip(_ARGUMENT_NAMES, tensors):
-        _arguments.check_tensor("lltm_sequence", name, tensor)
-    for name, tensor in zip(_ARGUMENT_NAMES[1:], tensors[1:]):
-        _arguments.check_matches("lltm_sequence", name, tensor, "inputs", inputs)
+    _arguments.check_all("lltm_sequence", _ARGUMENT_NAMES, (inputs, weights, bias, h0, c0))
     if inputs.dim() != 3:
         raise ValueError(f"lltm_sequence: inputs must have 3 dimensions (steps, batch, "
                          f"input_features), got shape {_shape(inputs)}")
