@@ -3,6 +3,7 @@ for each refusal, and the choice between an op's eager path and its
 registered operator."""
 
 import torch
+from torch.autograd import forward_ad
 
 from . import _extension
 from ._extension import SUPPORTED_DTYPES
@@ -86,6 +87,23 @@ def check_device(op, device, subject="the arguments are"):
         _extension.check_cuda_compiled(op)
     elif device.type != "cpu":
         raise ValueError(f"{op}: {subject} on {device}; lltm_ffi runs on cpu and cuda")
+
+
+def plain_eager(*tensors):
+    """True for the common call that an op hands to C itself through its
+    autograd.Function: plain tensors, and nothing that intercepts or
+    transforms the call (torch.compile, a tracer, a __torch_dispatch__ mode,
+    autocast, a torch.func transform, forward-mode AD). Otherwise the op
+    picks among its other paths (use_operator and the rest). One expression,
+    cheapest first, since every eager call pays for it; is_compiling() first,
+    as in use_operator."""
+    return (not torch.compiler.is_compiling()
+            and _extension.PLAIN_TENSOR_TYPES.issuperset(map(type, tensors))
+            and not torch._C._is_any_autocast_enabled()
+            and not torch._C._len_torch_dispatch_stack()
+            and torch._C._get_tracing_state() is None
+            and not torch._C._are_functorch_transforms_active()
+            and forward_ad._current_level < 0)
 
 
 def use_operator(*tensors):

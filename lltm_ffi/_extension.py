@@ -135,9 +135,8 @@ def call(function, reference, sizes, tensors):
     a non-zero code. The tensors stay referenced until the call returns, so
     the casts (which own nothing) stay valid."""
     entry = getattr(require(), function)
-    device = reference.device
-    if device.type == "cuda":
-        index = device.index
+    if reference.is_cuda:
+        index = reference.get_device()
         stream = _cast("void *", _current_raw_stream(index))
     else:
         index, stream = lib.LLTM_CPU, _NULL

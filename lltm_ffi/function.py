@@ -28,7 +28,7 @@ def check_arguments(input, weights, bias, old_h, old_cell):
     when it fails."""
     if not _arguments.cell_arguments_fit(input, 2, weights, bias, old_h, old_cell):
         _diagnose(input, weights, bias, old_h, old_cell)
-    if input.device.type != "cpu":
+    if not input.is_cpu:
         _arguments.check_device("lltm", input.device)
 
 
@@ -164,6 +164,12 @@ class _TransformableCell(torch.autograd.Function):
         return outputs, (0, 0, 0, 0)
 
 
+# LLTMFunction.apply without torch.autograd.Function.apply's Python layer,
+# whose work (binding defaults, unwrapping torch.func's dead wrappers, the
+# transforms' path) plain eager calls do not need: a few microseconds of each.
+_apply_plain = super(torch.autograd.Function, LLTMFunction).apply
+
+
 def _argument_gradients(needs_input_grad, d_old_cell, d_gates, d_X, X, weights, bias_shape):
     """The five arguments' gradients (None where not needed) from d_old_cell,
     d_gates and any gradient reaching X directly (d_X); None counts as zeros."""
@@ -236,6 +242,8 @@ def lltm(input, weights, bias, old_h, old_cell):
     float64, all on one CPU or CUDA device. Under torch.autocast the matrix
     products run in the autocast dtype and the rest in float32 (float32 out).
     """
+    if _arguments.plain_eager(input, weights, bias, old_h, old_cell):
+        return _apply_plain(input, weights, bias, old_h, old_cell)
     device_type = input.device.type if isinstance(input, torch.Tensor) else "cpu"
     if device_type in _AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
         return _autocast_lltm(input, weights, bias, old_h, old_cell, device_type)

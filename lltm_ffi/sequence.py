@@ -38,7 +38,7 @@ def check_arguments(inputs, weights, bias, h0, c0):
     runs only when it fails."""
     if not _arguments.cell_arguments_fit(inputs, 3, weights, bias, h0, c0):
         _diagnose(inputs, weights, bias, h0, c0)
-    if inputs.device.type != "cpu":
+    if not inputs.is_cpu:
         _arguments.check_device("lltm_sequence", inputs.device)
 
 
@@ -233,6 +233,10 @@ class SequenceFunction(torch.autograd.Function):
         raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
 
 
+# As function.py's _apply_plain: SequenceFunction.apply without
+# torch.autograd.Function.apply's Python layer, for plain eager calls.
+_apply_plain = super(torch.autograd.Function, SequenceFunction).apply
+
 _UNSUPPORTED_TRANSFORMS = (
     "lltm_ffi.lltm_sequence supports torch.autograd's reverse mode, to any order, but not "
     "forward-mode AD nor torch.func's transforms (grad, vjp, jacrev, jvp, jacfwd, vmap); "
@@ -274,7 +278,8 @@ def lltm_sequence(inputs, weights, bias, h0, c0):
     Under torch.autocast the input projection runs in the autocast dtype and
     the recurrence in float32 (float32 out).
     """
-    autocast = _autocast_enabled(inputs)
+    plain = _arguments.plain_eager(inputs, weights, bias, h0, c0)
+    autocast = not plain and _autocast_enabled(inputs)
     if autocast:
         inputs, weights, bias, h0, c0 = (
             tensor.float() if isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
@@ -282,9 +287,11 @@ def lltm_sequence(inputs, weights, bias, h0, c0):
     check_arguments(inputs, weights, bias, h0, c0)
     if inputs.shape[0] == 0:
         return inputs.new_empty(0, *h0.shape), (h0, c0)
-    if torch._C._are_functorch_transforms_active():
+    if plain:
+        outputs, cells = _apply_plain(inputs, weights, bias, h0, c0)
+    elif torch._C._are_functorch_transforms_active():
         raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
-    if autocast or _arguments.use_operator(inputs, weights, bias, h0, c0):
+    elif autocast or _arguments.use_operator(inputs, weights, bias, h0, c0):
         outputs, cells, _ = _run(inputs, weights, bias, h0, c0, autocast)
     else:
         outputs, cells = SequenceFunction.apply(inputs, weights, bias, h0, c0)
