@@ -28,6 +28,8 @@ enum {
   /* cuBLAS could not be loaded (the sequence layer then runs its own
    * kernels: no entry point returns this). */
   LLTM_ERROR_NO_CUBLAS = -4,
+  /* A CPU pass could not allocate its scratch memory. */
+  LLTM_ERROR_NO_MEMORY = -5,
   /* A cuBLAS call failed: LLTM_ERROR_CUBLAS minus cuBLAS's status. */
   LLTM_ERROR_CUBLAS = -1000
 };

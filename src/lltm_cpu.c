@@ -6,6 +6,7 @@
  * a few ulp of libm) so that each row loop vectorises; glibc's scalar calls
  * run several times slower than ATen's vectorised ops. double keeps libm. */
 #include <math.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>

@@ -31,6 +31,8 @@ static const char* lltm_own_error_string(int code) {
              "and rebuild with `make clean && make`";
     case LLTM_ERROR_DTYPE:
       return "unknown element type (lltm_ffi passes take LLTM_FLOAT32 or LLTM_FLOAT64)";
+    case LLTM_ERROR_NO_MEMORY:
+      return "out of host memory for the pass's scratch copy of the hidden weights";
     default:
       return NULL;
   }
