@@ -1,7 +1,8 @@
 """--sequence: forward and backward of a loss over every step of a sequence,
 per time step: a Python loop of the reference cell, a loop of lltm_ffi.lltm,
 that loop's training step captured as one CUDA graph and replayed,
-lltm_sequence (the loop in C), and cuDNN's nn.LSTM and nn.GRU, interleaved."""
+lltm_sequence (the loop in C), and cuDNN's nn.LSTM and nn.GRU, interleaved;
+then lltm_sequence's per-step kernels alone."""
 
 import statistics
 
@@ -62,6 +63,39 @@ def candidates(shape, device, dtype):
             "nn.GRU (cuDNN)": cudnn_step(gru)}
 
 
+PROFILED_STEPS = 5
+
+
+def per_step_kernels(train_step, steps):
+    """GPU microseconds per time step of the kernels lltm_sequence runs for
+    its recurrence, by torch.profiler over PROFILED_STEPS training steps:
+    its own (named lltm_sequence...) and any launched at least once per time
+    step (the cuBLAS products of its C loops)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        for _ in range(PROFILED_STEPS):
+            train_step()
+        torch.cuda.synchronize()
+    kernels = {}
+    for event in profiler.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            microseconds, launches = kernels.get(event.name, (0.0, 0))
+            kernels[event.name] = (microseconds + event.device_time, launches + 1)
+    return sum(microseconds for name, (microseconds, launches) in kernels.items()
+               if "lltm_sequence" in name or launches >= steps * PROFILED_STEPS) / (
+        PROFILED_STEPS * steps)
+
+
+def kernel_row(shape, function, step_microseconds):
+    """The per-step kernels' time, share of a step and the FLOP rate of the
+    recurrent products they compute (forward h W^T and backward d_gates W:
+    12 * batch * state^2 a time step)."""
+    steps, batch, _, state = shape
+    kernel_microseconds = per_step_kernels(function, steps)
+    return ["x".join(map(str, shape)), f"{kernel_microseconds:.1f}",
+            f"{kernel_microseconds / step_microseconds:.0%}",
+            f"{12 * batch * state ** 2 / kernel_microseconds / 1e6:.2f}"]
+
+
 def run(args, device, dtype):
     """The table at the chosen precision; the caller's TF32 settings come back after."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -74,7 +108,7 @@ def run(args, device, dtype):
 
 def _run(args, device, dtype):
     synchronize = harness.synchronizer(device)
-    rows = []
+    rows, kernel_rows = [], []
     for shape in SEQUENCE_SHAPES:
         steps, state = shape[0], shape[3]
         runs = args.runs or DEFAULT_RUNS[state]
@@ -87,6 +121,8 @@ def _run(args, device, dtype):
         rows += [[size, name, *(f"{harness.microseconds(statistic(values)) / steps:.1f}"
                                 for statistic in (statistics.median, min))]
                  for name, values in seconds.items()]
+        kernel_rows.append(kernel_row(shape, functions["lltm_sequence"], harness.microseconds(
+            statistics.median(seconds["lltm_sequence"])) / steps))
     precision = ("TF32 allowed for cuBLAS and cuDNN" if args.tf32
                  else "strict float32 (TF32 off for cuBLAS and cuDNN)")
     print(harness.report(
@@ -95,4 +131,11 @@ def _run(args, device, dtype):
         f"Microseconds per time step ({precision}; the whole training step timed between "
         f"synchronisations and divided by the steps; interleaved runs).",
         harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
-                                "min us/step"], rows, text_columns=2)))
+                                "min us/step"], rows, text_columns=2),
+        "lltm_sequence's per-step kernels (the recurrence's own kernels and the cuBLAS products "
+        f"its C loops launch each step; GPU time by torch.profiler over {PROFILED_STEPS} training "
+        "steps), their share of the median step above, and the FLOP rate of the recurrent "
+        "products they compute (12 x batch x state^2 a step, forward and backward):",
+        harness.markdown_table(["T x B x F x S", "per-step kernels us/step",
+                                "share of the step", "recurrent products TFLOP/s"],
+                               kernel_rows)))
