@@ -195,7 +195,10 @@ def test_compiled_first_order_backward_keeps_the_fused_pass(generator):
 @pytest.mark.parametrize("cell", CELLS.values(), ids=CELLS.keys())
 def test_compiled_double_backward_is_refused_as_for_the_reference(cell, generator):
     """torch.compile (AOTAutograd) refuses any double backward, the reference's
-    too: lltm_ffi must raise the same error, never return a detached gradient."""
+    too: lltm_ffi must raise the same error, never return a detached gradient.
+    (A graph of the cell compiled earlier in the process, by a test that made
+    no second-order graph, refuses with another message: compile afresh.)"""
+    torch.compiler.reset()
     arguments = _leaves(random_inputs(generator, (3, 4, 5)))
     new_h, new_cell = torch.compile(cell, fullgraph=True)(*arguments)
     grad_input, = torch.autograd.grad(new_h.sum() + new_cell.sum(), arguments[0],
