@@ -418,6 +418,20 @@ __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_
   }
 }
 
+// Element e of a block's batch_size x kColumns (batch row, state column)
+// elements: its row, its state column, whether it is one of the block's (e
+// below elements) and of the state (column below state_size), and its index.
+template <int kColumns>
+struct BlockElement {
+  int64_t column;
+  int row;
+  bool active;
+  int64_t element;  // row * state_size + column: its index in a step's (batch, state) tensors
+  __device__ BlockElement(int64_t e, int64_t column0, int64_t elements, int64_t state_size)
+      : column(column0 + e % kColumns), row((int)(e / kColumns)),
+        active(e < elements && column < state_size), element(row * state_size + column) {}
+};
+
 static const int kPersistentThreads = 256;
 static const int64_t kPersistentElements = 16384;
 
@@ -449,49 +463,44 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
     // What element e's cell needs besides the product: its projected gates
     // and its old cell, which this lane wrote itself.
-    auto load_inputs = [&](int64_t e, Dtype (&inputs)[4]) {
-      const int64_t column = column0 + e % kColumns;
-      if (part != 0 || e >= elements || column >= state_size) return;
-      const int64_t element = e / kColumns * state_size + column;
-      const int64_t gate = t * 3 * step + e / kColumns * 3 * state_size + column;
+    auto load_inputs = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[4]) {
+      if (part != 0 || !at.active) return;
+      const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
 #pragma unroll
       for (int g = 0; g < 3; ++g) inputs[g] = projected[gate + g * state_size];
-      inputs[3] = old_cell[element];
+      inputs[3] = old_cell[at.element];
     };
     // The first round's inputs are loaded before the wait for the other
     // blocks' h, so that their latency hides behind it.
     Dtype first[4] = {};
-    load_inputs(threadIdx.x / parts, first);
+    load_inputs(BlockElement<kColumns>(threadIdx.x / parts, column0, elements, state_size),
+                first);
     __syncthreads();
     stage_rows(old_h, (int)batch_size, state_size, h, stride);
     __syncthreads();
     // Every lane runs the same iterations, for the shuffles in sum_parts.
     for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
-      const int64_t e = e0 + threadIdx.x / parts;
-      const int row = (int)(e / kColumns);
-      const int64_t column = column0 + e % kColumns;
-      const bool active = e < elements && column < state_size;
+      const BlockElement<kColumns> at(e0 + threadIdx.x / parts, column0, elements, state_size);
       Dtype sums[3] = {};
-      if (active) {
-        dot_rows(h + row * stride, w + (column - column0) * stride, kColumns * stride, stride,
-                 part, parts, sums);
+      if (at.active) {
+        dot_rows(h + at.row * stride, w + (at.column - column0) * stride, kColumns * stride,
+                 stride, part, parts, sums);
       }
       sum_parts(parts, sums);
-      if (!active || part != 0) continue;
+      if (!at.active || part != 0) continue;
       Dtype inputs[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) inputs[i] = first[i];
-      if (e0) load_inputs(e, inputs);
-      const int64_t element = row * state_size + column;
-      const int64_t gate = t * 3 * step + row * 3 * state_size + column;
+      if (e0) load_inputs(at, inputs);
+      const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
       Dtype pre[3];
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
         pre[g] = inputs[g] + sums[g];
         gates[gate + g * state_size] = pre[g];
       }
-      cell_forward(pre[0], pre[1], pre[2], inputs[3], &outputs[t * step + element],
-                   &cells[t * step + element]);
+      cell_forward(pre[0], pre[1], pre[2], inputs[3], &outputs[t * step + at.element],
+                   &cells[t * step + at.element]);
     }
     grid.sync();
   }
@@ -527,50 +536,45 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     // What element e's backward pass needs besides the product: the
     // gradients of its outputs, its cell, its gates and the gradient carried
     // to its cell, which this lane wrote itself.
-    auto load_inputs = [&](int64_t e, Dtype (&inputs)[7]) {
-      const int64_t column = column0 + e % kColumns;
-      if (part != 0 || t < 0 || e >= elements || column >= state_size) return;
-      const int64_t element = e / kColumns * state_size + column;
-      const int64_t gate = t * 3 * step + e / kColumns * gates_size + column;
-      inputs[0] = grad_outputs[t * step + element];
-      inputs[1] = grad_cells[t * step + element];
-      inputs[2] = cells[t * step + element];
+    auto load_inputs = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[7]) {
+      if (part != 0 || t < 0 || !at.active) return;
+      const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
+      inputs[0] = grad_outputs[t * step + at.element];
+      inputs[1] = grad_cells[t * step + at.element];
+      inputs[2] = cells[t * step + at.element];
 #pragma unroll
       for (int g = 0; g < 3; ++g) inputs[3 + g] = gates[gate + g * state_size];
-      inputs[6] = d_gates_next ? d_c0[element] : Dtype(0);
+      inputs[6] = d_gates_next ? d_c0[at.element] : Dtype(0);
     };
     // As in the forward pass: the first round's inputs before the wait.
     Dtype first[7] = {};
-    load_inputs(threadIdx.x / parts, first);
+    load_inputs(BlockElement<kColumns>(threadIdx.x / parts, column0, elements, state_size),
+                first);
     if (d_gates_next) {
       __syncthreads();
       stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
       __syncthreads();
     }
     for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
-      const int64_t e = e0 + threadIdx.x / parts;
-      const int row = (int)(e / kColumns);
-      const int64_t column = column0 + e % kColumns;
-      const bool active = e < elements && column < state_size;
+      const BlockElement<kColumns> at(e0 + threadIdx.x / parts, column0, elements, state_size);
       Dtype sums[1] = {};
-      if (active && d_gates_next) {
-        dot_rows(g + row * stride, w + (column - column0) * stride, stride, stride, part, parts,
-                 sums);
+      if (at.active && d_gates_next) {
+        dot_rows(g + at.row * stride, w + (at.column - column0) * stride, stride, stride, part,
+                 parts, sums);
       }
       sum_parts(parts, sums);
-      if (!active || part != 0) continue;
-      const int64_t element = row * state_size + column;
+      if (!at.active || part != 0) continue;
       if (t < 0) {
-        d_h0[element] = sums[0];
+        d_h0[at.element] = sums[0];
         continue;
       }
       Dtype inputs[7];
 #pragma unroll
       for (int i = 0; i < 7; ++i) inputs[i] = first[i];
-      if (e0) load_inputs(e, inputs);
-      const int64_t gate = t * 3 * step + row * gates_size + column;
+      if (e0) load_inputs(at, inputs);
+      const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
       cell_backward(inputs[0] + sums[0], inputs[6] + inputs[1], inputs[2], inputs[3], inputs[4],
-                    inputs[5], &d_c0[element], &d_gates[gate], &d_gates[gate + state_size],
+                    inputs[5], &d_c0[at.element], &d_gates[gate], &d_gates[gate + state_size],
                     &d_gates[gate + 2 * state_size]);
     }
     grid.sync();
