@@ -2,7 +2,8 @@
 per time step: a Python loop of the reference cell, a loop of lltm_ffi.lltm,
 that loop's training step captured as one CUDA graph and replayed,
 lltm_sequence (the loop in C), and cuDNN's nn.LSTM and nn.GRU, interleaved;
-then lltm_sequence's per-step kernels alone."""
+then lltm_sequence's per-step kernels alone. On the CPU (without -c): the
+same but the graph replay and the kernels, at the CPU's own sizes."""
 
 import statistics
 
@@ -15,6 +16,9 @@ from . import harness
 
 SEQUENCE_SHAPES = ((64, 16, 32, 128), (64, 256, 256, 512), (16, 4096, 1024, 2048))
 DEFAULT_RUNS = {128: 100, 512: 50, 2048: 5}  # by state size
+# On the CPU: the demo's sequences and the smallest above.
+CPU_SEQUENCE_SHAPES = ((20, 64, 8, 64), (64, 16, 32, 128))
+CPU_DEFAULT_RUNS = 100
 
 
 def cell_loop(cell, module, inputs):
@@ -54,13 +58,16 @@ def candidates(shape, device, dtype):
         return lambda: rnn(inputs)[0].sum().backward()
 
     loop = lltm_step(lambda: cell_loop(lltm_ffi.lltm, module, inputs))
-    return {"reference, Python loop": lltm_step(lambda: cell_loop(reference.lltm, module,
-                                                                   inputs)),
-            "lltm_ffi.lltm, Python loop": loop,
-            "lltm_ffi.lltm loop, CUDA graph replay": captured(loop, device),
-            "lltm_sequence": lltm_step(lambda: (lambda o, s: (o, s[1]))(*module(inputs))),
-            "nn.LSTM (cuDNN)": cudnn_step(lstm),
-            "nn.GRU (cuDNN)": cudnn_step(gru)}
+    functions = {"reference, Python loop": lltm_step(lambda: cell_loop(reference.lltm, module,
+                                                                        inputs)),
+                 "lltm_ffi.lltm, Python loop": loop}
+    cuda = device.type == "cuda"
+    if cuda:
+        functions["lltm_ffi.lltm loop, CUDA graph replay"] = captured(loop, device)
+    functions["lltm_sequence"] = lltm_step(lambda: (lambda o, s: (o, s[1]))(*module(inputs)))
+    functions["nn.LSTM (cuDNN)" if cuda else "nn.LSTM"] = cudnn_step(lstm)
+    functions["nn.GRU (cuDNN)" if cuda else "nn.GRU"] = cudnn_step(gru)
+    return functions
 
 
 PROFILED_STEPS = 5
@@ -108,10 +115,11 @@ def run(args, device, dtype):
 
 def _run(args, device, dtype):
     synchronize = harness.synchronizer(device)
+    cuda = device.type == "cuda"
     rows, kernel_rows = [], []
-    for shape in SEQUENCE_SHAPES:
+    for shape in SEQUENCE_SHAPES if cuda else CPU_SEQUENCE_SHAPES:
         steps, state = shape[0], shape[3]
-        runs = args.runs or DEFAULT_RUNS[state]
+        runs = args.runs or (DEFAULT_RUNS[state] if cuda else CPU_DEFAULT_RUNS)
         functions = candidates(shape, device, dtype)
         for function in functions.values():
             harness.warm_up(function, 3)
@@ -121,21 +129,30 @@ def _run(args, device, dtype):
         rows += [[size, name, *(f"{harness.microseconds(statistic(values)) / steps:.1f}"
                                 for statistic in (statistics.median, min))]
                  for name, values in seconds.items()]
-        kernel_rows.append(kernel_row(shape, functions["lltm_sequence"], harness.microseconds(
-            statistics.median(seconds["lltm_sequence"])) / steps))
-    precision = ("TF32 allowed for cuBLAS and cuDNN" if args.tf32
-                 else "strict float32 (TF32 off for cuBLAS and cuDNN)")
-    print(harness.report(
-        "LLTM over a sequence against cuDNN's LSTM and GRU: forward and backward of a loss "
-        "over every step", device, dtype,
-        f"Microseconds per time step ({precision}; the whole training step timed between "
-        f"synchronisations and divided by the steps; interleaved runs).",
+        if cuda:
+            kernel_rows.append(kernel_row(shape, functions["lltm_sequence"], harness.microseconds(
+                statistics.median(seconds["lltm_sequence"])) / steps))
+    precision = ("TF32 allowed for cuBLAS and cuDNN; " if args.tf32
+                 else "strict float32 (TF32 off for cuBLAS and cuDNN); " if cuda else "")
+    paragraphs = [
+        f"Microseconds per time step ({precision}the whole training step timed"
+        f"{' between synchronisations' if cuda else ''} and divided by the steps; interleaved "
+        "runs).",
         harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
-                                "min us/step"], rows, text_columns=2),
+                                "min us/step"], rows, text_columns=2)]
+    if cuda:
+        paragraphs += kernel_paragraphs(kernel_rows)
+    print(harness.report(
+        "LLTM over a sequence against " + ("cuDNN's" if cuda else "PyTorch's") + " LSTM and "
+        "GRU: forward and backward of a loss over every step", device, dtype, *paragraphs))
+
+
+def kernel_paragraphs(kernel_rows):
+    return [
         "lltm_sequence's per-step kernels (the recurrence's own kernels and the cuBLAS products "
         f"its C loops launch each step; GPU time by torch.profiler over {PROFILED_STEPS} training "
         "steps), their share of the median step above, and the FLOP rate of the recurrent "
         "products they compute (12 x batch x state^2 a step, forward and backward):",
         harness.markdown_table(["T x B x F x S", "per-step kernels us/step",
                                 "share of the step", "recurrent products TFLOP/s"],
-                               kernel_rows)))
+                               kernel_rows)]

@@ -110,8 +110,8 @@ def test_compare_marks_a_failed_torch_compile_and_times_the_rest(small_compare, 
     (["--compare", "-b", "4"], "-b/-f/-s set the size for one implementation"),
     (["ffi", "-o", "out.md"], "-o/--output is for --compare only"),
     (["--kernels"], "--kernels times the CUDA passes alone: it needs -c/--cuda"),
-    (["--sequence"], "--sequence compares with cuDNN and CUDA graph replay: it needs -c/--cuda"),
-    (["--compare", "--tf32"], "--tf32 is for --sequence only"),
+    (["--sequence", "--tf32"], "--tf32 is for --sequence -c only"),
+    (["--compare", "--tf32"], "--tf32 is for --sequence -c only"),
     (["ffi", "--compare"], "not allowed with argument"),
     ([], "one of the arguments"),
 ])
@@ -177,6 +177,19 @@ def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkey
     assert ("TF32 allowed" if precision else "strict float32") in output
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == settings, \
         "the benchmark changed the TF32 settings for the tests that follow"
+
+
+def test_sequence_on_the_cpu_compares_loops_lltm_sequence_lstm_and_gru(few_warmup_runs,
+                                                                       monkeypatch, capsys):
+    monkeypatch.setattr(sequence, "CPU_SEQUENCE_SHAPES", ((3, 5, 7, 9), (2, 4, 3, 17)))
+    assert benchmark.main(["--sequence", "-r", "3"]) == 0
+    output = capsys.readouterr().out
+    rows = rows_of_numbers(output, 2)
+    names = ["reference, Python loop", "lltm_ffi.lltm, Python loop", "lltm_sequence", "nn.LSTM",
+             "nn.GRU"]
+    assert [row.split("|")[2].strip() for row in rows] == names * 2
+    assert [row.split("|")[1].strip() for row in rows] == ["3x5x7x9"] * 5 + ["2x4x3x17"] * 5
+    assert "per-step kernels" not in output
 
 
 def test_autocast_times_the_pieces(few_warmup_runs, monkeypatch, capsys):
