@@ -94,14 +94,9 @@ def plain_eager(*tensors):
     autograd.Function: plain tensors, and nothing that intercepts or
     transforms the call (torch.compile, a tracer, a __torch_dispatch__ mode,
     autocast, a torch.func transform, forward-mode AD). Otherwise the op
-    picks among its other paths (use_operator and the rest). One expression,
-    cheapest first, since every eager call pays for it; is_compiling() first,
-    as in use_operator."""
-    return (not torch.compiler.is_compiling()
-            and _extension.PLAIN_TENSOR_TYPES.issuperset(map(type, tensors))
-            and not torch._C._is_any_autocast_enabled()
-            and not torch._C._len_torch_dispatch_stack()
-            and torch._C._get_tracing_state() is None
+    picks among its other paths (use_operator and the rest). Every eager call
+    pays for it, so it asks torch._C alone, nothing that builds objects."""
+    return (not use_operator(*tensors) and not torch._C._is_any_autocast_enabled()
             and not torch._C._are_functorch_transforms_active()
             and forward_ad._current_level < 0)
 
