@@ -145,6 +145,14 @@ static int find_graph(int device, const lltm_pass_key* key, int* slot) {
   return -1;
 }
 
+/* Gives up recording graphs[entry]: no graph, its workspace freed. */
+static int abandon_recording(int entry) {
+  graphs[entry].graph = NULL;
+  if (graphs[entry].workspace) (void)runtime_code(cudaFree(graphs[entry].workspace));
+  graphs[entry].workspace = NULL;
+  return LLTM_ERROR_NO_CUBLAS;
+}
+
 /* Records steps() as a graph on the device's recording stream and launches
  * it on `stream`; LLTM_ERROR_NO_CUBLAS (nothing launched) where recording
  * fails. */
@@ -161,7 +169,7 @@ static int record(int device, int entry, cudaStream_t stream,
   }
   if (use_stream(current, side, graphs[entry].workspace) != LLTM_SUCCESS ||
       runtime_code(cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal))) {
-    return LLTM_ERROR_NO_CUBLAS;
+    return abandon_recording(entry);
   }
   int code = steps(context, side);
   cudaGraph_t graph = NULL;
@@ -169,12 +177,7 @@ static int record(int device, int entry, cudaStream_t stream,
   if (code == LLTM_SUCCESS) code = ended;
   if (code == LLTM_SUCCESS) code = runtime_code(cudaGraphInstantiate(&graphs[entry].graph, graph, 0));
   if (graph) (void)cudaGraphDestroy(graph);
-  if (code != LLTM_SUCCESS) {
-    graphs[entry].graph = NULL;
-    if (graphs[entry].workspace) (void)runtime_code(cudaFree(graphs[entry].workspace));
-    graphs[entry].workspace = NULL;
-    return LLTM_ERROR_NO_CUBLAS;
-  }
+  if (code != LLTM_SUCCESS) return abandon_recording(entry);
   return runtime_code(cudaGraphLaunch(graphs[entry].graph, stream));
 }
 
