@@ -13,6 +13,7 @@ LLTMSequence's parameters like any others. Rank 0 reports, writes the
 checkpoint and draws the loss curve.
 """
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -67,6 +68,11 @@ def finish():
     process that tears its group down while another still uses it can
     abort). Not after an error: the others may never come to the barrier,
     and torchrun stops them."""
+    # The DistributedDataParallel model is in a reference cycle that keeps
+    # its reducer, and with it the group's gloo threads, alive until the
+    # collector runs; at interpreter exit that can abort the process
+    # ("terminate called without an active exception"). Collect it now.
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
