@@ -435,6 +435,37 @@ struct BlockElement {
 static const int kPersistentThreads = 256;
 static const int64_t kPersistentElements = 16384;
 
+// One step of a persistent kernel, for each of the block's elements: the
+// product of its row of the staged state with its columns of the weights
+// (product(at, sums), then summed over the lanes of its group), then, on the
+// group's first lane, finish(at, sums, inputs) with what load(at, inputs)
+// read for it. The first element's inputs are loaded before stage() (the
+// wait for the other blocks' state), so that their latency hides behind it.
+// Every lane runs the same iterations, for the shuffles in sum_parts.
+template <typename Dtype, int kColumns, int kSums, int kInputs, typename Load, typename Stage,
+          typename Product, typename Finish>
+__device__ __forceinline__ void persistent_step(int64_t column0, int64_t elements,
+                                                int64_t state_size, Load load, Stage stage,
+                                                Product product, Finish finish) {
+  const int parts = parts_per_element(elements), part = threadIdx.x % parts;
+  Dtype first[kInputs] = {};
+  const BlockElement<kColumns> first_element(threadIdx.x / parts, column0, elements, state_size);
+  if (part == 0 && first_element.active) load(first_element, first);
+  stage();
+  for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
+    const BlockElement<kColumns> at(e0 + threadIdx.x / parts, column0, elements, state_size);
+    Dtype sums[kSums] = {};
+    if (at.active) product(at, part, parts, sums);
+    sum_parts(parts, sums);
+    if (!at.active || part != 0) continue;
+    Dtype inputs[kInputs];
+#pragma unroll
+    for (int i = 0; i < kInputs; ++i) inputs[i] = first[i];
+    if (e0) load(at, inputs);
+    finish(at, sums, inputs);
+  }
+}
+
 // Forward: the lanes of a group compute the three gates of one (batch row,
 // column) element of the block's, one of them the cell.
 template <typename Dtype, int kColumns>
@@ -456,42 +487,27 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
-  const int64_t elements = batch_size * kColumns;
-  const int parts = parts_per_element(elements), part = threadIdx.x % parts;
   for (int64_t t = 0; t < steps; ++t) {
     const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
     const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
-    // What element e's cell needs besides the product: its projected gates
-    // and its old cell, which this lane wrote itself.
-    auto load_inputs = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[4]) {
-      if (part != 0 || !at.active) return;
+    // An element's projected gates and its old cell, which this lane wrote.
+    auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[4]) {
       const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
 #pragma unroll
       for (int g = 0; g < 3; ++g) inputs[g] = projected[gate + g * state_size];
       inputs[3] = old_cell[at.element];
     };
-    // The first round's inputs are loaded before the wait for the other
-    // blocks' h, so that their latency hides behind it.
-    Dtype first[4] = {};
-    load_inputs(BlockElement<kColumns>(threadIdx.x / parts, column0, elements, state_size),
-                first);
-    __syncthreads();
-    stage_rows(old_h, (int)batch_size, state_size, h, stride);
-    __syncthreads();
-    // Every lane runs the same iterations, for the shuffles in sum_parts.
-    for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
-      const BlockElement<kColumns> at(e0 + threadIdx.x / parts, column0, elements, state_size);
-      Dtype sums[3] = {};
-      if (at.active) {
-        dot_rows(h + at.row * stride, w + (at.column - column0) * stride, kColumns * stride,
-                 stride, part, parts, sums);
-      }
-      sum_parts(parts, sums);
-      if (!at.active || part != 0) continue;
-      Dtype inputs[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) inputs[i] = first[i];
-      if (e0) load_inputs(at, inputs);
+    auto stage = [&] {
+      __syncthreads();
+      stage_rows(old_h, (int)batch_size, state_size, h, stride);
+      __syncthreads();
+    };
+    auto product = [&](const BlockElement<kColumns>& at, int part, int parts, Dtype (&sums)[3]) {
+      dot_rows(h + at.row * stride, w + (at.column - column0) * stride, kColumns * stride,
+               stride, part, parts, sums);
+    };
+    auto finish = [&](const BlockElement<kColumns>& at, const Dtype (&sums)[3],
+                      const Dtype (&inputs)[4]) {
       const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
       Dtype pre[3];
 #pragma unroll
@@ -501,7 +517,9 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
       }
       cell_forward(pre[0], pre[1], pre[2], inputs[3], &outputs[t * step + at.element],
                    &cells[t * step + at.element]);
-    }
+    };
+    persistent_step<Dtype, kColumns, 3, 4>(column0, batch_size * kColumns, state_size, load,
+                                           stage, product, finish);
     grid.sync();
   }
 }
@@ -529,15 +547,12 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
-  const int64_t elements = batch_size * kColumns;
-  const int parts = parts_per_element(elements), part = threadIdx.x % parts;
   for (int64_t t = steps - 1; t >= -1; --t) {
     const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
-    // What element e's backward pass needs besides the product: the
-    // gradients of its outputs, its cell, its gates and the gradient carried
-    // to its cell, which this lane wrote itself.
-    auto load_inputs = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[7]) {
-      if (part != 0 || t < 0 || !at.active) return;
+    // An element's output and cell gradients, its cell, its gates and the
+    // gradient carried to its cell, which this lane wrote.
+    auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[7]) {
+      if (t < 0) return;
       const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
       inputs[0] = grad_outputs[t * step + at.element];
       inputs[1] = grad_cells[t * step + at.element];
@@ -546,37 +561,31 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
       for (int g = 0; g < 3; ++g) inputs[3 + g] = gates[gate + g * state_size];
       inputs[6] = d_gates_next ? d_c0[at.element] : Dtype(0);
     };
-    // As in the forward pass: the first round's inputs before the wait.
-    Dtype first[7] = {};
-    load_inputs(BlockElement<kColumns>(threadIdx.x / parts, column0, elements, state_size),
-                first);
-    if (d_gates_next) {
+    auto stage = [&] {
+      if (!d_gates_next) return;
       __syncthreads();
       stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
       __syncthreads();
-    }
-    for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
-      const BlockElement<kColumns> at(e0 + threadIdx.x / parts, column0, elements, state_size);
-      Dtype sums[1] = {};
-      if (at.active && d_gates_next) {
+    };
+    auto product = [&](const BlockElement<kColumns>& at, int part, int parts, Dtype (&sums)[1]) {
+      if (d_gates_next) {
         dot_rows(g + at.row * stride, w + (at.column - column0) * stride, stride, stride, part,
                  parts, sums);
       }
-      sum_parts(parts, sums);
-      if (!at.active || part != 0) continue;
+    };
+    auto finish = [&](const BlockElement<kColumns>& at, const Dtype (&sums)[1],
+                      const Dtype (&inputs)[7]) {
       if (t < 0) {
         d_h0[at.element] = sums[0];
-        continue;
+        return;
       }
-      Dtype inputs[7];
-#pragma unroll
-      for (int i = 0; i < 7; ++i) inputs[i] = first[i];
-      if (e0) load_inputs(at, inputs);
       const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
       cell_backward(inputs[0] + sums[0], inputs[6] + inputs[1], inputs[2], inputs[3], inputs[4],
                     inputs[5], &d_c0[at.element], &d_gates[gate], &d_gates[gate + state_size],
                     &d_gates[gate + 2 * state_size]);
-    }
+    };
+    persistent_step<Dtype, kColumns, 1, 7>(column0, batch_size * kColumns, state_size, load,
+                                           stage, product, finish);
     grid.sync();
   }
 }
@@ -644,6 +653,16 @@ static PersistentPlan plan_persistent(int64_t batch_size, int64_t state_size,
   return plan;
 }
 
+// A persistent kernel's instantiations by columns a block, for plan_persistent.
+#define LLTM_BY_COLUMNS(kernel)                                                           \
+  {(const void*)kernel<Dtype, 1>, (const void*)kernel<Dtype, 2>, (const void*)kernel<Dtype, 4>, \
+   (const void*)kernel<Dtype, 8>}
+
+static int launch_persistent(const PersistentPlan& plan, void** arguments, cudaStream_t stream) {
+  return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
+                                     plan.shared_bytes, stream);
+}
+
 // The pass's path: the persistent kernel where its plan allows, else the
 // cuBLAS path where cuBLAS can be loaded, else the step-by-step kernels.
 template <typename Dtype>
@@ -652,17 +671,13 @@ static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t st
                                    const void* weights, const void* h0, const void* c0,
                                    void* outputs, void* cells, void* gates, cudaStream_t stream) {
   if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
-  const void* kernels[4] = {(const void*)lltm_sequence_forward_persistent_kernel<Dtype, 1>,
-                            (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 2>,
-                            (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 4>,
-                            (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 8>};
+  const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_forward_persistent_kernel);
   const PersistentPlan plan =
       plan_persistent<Dtype>(batch_size, state_size, 3, state_size, kernels);
   if (plan.blocks) {
     void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &projected,
                          &weights, &h0, &c0, &outputs, &cells, &gates};
-    return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
-                                       plan.shared_bytes, stream);
+    return launch_persistent(plan, arguments, stream);
   }
   if (cublas_may_run(options, batch_size, state_size, weights_row_stride)) {
     const lltm_pass_key key = {{1, dtype_code<Dtype>(), steps, batch_size, state_size,
@@ -688,17 +703,13 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t s
                                     const void* cells, const void* gates, void* d_gates,
                                     void* d_h0, void* d_c0, cudaStream_t stream) {
   if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
-  const void* kernels[4] = {(const void*)lltm_sequence_backward_persistent_kernel<Dtype, 1>,
-                            (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 2>,
-                            (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 4>,
-                            (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 8>};
+  const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_backward_persistent_kernel);
   const PersistentPlan plan =
       plan_persistent<Dtype>(batch_size, state_size, 1, 3 * state_size, kernels);
   if (plan.blocks) {
     void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &weights,
                          &grad_outputs, &grad_cells, &cells, &gates, &d_gates, &d_h0, &d_c0};
-    return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
-                                       plan.shared_bytes, stream);
+    return launch_persistent(plan, arguments, stream);
   }
   if (cublas_may_run(options, batch_size, state_size, weights_row_stride)) {
     const lltm_pass_key key = {{2, dtype_code<Dtype>(), steps, batch_size, state_size,
