@@ -1,4 +1,4 @@
-"""--sequence: forward and backward of a loss over every step of a sequence,
+"""--sequence: forward and backward of a loss over every step's output,
 per time step: a Python loop of the reference cell, a loop of lltm_ffi.lltm,
 that loop's training step captured as one CUDA graph and replayed,
 lltm_sequence (the loop in C), and cuDNN's nn.LSTM and nn.GRU, interleaved;
@@ -22,12 +22,13 @@ CPU_DEFAULT_RUNS = 100
 
 
 def cell_loop(cell, module, inputs):
+    """Every step's output of `cell` run over `inputs` from a zero state."""
     h = c = inputs.new_zeros(inputs.shape[1], module.state_size)
     outputs = []
     for step in inputs:
         h, c = cell(step, module.weights, module.bias, h, c)
         outputs.append(h)
-    return torch.stack(outputs), c
+    return torch.stack(outputs)
 
 
 def captured(train_step, device):
@@ -51,22 +52,21 @@ def candidates(shape, device, dtype):
     lstm = torch.nn.LSTM(features, state, device=device, dtype=dtype)
     gru = torch.nn.GRU(features, state, device=device, dtype=dtype)
 
-    def lltm_step(run):
-        return lambda: (lambda outputs, c_n: (outputs.sum() + c_n.sum()).backward())(*run())
+    # Every implementation's training step: the same loss, the sum of every
+    # step's output (what nn.GRU and nn.LSTM return as their outputs).
+    def training_step(outputs_of):
+        return lambda: outputs_of().sum().backward()
 
-    def cudnn_step(rnn):
-        return lambda: rnn(inputs)[0].sum().backward()
-
-    loop = lltm_step(lambda: cell_loop(lltm_ffi.lltm, module, inputs))
-    functions = {"reference, Python loop": lltm_step(lambda: cell_loop(reference.lltm, module,
-                                                                        inputs)),
+    loop = training_step(lambda: cell_loop(lltm_ffi.lltm, module, inputs))
+    functions = {"reference, Python loop": training_step(
+                     lambda: cell_loop(reference.lltm, module, inputs)),
                  "lltm_ffi.lltm, Python loop": loop}
     cuda = device.type == "cuda"
     if cuda:
         functions["lltm_ffi.lltm loop, CUDA graph replay"] = captured(loop, device)
-    functions["lltm_sequence"] = lltm_step(lambda: (lambda o, s: (o, s[1]))(*module(inputs)))
-    functions["nn.LSTM (cuDNN)" if cuda else "nn.LSTM"] = cudnn_step(lstm)
-    functions["nn.GRU (cuDNN)" if cuda else "nn.GRU"] = cudnn_step(gru)
+    for name, model in (("lltm_sequence", module), ("nn.LSTM", lstm), ("nn.GRU", gru)):
+        functions[f"{name} (cuDNN)" if cuda and model is not module else name] = training_step(
+            lambda model=model: model(inputs)[0])
     return functions
 
 
@@ -144,7 +144,7 @@ def _run(args, device, dtype):
         paragraphs += kernel_paragraphs(kernel_rows)
     print(harness.report(
         "LLTM over a sequence against " + ("cuDNN's" if cuda else "PyTorch's") + " LSTM and "
-        "GRU: forward and backward of a loss over every step", device, dtype, *paragraphs))
+        "GRU: forward and backward of the sum of every step's output", device, dtype, *paragraphs))
 
 
 def kernel_paragraphs(kernel_rows):
