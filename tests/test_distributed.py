@@ -4,7 +4,8 @@ LLTMSequence equal one process's on the whole batch; FSDP2 (fully_shard) of
 the LLTM parameters trains to the parameters one process reaches;
 torch.compile of the DDP-wrapped models gives the same outputs and
 gradients; the demo's --distributed run checkpoints and resumes where it
-stopped, and refuses a wrong launch.
+stopped, and refuses a wrong launch; leaving the process group frees the
+DDP model first.
 
 Each variant runs with gloo on the CPU and, where there are two GPUs, with
 NCCL on cuda:0 and cuda:1 (NVLink multicast off: NCCL_NVLS_ENABLE=0). All the
@@ -14,6 +15,7 @@ every launch runs under a timeout, so that a hang fails the tests. torchrun
 """
 
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -45,12 +47,18 @@ def skip_without_two_gpus(device_type):
         pytest.skip(f"NCCL needs {PROCESSES} GPUs, torch sees {torch.cuda.device_count()}")
 
 
+def child_environment(**variables):
+    """This process's environment for a child Python that imports lltm_ffi
+    from the repository, plus `variables`."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO_ROOT)] + [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                            if path]), **variables)
+
+
 def torchrun(arguments, device_type, timeout):
     """(return code, output) of `torchrun --standalone` with PROCESSES
     processes, in a process group of its own that is killed past `timeout`."""
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO_ROOT)] + [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                            if path]))
+    environment = child_environment()
     if device_type == "cuda":
         environment.update(NVLINK_MULTICAST_OFF)
     process = subprocess.Popen(
@@ -261,3 +269,37 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
                                          r"this run has \{'samples': 8\}"):
         distributed.load_checkpoint(path, "cpu", {"samples": 8})
     assert [file.name for file in tmp_path.iterdir()] == ["state.pt"]
+
+
+# One gloo process: a DistributedDataParallel model left in a reference
+# cycle, with the collector off so that only finish() can free it.
+FINISH_SCRIPT = """
+import gc, weakref
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from lltm_ffi import distributed
+gc.disable()
+distributed.start("cpu")
+model = DistributedDataParallel(torch.nn.Linear(3, 2))
+model.cycle = [model]
+model(torch.randn(4, 3)).sum().backward()
+alive = weakref.ref(model)
+del model
+distributed.finish()
+print("freed" if alive() is None else "alive")
+"""
+
+
+def test_finish_frees_a_model_in_a_reference_cycle_before_leaving_the_group():
+    """finish() collects the DDP model (its reducer holds the group's gloo
+    threads) while the group still stands: left to interpreter exit, a gloo
+    process could abort there."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = child_environment(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    result = subprocess.run([sys.executable, "-c", FINISH_SCRIPT], cwd=REPO_ROOT,
+                            env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["freed"]
