@@ -38,8 +38,10 @@ def _elu_derivative(pre_activation):
                        torch.exp(pre_activation))
 
 
-def _zeros_where_none(gradient, like):
-    return torch.zeros_like(like) if gradient is None else gradient
+def or_zeros(gradient, like):
+    """`gradient`, or zeros shaped like `like` where it is None (a broadcast
+    view: no memory)."""
+    return like.new_zeros(()).expand_as(like) if gradient is None else gradient
 
 
 def forward_pass(gates, old_cell):
@@ -52,7 +54,7 @@ def forward_pass(gates, old_cell):
 def backward_pass(grad_h, grad_cell, new_cell, gates):
     """(d_old_cell, d_gates), as lltm_ffi::backward_pass, differentiable;
     a gradient given as None counts as zeros."""
-    grad_h, grad_cell = (_zeros_where_none(grad, new_cell) for grad in (grad_h, grad_cell))
+    grad_h, grad_cell = (or_zeros(grad, new_cell) for grad in (grad_h, grad_cell))
     input_gate, output_gate, candidate, candidate_pre = _activations(gates)
     tanh_cell = torch.tanh(new_cell)
     d_new_cell = grad_cell + grad_h * output_gate * (1 - tanh_cell * tanh_cell)
@@ -65,7 +67,7 @@ def backward_pass(grad_h, grad_cell, new_cell, gates):
 def forward_tangents(gates, new_cell, gates_tangent, old_cell_tangent):
     """(new_h, new_cell) tangents of the forward pass at (gates, new_cell) in
     the direction (gates_tangent, old_cell_tangent); None counts as zeros."""
-    gates_tangent = _zeros_where_none(gates_tangent, gates)
+    gates_tangent = or_zeros(gates_tangent, gates)
     input_gate, output_gate, candidate, candidate_pre = _activations(gates)
     input_tangent, output_tangent, candidate_tangent = gates_tangent.chunk(3, dim=1)
     new_cell_tangent = (candidate * input_gate * (1 - input_gate) * input_tangent

@@ -10,6 +10,7 @@ import torch
 from torch.autograd import forward_ad
 
 from . import _arguments, derivatives, ops
+from .derivatives import or_zeros
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 # Autocast's own device types that lltm_ffi runs on; asking autocast about
@@ -126,8 +127,8 @@ class _TransformableCell(torch.autograd.Function):
         elif derivatives.in_torch_ops(grad_h, grad_cell):
             d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)
         else:
-            d_old_cell, d_gates = ops.backward(_or_zeros(grad_h, new_cell),
-                                               _or_zeros(grad_cell, new_cell), new_cell, gates)
+            d_old_cell, d_gates = ops.backward(or_zeros(grad_h, new_cell),
+                                               or_zeros(grad_cell, new_cell), new_cell, gates)
         return _argument_gradients(ctx.needs_input_grad, d_old_cell, _sum(d_gates, grad_gates),
                                    grad_X, X, weights, ctx.bias_shape)
 
@@ -136,15 +137,15 @@ class _TransformableCell(torch.autograd.Function):
         X, weights, gates, new_cell = ctx.saved_tensors
         X_tangent = None
         if input_tangent is not None or old_h_tangent is not None:
-            X_tangent = torch.cat((_or_zeros(old_h_tangent, new_cell),
-                                   _or_zeros(input_tangent, X[:, new_cell.shape[1]:])), dim=1)
+            X_tangent = torch.cat((or_zeros(old_h_tangent, new_cell),
+                                   or_zeros(input_tangent, X[:, new_cell.shape[1]:])), dim=1)
         gates_tangent = _sum(_sum(None if X_tangent is None else X_tangent.mm(weights.t()),
                                   None if weights_tangent is None else X.mm(weights_tangent.t())),
                              bias_tangent)
-        gates_tangent = _or_zeros(gates_tangent, gates).expand_as(gates)
+        gates_tangent = or_zeros(gates_tangent, gates).expand_as(gates)
         new_h_tangent, new_cell_tangent = derivatives.forward_tangents(
             gates, new_cell, gates_tangent, old_cell_tangent)
-        return new_h_tangent, new_cell_tangent, _or_zeros(X_tangent, X), gates_tangent
+        return new_h_tangent, new_cell_tangent, or_zeros(X_tangent, X), gates_tangent
 
     @staticmethod
     def vmap(info, in_dims, input, weights, bias, old_h, old_cell):
@@ -184,11 +185,6 @@ def _argument_gradients(needs_input_grad, d_old_cell, d_gates, d_X, X, weights, 
     if needs_bias and d_gates is not None:
         d_bias = d_gates.sum(dim=0).view(bias_shape)
     return d_input, d_weights, d_bias, d_old_h, d_old_cell if needs_old_cell else None
-
-
-def _or_zeros(gradient, like):
-    """`gradient`, or zeros shaped like `like` (a broadcast view: no memory)."""
-    return like.new_zeros(()).expand_as(like) if gradient is None else gradient
 
 
 def _sum(first, second):

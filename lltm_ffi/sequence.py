@@ -176,8 +176,8 @@ def _hidden_weights_grad(d_gates, h0, outputs, out):
 
 def _sequence_forward_backward(ctx, grad_outputs, grad_cells, _):
     hidden_weights, h0, outputs, cells, gates, projected, c0 = ctx.saved_tensors
-    grad_outputs = torch.zeros_like(outputs) if grad_outputs is None else grad_outputs
-    grad_cells = torch.zeros_like(cells) if grad_cells is None else grad_cells
+    grad_outputs = derivatives.or_zeros(grad_outputs, outputs)
+    grad_cells = derivatives.or_zeros(grad_cells, cells)
     if derivatives.in_torch_ops(grad_outputs, grad_cells):
         return derivatives.recorded_grads(_recurrence_in_torch,
                                           (projected, hidden_weights, h0, c0),
