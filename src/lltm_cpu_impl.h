@@ -111,10 +111,9 @@ static int LLTM_NAME(backward_)(int64_t batch_size, int64_t state_size,
  * weights and `columns` of its columns, along weights' contiguous rows;
  * base may be NULL (zero). */
 LLTM_VECTOR_CLONES
-static void LLTM_NAME(row_times_matrix_)(int64_t columns, int64_t depth,
-                                                     const SCALAR* a, const SCALAR* weights,
-                                                     int64_t weights_row_stride,
-                                                     const SCALAR* base, SCALAR* out) {
+static void LLTM_NAME(row_times_matrix_)(int64_t columns, int64_t depth, const SCALAR* a,
+                                         const SCALAR* weights, int64_t weights_row_stride,
+                                         const SCALAR* base, SCALAR* out) {
   for (int64_t j = 0; j < columns; ++j) out[j] = base ? base[j] : 0;
   int64_t r = 0;
   /* Four rows at a time: a quarter of the loads and stores of out. */
@@ -139,15 +138,13 @@ static void LLTM_NAME(row_times_matrix_)(int64_t columns, int64_t depth,
 
 /* row_times_matrix_ for every batch row. The threading threshold counts
  * sixteen multiply-adds as one element of a pointwise pass. */
-static void LLTM_NAME(rows_times_matrix_)(int64_t batch_size, int64_t columns,
-                                                 int64_t depth, const SCALAR* a,
-                                                 const SCALAR* weights,
-                                                 int64_t weights_row_stride,
-                                                 const SCALAR* base, SCALAR* out) {
+static void LLTM_NAME(rows_times_matrix_)(int64_t batch_size, int64_t columns, int64_t depth,
+                                          const SCALAR* a, const SCALAR* weights,
+                                          int64_t weights_row_stride, const SCALAR* base,
+                                          SCALAR* out) {
   LLTM_FOR_EACH_ROW(b, batch_size, batch_size * columns * depth / 16, {
-    LLTM_NAME(row_times_matrix_)(columns, depth, a + b * depth, weights,
-                                             weights_row_stride, base ? base + b * columns : NULL,
-                                             out + b * columns);
+    LLTM_NAME(row_times_matrix_)(columns, depth, a + b * depth, weights, weights_row_stride,
+                                 base ? base + b * columns : NULL, out + b * columns);
   });
 }
 
@@ -174,7 +171,7 @@ static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64
     const SCALAR* old_cell = t ? cells + (t - 1) * step : c0;
     SCALAR* gates_t = gates + t * 3 * step;
     LLTM_NAME(rows_times_matrix_)(batch_size, gates_size, state_size, old_h, transposed,
-                                         gates_size, projected + t * 3 * step, gates_t);
+                                  gates_size, projected + t * 3 * step, gates_t);
     LLTM_NAME(forward_)(batch_size, state_size, gates_t, old_cell, outputs + t * step,
                         cells + t * step);
   }
@@ -192,8 +189,8 @@ static int LLTM_NAME(sequence_backward_)(int64_t steps, int64_t batch_size, int6
   for (int64_t t = steps - 1; t >= 0; --t) {
     if (t + 1 < steps) {
       LLTM_NAME(rows_times_matrix_)(batch_size, state_size, 3 * state_size,
-                                           d_gates + (t + 1) * 3 * step, weights,
-                                           weights_row_stride, grad_outputs + t * step, d_h0);
+                                    d_gates + (t + 1) * 3 * step, weights, weights_row_stride,
+                                    grad_outputs + t * step, d_h0);
       for (int64_t i = 0; i < step; ++i) d_c0[i] += grad_cells[t * step + i];
     } else {
       memcpy(d_h0, grad_outputs + t * step, (size_t)step * sizeof(SCALAR));
@@ -202,8 +199,8 @@ static int LLTM_NAME(sequence_backward_)(int64_t steps, int64_t batch_size, int6
     LLTM_NAME(backward_)(batch_size, state_size, dense, d_h0, d_c0, cells + t * step,
                          gates + t * 3 * step, d_c0, d_gates + t * 3 * step);
   }
-  LLTM_NAME(rows_times_matrix_)(batch_size, state_size, 3 * state_size, d_gates,
-                                       weights, weights_row_stride, NULL, d_h0);
+  LLTM_NAME(rows_times_matrix_)(batch_size, state_size, 3 * state_size, d_gates, weights,
+                                weights_row_stride, NULL, d_h0);
   return LLTM_SUCCESS;
 }
 
