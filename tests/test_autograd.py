@@ -16,16 +16,12 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 import lltm_ffi
 from builders import random_inputs, random_like, sequence_arguments
-from conftest import ARGUMENT_NAMES, assert_all_close, reference_sequence, shape_id
+from conftest import ARGUMENT_NAMES, as_leaves, assert_all_close, reference_sequence, shape_id
 from lltm_ffi import reference, selfcheck
 
 CELLS = {"reference": reference.lltm, "lltm_ffi": lltm_ffi.lltm}
 SHAPES = [(1, 2, 3), (3, 5, 7), (4, 6, 5)]
 SEQUENCE_SHAPE = (4, 3, 5, 7)
-
-
-def _leaves(inputs):
-    return [tensor.detach().requires_grad_(True) for tensor in inputs]
 
 
 def _both(function):
@@ -47,7 +43,7 @@ def _issue_inputs(dtype, device):
 def test_gradient_penalty_reproducer(device, dtype):
     """The issue's reproducer: the penalty's gradient reaches the weights."""
     def penalised_weight_grad(cell):
-        arguments = _leaves(_issue_inputs(dtype, device))
+        arguments = as_leaves(_issue_inputs(dtype, device))
         new_h, new_cell = cell(*arguments)
         grad_input, = torch.autograd.grad(new_h.sum() + new_cell.sum(), arguments[0],
                                           create_graph=True)
@@ -67,7 +63,7 @@ def test_gradient_penalty_every_argument(shape, device, dtype, generator):
     weights_h, weights_c = (random_like(inputs[3], generator) for _ in range(2))
 
     def penalised_grads(cell):
-        arguments = _leaves(inputs)
+        arguments = as_leaves(inputs)
         new_h, new_cell = cell(*arguments)
         loss = (weights_h * new_h.sin()).sum() + (weights_c * new_cell).pow(2).sum()
         grads = torch.autograd.grad(loss, arguments, create_graph=True)
@@ -97,7 +93,7 @@ def test_third_derivative(device, generator):
     inputs = random_inputs(generator, (3, 4, 5), torch.float64, device)
 
     def third(cell):
-        arguments = _leaves(inputs)
+        arguments = as_leaves(inputs)
         new_h, new_cell = cell(*arguments)
         first, = torch.autograd.grad((new_h * new_cell).sum(), arguments[1], create_graph=True)
         second, = torch.autograd.grad(first.pow(2).sum(), arguments[3], create_graph=True)
@@ -113,7 +109,7 @@ def test_gradgradcheck(shape, bias_2d, device, generator):
     inputs = random_inputs(generator, shape, torch.float64, device)
     if bias_2d:
         inputs[2] = inputs[2].unsqueeze(0)
-    assert torch.autograd.gradgradcheck(lltm_ffi.lltm, _leaves(inputs), eps=1e-6, atol=1e-7,
+    assert torch.autograd.gradgradcheck(lltm_ffi.lltm, as_leaves(inputs), eps=1e-6, atol=1e-7,
                                         rtol=1e-5)
 
 
@@ -123,7 +119,7 @@ def test_one_output_used(used, device, dtype, generator):
     inputs = random_inputs(generator, (3, 5, 7), dtype, device)
 
     def grads(cell):
-        arguments = _leaves(inputs)
+        arguments = as_leaves(inputs)
         output = cell(*arguments)[0 if used == "new_h" else 1]
         return torch.autograd.grad(output.exp().sum(), arguments)
 
@@ -186,7 +182,7 @@ def test_vectorized_jacobian(device, generator):
 
 
 def test_compiled_first_order_backward_keeps_the_fused_pass(generator):
-    arguments = _leaves(random_inputs(generator, (3, 4, 5)))
+    arguments = as_leaves(random_inputs(generator, (3, 4, 5)))
     graphs = _compiled_graphs(lltm_ffi.lltm, arguments)
     assert "lltm_ffi.forward_pass" in graphs["forward"]
     assert "lltm_ffi.backward_pass" in graphs["backward"]
@@ -199,7 +195,7 @@ def test_compiled_double_backward_is_refused_as_for_the_reference(cell, generato
     (A graph of the cell compiled earlier in the process, by a test that made
     no second-order graph, refuses with another message: compile afresh.)"""
     torch.compiler.reset()
-    arguments = _leaves(random_inputs(generator, (3, 4, 5)))
+    arguments = as_leaves(random_inputs(generator, (3, 4, 5)))
     new_h, new_cell = torch.compile(cell, fullgraph=True)(*arguments)
     grad_input, = torch.autograd.grad(new_h.sum() + new_cell.sum(), arguments[0],
                                       create_graph=True)
@@ -391,7 +387,7 @@ def test_sequence_gradient_penalty(device, generator):
     arguments = sequence_arguments(generator, SEQUENCE_SHAPE, device=device)
 
     def penalised_grads(sequence):
-        leaves = _leaves(arguments)
+        leaves = as_leaves(arguments)
         outputs, (h_n, c_n) = sequence(*leaves)
         grads = torch.autograd.grad(outputs.sum() + c_n.sum(), leaves, create_graph=True)
         assert all(grad.requires_grad for grad in grads)
@@ -404,7 +400,7 @@ def test_sequence_gradient_penalty(device, generator):
 
 
 def test_sequence_gradgradcheck(device, generator):
-    arguments = _leaves(sequence_arguments(generator, (3, 2, 3, 4), device=device))
+    arguments = as_leaves(sequence_arguments(generator, (3, 2, 3, 4), device=device))
     assert torch.autograd.gradgradcheck(lambda *leaves: lltm_ffi.lltm_sequence(*leaves)[0],
                                         arguments)
 
@@ -413,7 +409,7 @@ def test_sequence_operator_gradgradcheck(device, generator):
     steps_input, weights, bias, h0, c0 = sequence_arguments(generator, (3, 2, 3, 4),
                                                             device=device)
     projected = torch.nn.functional.linear(steps_input, weights[:, 4:], bias)
-    arguments = _leaves([projected, weights[:, :4], h0, c0])
+    arguments = as_leaves([projected, weights[:, :4], h0, c0])
     assert torch.autograd.gradgradcheck(
         lambda *leaves: torch.ops.lltm_ffi.sequence_forward(*leaves)[:2], arguments)
 

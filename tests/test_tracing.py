@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import child_cases
 import lltm_ffi
 from builders import random_grad_outputs, random_inputs, sequence_arguments
-from conftest import (assert_all_close, outputs_and_gradients, raises_with,
+from conftest import (as_leaves, assert_all_close, outputs_and_gradients, raises_with,
                       reference_sequence)
 from lltm_ffi import function, ops, reference, selfcheck, sequence
 from lltm_ffi.round_ste import round_forward
@@ -122,7 +122,7 @@ def _make_fx_cell(tracing_mode):
 def _gradients(cell):
     def gradients(*arguments):
         *inputs, grad_h, grad_cell = arguments
-        leaves = [tensor.detach().requires_grad_(True) for tensor in inputs]
+        leaves = as_leaves(inputs)
         return torch.autograd.grad(cell(*leaves), leaves, (grad_h, grad_cell))
     return gradients
 
