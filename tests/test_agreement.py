@@ -13,7 +13,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import builders
 import lltm_ffi
@@ -113,12 +112,6 @@ def test_edge_shapes_agree_with_reference(shape, dtype, device, seed):
     assert_cell_agrees(shape, dtype, device, seed)
 
 
-def _reference_pointwise(gates, old_cell):
-    input_gate, output_gate, candidate = gates.chunk(3, dim=1)
-    new_cell = old_cell + F.elu(candidate) * torch.sigmoid(input_gate)
-    return torch.tanh(new_cell) * torch.sigmoid(output_gate), new_cell
-
-
 # Relative error (in norm) of the fused passes alone, against float64 on the
 # same values: a few rounding errors per element, with no matrix product in
 # the way. selfcheck.TOLERANCES also budgets for long matrix-product sums, so
@@ -140,7 +133,7 @@ def test_fused_passes_are_accurate_over_a_wide_range_of_gates(dtype, device, gen
     d_old_cell, d_gates = ops.backward(grad_h, grad_cell, new_cell, gates)
 
     gates64, old_cell64 = (tensor.double().requires_grad_(True) for tensor in (gates, old_cell))
-    expected_h, expected_cell = _reference_pointwise(gates64, old_cell64)
+    expected_h, expected_cell = reference.pointwise(gates64, old_cell64)
     torch.autograd.backward((expected_h, expected_cell), (grad_h.double(), grad_cell.double()))
 
     results = {"new_h": (new_h, expected_h), "new_cell": (new_cell, expected_cell),
@@ -176,7 +169,7 @@ def _expected(gates, old_cell, grad_h, grad_cell):
     """new_h, new_cell, d_old_cell, d_gates in float64 from the cell's definition."""
     gates = gates.double().requires_grad_(True)
     old_cell = old_cell.double().requires_grad_(True)
-    new_h, new_cell = _reference_pointwise(gates, old_cell)
+    new_h, new_cell = reference.pointwise(gates, old_cell)
     d_gates, d_old_cell = torch.autograd.grad((new_h, new_cell), (gates, old_cell),
                                               (grad_h.double(), grad_cell.double()))
     return new_h.detach(), new_cell.detach(), d_old_cell, d_gates

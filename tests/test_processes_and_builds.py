@@ -169,18 +169,12 @@ def run_scenario(code, timeout=SCENARIO_TIMEOUT_S):
         import os, sys, time
         import torch
         import lltm_ffi
-        from lltm_ffi import ops, selfcheck
+        from lltm_ffi import ops, reference, selfcheck
 
         # Two threads even on one core: OpenMP's pool then has a thread to lose.
         torch.set_num_threads(2)
         BIG = (256, 16, 256)  # batch * state = 65536, past LLTM_CPU_PARALLEL_MIN
         SMALL = (3, 5, 7)
-
-        def pointwise(gates, old_cell):
-            # The reference cell after its matrix product.
-            input_gate, output_gate, candidate = gates.chunk(3, dim=1)
-            new_cell = old_cell + torch.nn.functional.elu(candidate) * torch.sigmoid(input_gate)
-            return torch.tanh(new_cell) * torch.sigmoid(output_gate), new_cell
 
         def make_case(shape, dtype):
             # The fused passes' inputs and float64 reference results, made here,
@@ -193,7 +187,7 @@ def run_scenario(code, timeout=SCENARIO_TIMEOUT_S):
                 torch.randn(batch, width * state, generator=generator, dtype=dtype)
                 for width in (3, 1, 1, 1))
             leaves = [gates.double().requires_grad_(), old_cell.double().requires_grad_()]
-            outputs = pointwise(*leaves)
+            outputs = reference.pointwise(*leaves)
             torch.autograd.backward(outputs, (grad_h.double(), grad_cell.double()))
             expected = [output.detach() for output in outputs] + [leaves[1].grad, leaves[0].grad]
             return (gates, old_cell, grad_h, grad_cell), expected
