@@ -11,14 +11,17 @@ int lltm_cpu_forward(int dtype, int64_t batch_size, int64_t state_size, const vo
 int lltm_cpu_backward(int dtype, int64_t batch_size, int64_t state_size,
                       const int64_t grad_strides[4], const void* grad_h, const void* grad_cell,
                       const void* new_cell, const void* gates, void* d_old_cell, void* d_gates);
-int lltm_cpu_sequence_forward(int dtype, int64_t steps, int64_t batch_size, int64_t state_size,
-                              int64_t weights_row_stride, const void* projected,
-                              const void* weights, const void* h0, const void* c0, void* outputs,
-                              void* cells, void* gates);
-int lltm_cpu_sequence_backward(int dtype, int64_t steps, int64_t batch_size, int64_t state_size,
-                               int64_t weights_row_stride, const void* weights,
-                               const void* grad_outputs, const void* grad_cells, const void* cells,
-                               const void* gates, void* d_gates, void* d_h0, void* d_c0);
+int lltm_cpu_sequence_forward(int dtype, int64_t steps, int64_t batch_size,
+                              int64_t input_features, int64_t state_size, const void* inputs,
+                              const void* weights, const void* bias, const void* h0,
+                              const void* c0, void* outputs, void* cells, void* gates);
+int lltm_cpu_sequence_backward(int dtype, int64_t steps, int64_t batch_size,
+                               int64_t input_features, int64_t state_size,
+                               const int64_t grad_strides[6], const void* inputs,
+                               const void* weights, const void* h0, const void* outputs,
+                               const void* cells, const void* gates, const void* grad_outputs,
+                               const void* grad_cells, void* d_gates, void* d_inputs,
+                               void* d_weights, void* d_bias, void* d_h0, void* d_c0);
 int lltm_cpu_round_forward(int dtype, int64_t count, const void* input, void* output);
 
 #endif /* LLTM_CPU_H */

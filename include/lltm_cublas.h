@@ -1,4 +1,4 @@
-/* The sequence layer's recurrent matrix products through cuBLAS
+/* The sequence layer's matrix products through cuBLAS
  * (src/lltm_cublas.c), found at run time: the libcublas that torch has
  * already loaded, else one on the library path. Nothing here needs a cuBLAS
  * header or links cuBLAS, so the module builds where there is none; where
@@ -21,7 +21,7 @@ extern "C" {
 /* What identifies a pass for the graph of its launches: every size,
  * option and address it uses, the unused tail zero. */
 typedef struct {
-  int64_t values[16];
+  int64_t values[32];
 } lltm_pass_key;
 
 /* Runs steps(context, stream), the launches of one pass (lltm_cublas_gemm
@@ -37,13 +37,14 @@ typedef struct {
 int lltm_cublas_run(const lltm_pass_key* key, cudaStream_t stream, int tf32,
                     int (*steps)(void* context, cudaStream_t stream), void* context);
 
-/* C (m x n, leading dimension ldc) = op(A) B, op(A) = A^T when transpose_a
- * (A is k x m) or A (m x k); B is k x n. float or double by `dtype`. Only
- * within the steps of lltm_cublas_run; every size must fit an int.
+/* C (m x n, leading dimension ldc) = op(A) op(B) (+ C where accumulate),
+ * op(X) = X^T where transpose_x (A is then k x m, B n x k), else X (A m x k,
+ * B k x n). float or double by `dtype`. Only within the steps of
+ * lltm_cublas_run; every size must fit an int, and k be positive.
  * LLTM_SUCCESS or the cuBLAS status as an error code. */
-int lltm_cublas_gemm(int dtype, int transpose_a, int64_t m, int64_t n, int64_t k, const void* a,
-                     int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc);
-
+int lltm_cublas_gemm(int dtype, int transpose_a, int transpose_b, int64_t m, int64_t n,
+                     int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
+                     int accumulate, void* c, int64_t ldc);
 /* The text for a code lltm_cublas_gemm returned, or NULL for other codes. */
 const char* lltm_cublas_error_string(int code);
 

@@ -47,32 +47,38 @@ int lltm_backward(int dtype, int device, void* stream, int64_t batch_size, int64
                   const void* gates, void* d_old_cell, void* d_gates);
 
 /* lltm_ffi.lltm_sequence: the cell over `steps` time steps, the loop in C.
- * projected (steps, batch, 3 * state) holds each step's input part of the
- * gates (input times the input columns of the weights, plus the bias);
- * weights (3 * state, state) are the hidden columns, row stride
- * weights_row_stride; h0 and c0 (batch, state) the initial state. Writes
- * every step's new_h (outputs) and new_cell (cells), (steps, batch, state),
- * and its gates. The backward pass takes the gradients of outputs and cells
- * and writes d_gates (each step's gradient of its gates, also that of
- * projected) and the gradients of h0 and c0. `options` (CUDA only): an OR of
- * the flags below. */
+ * inputs (steps, batch, input_features); weights (3 * state, state +
+ * input_features) and bias (3 * state) as for the cell; h0 and c0 (batch,
+ * state) the initial state. The forward pass writes every step's new_h
+ * (outputs) and new_cell (cells), (steps, batch, state), and its
+ * pre-activation gates (steps, batch, 3 * state). The backward pass takes
+ * the gradients of outputs and cells (either may be NULL: zeros), read
+ * through grad_strides (grad_outputs' step, row and column strides, then
+ * grad_cells', in elements), and what the forward pass read and wrote; it writes d_gates (steps, batch,
+ * 3 * state: each step's gradient of its gates, scratch to the caller) and
+ * the gradients of every argument: d_inputs, d_weights and d_bias may be
+ * NULL (not wanted); d_h0 and d_c0 are always written. `options` (CUDA
+ * only): an OR of the flags below. */
 enum {
-  /* The recurrent products of float32 may use TF32 (where they go through
+  /* The matrix products of float32 may use TF32 (where they go through
    * cuBLAS), as torch.backends.cuda.matmul.allow_tf32 lets torch's own. */
   LLTM_SEQUENCE_TF32 = 1,
-  /* lltm_ffi's own kernels for the recurrent products even where cuBLAS can
+  /* lltm_ffi's own kernels for every matrix product even where cuBLAS can
    * be loaded. */
   LLTM_SEQUENCE_OWN_KERNELS = 2
 };
 int lltm_sequence_forward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
-                          int64_t state_size, int64_t weights_row_stride, int options,
-                          const void* projected, const void* weights, const void* h0,
-                          const void* c0, void* outputs, void* cells, void* gates);
+                          int64_t input_features, int64_t state_size, int options,
+                          const void* inputs, const void* weights, const void* bias,
+                          const void* h0, const void* c0, void* outputs, void* cells,
+                          void* gates);
 int lltm_sequence_backward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
-                           int64_t state_size, int64_t weights_row_stride, int options,
-                           const void* weights, const void* grad_outputs,
-                           const void* grad_cells, const void* cells, const void* gates,
-                           void* d_gates, void* d_h0, void* d_c0);
+                           int64_t input_features, int64_t state_size, int options,
+                           const int64_t* grad_strides, const void* inputs, const void* weights, const void* h0,
+                           const void* outputs, const void* cells, const void* gates,
+                           const void* grad_outputs, const void* grad_cells, void* d_gates,
+                           void* d_inputs, void* d_weights, void* d_bias, void* d_h0,
+                           void* d_c0);
 
 /* lltm_ffi.round_ste's forward pass: output[i] is 1 where input[i] >= 0.5,
  * else 0, over `count` elements. Its backward pass is the identity. */

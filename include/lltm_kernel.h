@@ -23,15 +23,18 @@ cudaError_t lltm_launch_backward(int dtype, int64_t batch_size, int64_t state_si
                                  void* d_old_cell, void* d_gates, cudaStream_t stream);
 /* The sequence launchers return an int: a CUDA error code or one of
  * lltm_ffi.h's (a cuBLAS failure). */
-int lltm_launch_sequence_forward(int dtype, int64_t steps, int64_t batch_size, int64_t state_size,
-                                 int64_t weights_row_stride, int options, const void* projected,
-                                 const void* weights, const void* h0, const void* c0,
-                                 void* outputs, void* cells, void* gates, cudaStream_t stream);
+int lltm_launch_sequence_forward(int dtype, int64_t steps, int64_t batch_size,
+                                 int64_t input_features, int64_t state_size, int options,
+                                 const void* inputs, const void* weights, const void* bias,
+                                 const void* h0, const void* c0, void* outputs, void* cells,
+                                 void* gates, cudaStream_t stream);
 int lltm_launch_sequence_backward(int dtype, int64_t steps, int64_t batch_size,
-                                  int64_t state_size, int64_t weights_row_stride, int options,
-                                  const void* weights, const void* grad_outputs,
-                                  const void* grad_cells, const void* cells, const void* gates,
-                                  void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream);
+                                  int64_t input_features, int64_t state_size, int options,
+                                  const int64_t grad_strides[6], const void* inputs, const void* weights, const void* h0,
+                                  const void* outputs, const void* cells, const void* gates,
+                                  const void* grad_outputs, const void* grad_cells,
+                                  void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
+                                  void* d_h0, void* d_c0, cudaStream_t stream);
 cudaError_t lltm_launch_round_forward(int dtype, int64_t count, const void* input, void* output,
                                       cudaStream_t stream);
 

@@ -132,35 +132,43 @@ def call(function, reference, sizes, tensors):
     """Runs the C entry point lib.<function>(dtype, device, stream, *sizes,
     *addresses of tensors) for `reference`'s dtype and device, on that
     device's current CUDA stream; raises LLTMError with the shim's message for
-    a non-zero code. The tensors stay referenced until the call returns, so
-    the casts (which own nothing) stay valid."""
+    a non-zero code. A tensor given as None (an optional argument) or with no
+    elements is passed as NULL. The tensors stay referenced until the call
+    returns, so the casts (which own nothing) stay valid."""
     entry = getattr(require(), function)
     if reference.is_cuda:
         index = reference.get_device()
         stream = _cast("void *", _current_raw_stream(index))
     else:
         index, stream = lib.LLTM_CPU, _NULL
-    addresses = [tensor.data_ptr() for tensor in tensors]
-    if not all(addresses) or not PLAIN_TENSOR_TYPES.issuperset(map(type, tensors)):
-        _check_memory(function, tensors, addresses)
-    pointers = [_cast("void *", address) for address in addresses]
+    pointers = []
+    for tensor in tensors:
+        address = 0 if tensor is None else tensor.data_ptr()
+        if not address or type(tensor) not in PLAIN_TENSOR_TYPES:
+            address = _checked_address(function, tensor, address)
+        pointers.append(_cast("void *", address) if address else _NULL)
     check(function, entry(_DTYPE_CODES[reference.dtype], index, stream, *sizes, *pointers))
 
 
-def _check_memory(function, tensors, addresses):
-    """TypeError unless every tensor has memory of its own at a non-null
-    address: a fake tensor, or a subclass that overrides __torch_dispatch__
-    (a wrapper such as TwoTensor), has none, and C would write to address 0.
-    Subclasses of __torch_function__ alone hold real memory and pass."""
-    for tensor, address in zip(tensors, addresses):
-        kind = type(tensor)
-        if not address or (kind is not torch.Tensor and kind.__torch_dispatch__
-                            is not torch.Tensor.__torch_dispatch__):
-            raise TypeError(f"{function}: got a {kind.__module__}.{kind.__qualname__} without "
-                            "memory of its own (a fake tensor or a __torch_dispatch__ subclass); "
-                            "lltm_ffi's C passes take tensors with real storage, and lltm_ffi's "
-                            "public functions route such tensors through the torch.library "
-                            "operators")
+def _checked_address(function, tensor, address):
+    """`address` of a tensor with memory of its own, 0 for None or a plain
+    tensor without elements; TypeError for a tensor without memory of its
+    own at a non-null address: a fake tensor, or a subclass that overrides
+    __torch_dispatch__ (a wrapper such as TwoTensor), has none, and C would
+    write to address 0. Subclasses of __torch_function__ alone hold real
+    memory and pass."""
+    if tensor is None:
+        return 0
+    kind = type(tensor)
+    dispatching = (kind not in PLAIN_TENSOR_TYPES
+                   and kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__)
+    if not dispatching and (address or (kind in PLAIN_TENSOR_TYPES and tensor.numel() == 0)):
+        return address
+    raise TypeError(f"{function}: got a {kind.__module__}.{kind.__qualname__} without "
+                    "memory of its own (a fake tensor or a __torch_dispatch__ subclass); "
+                    "lltm_ffi's C passes take tensors with real storage, and lltm_ffi's "
+                    "public functions route such tensors through the torch.library "
+                    "operators")
 
 
 def check(function, code):
@@ -171,6 +179,8 @@ def check(function, code):
 
 def dense(tensor):
     """`tensor` as C can read it: contiguous, with torch's lazy negation
-    (the negative bit of views such as x.conj().imag) applied. No copy when
-    it already is."""
+    (the negative bit of views such as x.conj().imag) applied. No copy, and
+    no torch op, when it already is."""
+    if tensor.is_contiguous() and not tensor.is_neg():
+        return tensor
     return tensor.resolve_neg().contiguous()

@@ -137,19 +137,22 @@ int lltm_cpu_backward(int dtype, int64_t batch_size, int64_t state_size,
                          new_cell, gates, d_old_cell, d_gates);
 }
 
-int lltm_cpu_sequence_forward(int dtype, int64_t steps, int64_t batch_size, int64_t state_size,
-                              int64_t weights_row_stride, const void* projected,
-                              const void* weights, const void* h0, const void* c0, void* outputs,
-                              void* cells, void* gates) {
-  return LLTM_TYPED_CALL(dtype, sequence_forward, steps, batch_size, state_size,
-                         weights_row_stride, projected, weights, h0, c0, outputs, cells, gates);
+int lltm_cpu_sequence_forward(int dtype, int64_t steps, int64_t batch_size,
+                              int64_t input_features, int64_t state_size, const void* inputs,
+                              const void* weights, const void* bias, const void* h0,
+                              const void* c0, void* outputs, void* cells, void* gates) {
+  return LLTM_TYPED_CALL(dtype, sequence_forward, steps, batch_size, input_features, state_size,
+                         inputs, weights, bias, h0, c0, outputs, cells, gates);
 }
 
-int lltm_cpu_sequence_backward(int dtype, int64_t steps, int64_t batch_size, int64_t state_size,
-                               int64_t weights_row_stride, const void* weights,
-                               const void* grad_outputs, const void* grad_cells, const void* cells,
-                               const void* gates, void* d_gates, void* d_h0, void* d_c0) {
-  return LLTM_TYPED_CALL(dtype, sequence_backward, steps, batch_size, state_size,
-                         weights_row_stride, weights, grad_outputs, grad_cells, cells, gates,
-                         d_gates, d_h0, d_c0);
+int lltm_cpu_sequence_backward(int dtype, int64_t steps, int64_t batch_size,
+                               int64_t input_features, int64_t state_size,
+                               const int64_t grad_strides[6], const void* inputs,
+                               const void* weights, const void* h0, const void* outputs,
+                               const void* cells, const void* gates, const void* grad_outputs,
+                               const void* grad_cells, void* d_gates, void* d_inputs,
+                               void* d_weights, void* d_bias, void* d_h0, void* d_c0) {
+  return LLTM_TYPED_CALL(dtype, sequence_backward, steps, batch_size, input_features, state_size,
+                         grad_strides, inputs, weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
+                         d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0);
 }

@@ -148,30 +148,46 @@ static void LLTM_NAME(rows_times_matrix_)(int64_t batch_size, int64_t columns, i
   });
 }
 
-/* The whole-sequence layer's passes, step by step as the step-by-step
- * kernels of sequence_kernel.cu; lltm_ffi.h describes the arguments. d_h0
- * doubles as the gradient reaching each h_t. */
-static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64_t state_size,
-                                        int64_t weights_row_stride, const SCALAR* projected,
-                                        const SCALAR* weights, const SCALAR* h0, const SCALAR* c0,
-                                        SCALAR* outputs, SCALAR* cells, SCALAR* gates) {
-  /* The hidden weights transposed, (state, 3 * state), so that each step's
-   * product runs along contiguous rows, as the backward pass's does. */
-  const int64_t gates_size = 3 * state_size;
-  SCALAR* transposed = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(gates_size * state_size));
-  if (!transposed) return LLTM_ERROR_NO_MEMORY;
-  for (int64_t r = 0; r < gates_size; ++r) {
-    for (int64_t k = 0; k < state_size; ++k) {
-      transposed[k * gates_size + r] = weights[r * weights_row_stride + k];
-    }
+/* The transpose (columns, rows) of a (rows, columns) matrix with row
+ * stride `stride`, in memory of its own (NULL where none can be had). */
+static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const SCALAR* matrix,
+                                      int64_t stride) {
+  SCALAR* result = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
+  if (!result) return NULL;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < columns; ++k) result[k * rows + r] = matrix[r * stride + k];
   }
+  return result;
+}
+
+/* The whole-sequence layer's passes, step by step as the step-by-step
+ * kernels of sequence_kernel.cu; lltm_ffi.h describes the arguments. */
+static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64_t input_features,
+                                        int64_t state_size, const SCALAR* inputs,
+                                        const SCALAR* weights, const SCALAR* bias,
+                                        const SCALAR* h0, const SCALAR* c0, SCALAR* outputs,
+                                        SCALAR* cells, SCALAR* gates) {
+  /* The weights transposed, (state + input_features, 3 * state), so that
+   * every product runs along contiguous rows, as the backward pass's do:
+   * rows below state_size are the hidden weights, the rest the input ones. */
+  const int64_t gates_size = 3 * state_size;
+  SCALAR* transposed = LLTM_NAME(transposed_)(gates_size, state_size + input_features, weights,
+                                              state_size + input_features);
+  if (!transposed) return LLTM_ERROR_NO_MEMORY;
+  /* Every step's input part of its gates, and the bias, before the loop. */
+  const int64_t rows = steps * batch_size;
+  LLTM_FOR_EACH_ROW(row, rows, rows * gates_size * input_features / 16, {
+    LLTM_NAME(row_times_matrix_)(gates_size, input_features, inputs + row * input_features,
+                                 transposed + state_size * gates_size, gates_size, bias,
+                                 gates + row * gates_size);
+  });
   const int64_t step = batch_size * state_size;
   for (int64_t t = 0; t < steps; ++t) {
     const SCALAR* old_h = t ? outputs + (t - 1) * step : h0;
     const SCALAR* old_cell = t ? cells + (t - 1) * step : c0;
     SCALAR* gates_t = gates + t * 3 * step;
     LLTM_NAME(rows_times_matrix_)(batch_size, gates_size, state_size, old_h, transposed,
-                                  gates_size, projected + t * 3 * step, gates_t);
+                                  gates_size, gates_t, gates_t);
     LLTM_NAME(forward_)(batch_size, state_size, gates_t, old_cell, outputs + t * step,
                         cells + t * step);
   }
@@ -179,28 +195,115 @@ static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64
   return LLTM_SUCCESS;
 }
 
-static int LLTM_NAME(sequence_backward_)(int64_t steps, int64_t batch_size, int64_t state_size,
-                                         int64_t weights_row_stride, const SCALAR* weights,
-                                         const SCALAR* grad_outputs, const SCALAR* grad_cells,
-                                         const SCALAR* cells, const SCALAR* gates,
-                                         SCALAR* d_gates, SCALAR* d_h0, SCALAR* d_c0) {
-  const int64_t step = batch_size * state_size;
+/* dst (dense rows x columns) = src (row and column strides `strides`), or
+ * += src where `accumulate`; src NULL counts as zeros. */
+static void LLTM_NAME(take_strided_)(int64_t rows, int64_t columns, const SCALAR* src,
+                                     const int64_t* strides, int accumulate, SCALAR* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    SCALAR* row = dst + r * columns;
+    for (int64_t c = 0; c < columns; ++c) {
+      const SCALAR value = src ? src[r * strides[0] + c * strides[1]] : (SCALAR)0;
+      row[c] = accumulate ? row[c] + value : value;
+    }
+  }
+}
+
+/* rows (count of them, at most LLTM_WEIGHT_BLOCK, `columns` apart) += the
+ * outer products a[k * a_stride + i] * b_k over the `depth` rows b_k of b
+ * (length `length`, row stride `stride`): one pass over b for the whole
+ * block of rows. */
+#ifndef LLTM_WEIGHT_BLOCK
+#define LLTM_WEIGHT_BLOCK 8
+#endif
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(accumulate_outer_)(int count, int64_t depth, const SCALAR* a,
+                                         int64_t a_stride, const SCALAR* b, int64_t stride,
+                                         int64_t length, SCALAR* rows, int64_t columns) {
+  for (int64_t k = 0; k < depth; ++k) {
+    const SCALAR* b_row = b + k * stride;
+    for (int i = 0; i < count; ++i) {
+      const SCALAR factor = a[k * a_stride + i];
+      SCALAR* row = rows + i * columns;
+#pragma omp simd
+      for (int64_t j = 0; j < length; ++j) row[j] += factor * b_row[j];
+    }
+  }
+}
+
+/* d_weights (3 * state, state + input_features) from the gate gradients
+ * (steps * batch, 3 * state): row r sums d_gates[., r] times each step's
+ * [h_{t-1}, x_t], h_{-1} being h0. Blocks of LLTM_WEIGHT_BLOCK rows, each
+ * block one pass over the states and inputs. */
+static void LLTM_NAME(weight_grads_)(int64_t steps, int64_t batch_size, int64_t input_features,
+                                     int64_t state_size, const SCALAR* d_gates,
+                                     const SCALAR* inputs, const SCALAR* h0,
+                                     const SCALAR* outputs, SCALAR* d_weights) {
+  const int64_t rows = steps * batch_size, columns = state_size + input_features;
+  const int64_t gates_size = 3 * state_size;
+  const int64_t blocks = (gates_size + LLTM_WEIGHT_BLOCK - 1) / LLTM_WEIGHT_BLOCK;
+  LLTM_FOR_EACH_ROW(block, blocks, gates_size * rows * columns / 16, {
+    const int64_t r0 = block * LLTM_WEIGHT_BLOCK;
+    const int count = (int)(gates_size - r0 < LLTM_WEIGHT_BLOCK ? gates_size - r0
+                                                                 : LLTM_WEIGHT_BLOCK);
+    SCALAR* d_rows = d_weights + r0 * columns;
+    memset(d_rows, 0, sizeof(SCALAR) * (size_t)(count * columns));
+    LLTM_NAME(accumulate_outer_)(count, batch_size, d_gates + r0, gates_size, h0, state_size,
+                                 state_size, d_rows, columns);
+    LLTM_NAME(accumulate_outer_)(count, rows - batch_size, d_gates + batch_size * gates_size + r0,
+                                 gates_size, outputs, state_size, state_size, d_rows, columns);
+    LLTM_NAME(accumulate_outer_)(count, rows, d_gates + r0, gates_size, inputs, input_features,
+                                 input_features, d_rows + state_size, columns);
+  });
+}
+
+/* d_bias: the column sums of the gate gradients (rows, 3 * state). */
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(column_sums_)(int64_t rows, int64_t columns, const SCALAR* matrix,
+                                    SCALAR* sums) {
+  for (int64_t j = 0; j < columns; ++j) sums[j] = 0;
+  for (int64_t k = 0; k < rows; ++k) {
+    const SCALAR* row = matrix + k * columns;
+#pragma omp simd
+    for (int64_t j = 0; j < columns; ++j) sums[j] += row[j];
+  }
+}
+
+/* d_h0 doubles as the gradient reaching each h_t, d_c0 as that reaching
+ * each c_t. */
+static int LLTM_NAME(sequence_backward_)(
+    int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
+    const int64_t* grad_strides, const SCALAR* inputs, const SCALAR* weights, const SCALAR* h0,
+    const SCALAR* outputs, const SCALAR* cells, const SCALAR* gates, const SCALAR* grad_outputs,
+    const SCALAR* grad_cells, SCALAR* d_gates, SCALAR* d_inputs, SCALAR* d_weights,
+    SCALAR* d_bias, SCALAR* d_h0, SCALAR* d_c0) {
+  const int64_t step = batch_size * state_size, gates_size = 3 * state_size;
+  const int64_t columns = state_size + input_features, rows = steps * batch_size;
   const int64_t dense[4] = {state_size, 1, state_size, 1};
   for (int64_t t = steps - 1; t >= 0; --t) {
-    if (t + 1 < steps) {
-      LLTM_NAME(rows_times_matrix_)(batch_size, state_size, 3 * state_size,
-                                    d_gates + (t + 1) * 3 * step, weights, weights_row_stride,
-                                    grad_outputs + t * step, d_h0);
-      for (int64_t i = 0; i < step; ++i) d_c0[i] += grad_cells[t * step + i];
-    } else {
-      memcpy(d_h0, grad_outputs + t * step, (size_t)step * sizeof(SCALAR));
-      memcpy(d_c0, grad_cells + t * step, (size_t)step * sizeof(SCALAR));
+    const SCALAR* grad_output = grad_outputs ? grad_outputs + t * grad_strides[0] : NULL;
+    const SCALAR* grad_cell = grad_cells ? grad_cells + t * grad_strides[3] : NULL;
+    const int carried = t + 1 < steps;
+    if (carried) {
+      LLTM_NAME(rows_times_matrix_)(batch_size, state_size, gates_size,
+                                    d_gates + (t + 1) * 3 * step, weights, columns, NULL, d_h0);
     }
+    LLTM_NAME(take_strided_)(batch_size, state_size, grad_output, grad_strides + 1, carried,
+                             d_h0);
+    LLTM_NAME(take_strided_)(batch_size, state_size, grad_cell, grad_strides + 4, carried, d_c0);
     LLTM_NAME(backward_)(batch_size, state_size, dense, d_h0, d_c0, cells + t * step,
                          gates + t * 3 * step, d_c0, d_gates + t * 3 * step);
   }
-  LLTM_NAME(rows_times_matrix_)(batch_size, state_size, 3 * state_size, d_gates, weights,
-                                weights_row_stride, NULL, d_h0);
+  LLTM_NAME(rows_times_matrix_)(batch_size, state_size, gates_size, d_gates, weights, columns,
+                                NULL, d_h0);
+  if (d_inputs) {
+    LLTM_NAME(rows_times_matrix_)(rows, input_features, gates_size, d_gates,
+                                  weights + state_size, columns, NULL, d_inputs);
+  }
+  if (d_weights) {
+    LLTM_NAME(weight_grads_)(steps, batch_size, input_features, state_size, d_gates, inputs, h0,
+                             outputs, d_weights);
+  }
+  if (d_bias) LLTM_NAME(column_sums_)(rows, gates_size, d_gates, d_bias);
   return LLTM_SUCCESS;
 }
 

@@ -1,4 +1,4 @@
-/* cuBLAS loaded at run time for the sequence layer's recurrent products
+/* cuBLAS loaded at run time for the sequence layer's matrix products
  * (include/lltm_cublas.h): the few functions used, declared here with
  * cuBLAS's own signatures and found with dlsym, so that neither a cuBLAS
  * header nor a cuBLAS library is needed to build. */
@@ -227,17 +227,19 @@ int lltm_cublas_run(const lltm_pass_key* key, cudaStream_t stream, int tf32,
   return code;
 }
 
-int lltm_cublas_gemm(int dtype, int transpose_a, int64_t m, int64_t n, int64_t k, const void* a,
-                     int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc) {
-  const int op = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+int lltm_cublas_gemm(int dtype, int transpose_a, int transpose_b, int64_t m, int64_t n,
+                     int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
+                     int accumulate, void* c, int64_t ldc) {
+  const int op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (dtype == LLTM_FLOAT64) {
-    const double one = 1, zero = 0;
-    return cublas_code(cublas.dgemm(current, op, CUBLAS_OP_N, (int)m, (int)n, (int)k, &one, a,
-                                    (int)lda, b, (int)ldb, &zero, c, (int)ldc));
+    const double one = 1, beta = accumulate ? 1 : 0;
+    return cublas_code(cublas.dgemm(current, op_a, op_b, (int)m, (int)n, (int)k, &one, a,
+                                    (int)lda, b, (int)ldb, &beta, c, (int)ldc));
   }
-  const float one = 1, zero = 0;
-  return cublas_code(cublas.sgemm(current, op, CUBLAS_OP_N, (int)m, (int)n, (int)k, &one, a,
-                                  (int)lda, b, (int)ldb, &zero, c, (int)ldc));
+  const float one = 1, beta = accumulate ? 1 : 0;
+  return cublas_code(cublas.sgemm(current, op_a, op_b, (int)m, (int)n, (int)k, &one, a,
+                                  (int)lda, b, (int)ldb, &beta, c, (int)ldc));
 }
 
 /* cuBLAS's statuses by number (cublas_api.h). */

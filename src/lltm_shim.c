@@ -32,7 +32,7 @@ static const char* lltm_own_error_string(int code) {
     case LLTM_ERROR_DTYPE:
       return "unknown element type (lltm_ffi passes take LLTM_FLOAT32 or LLTM_FLOAT64)";
     case LLTM_ERROR_NO_MEMORY:
-      return "out of host memory for the pass's scratch copy of the hidden weights";
+      return "out of host memory for the pass's scratch copy of the weights";
     default:
       return NULL;
   }
@@ -135,30 +135,35 @@ int lltm_backward(int dtype, int device, void* stream, int64_t batch_size, int64
 }
 
 int lltm_sequence_forward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
-                          int64_t state_size, int64_t weights_row_stride, int options,
-                          const void* projected, const void* weights, const void* h0,
-                          const void* c0, void* outputs, void* cells, void* gates) {
+                          int64_t input_features, int64_t state_size, int options,
+                          const void* inputs, const void* weights, const void* bias,
+                          const void* h0, const void* c0, void* outputs, void* cells,
+                          void* gates) {
   LLTM_RUN(dtype, device,
-           lltm_cpu_sequence_forward(dtype, steps, batch_size, state_size, weights_row_stride,
-                                     projected, weights, h0, c0, outputs, cells, gates),
-           lltm_launch_sequence_forward(dtype, steps, batch_size, state_size, weights_row_stride,
-                                        options, projected, weights, h0, c0, outputs, cells,
+           lltm_cpu_sequence_forward(dtype, steps, batch_size, input_features, state_size, inputs,
+                                     weights, bias, h0, c0, outputs, cells, gates),
+           lltm_launch_sequence_forward(dtype, steps, batch_size, input_features, state_size,
+                                        options, inputs, weights, bias, h0, c0, outputs, cells,
                                         gates, (cudaStream_t)stream));
 }
 
 int lltm_sequence_backward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
-                           int64_t state_size, int64_t weights_row_stride, int options,
-                           const void* weights, const void* grad_outputs, const void* grad_cells,
-                           const void* cells, const void* gates, void* d_gates, void* d_h0,
+                           int64_t input_features, int64_t state_size, int options,
+                           const int64_t* grad_strides, const void* inputs, const void* weights,
+                           const void* h0,
+                           const void* outputs, const void* cells, const void* gates,
+                           const void* grad_outputs, const void* grad_cells, void* d_gates,
+                           void* d_inputs, void* d_weights, void* d_bias, void* d_h0,
                            void* d_c0) {
   LLTM_RUN(dtype, device,
-           lltm_cpu_sequence_backward(dtype, steps, batch_size, state_size, weights_row_stride,
-                                      weights, grad_outputs, grad_cells, cells, gates, d_gates,
-                                      d_h0, d_c0),
-           lltm_launch_sequence_backward(dtype, steps, batch_size, state_size,
-                                         weights_row_stride, options, weights, grad_outputs,
-                                         grad_cells, cells, gates, d_gates, d_h0, d_c0,
-                                         (cudaStream_t)stream));
+           lltm_cpu_sequence_backward(dtype, steps, batch_size, input_features, state_size,
+                                      grad_strides, inputs, weights, h0, outputs, cells, gates, grad_outputs,
+                                      grad_cells, d_gates, d_inputs, d_weights, d_bias, d_h0,
+                                      d_c0),
+           lltm_launch_sequence_backward(dtype, steps, batch_size, input_features, state_size,
+                                         options, grad_strides, inputs, weights, h0, outputs, cells, gates,
+                                         grad_outputs, grad_cells, d_gates, d_inputs, d_weights,
+                                         d_bias, d_h0, d_c0, (cudaStream_t)stream));
 }
 
 int lltm_round_forward(int dtype, int device, void* stream, int64_t count, const void* input,

@@ -3,11 +3,15 @@
 // stream. Layout: every step's tensors are dense (batch, state) or, for the
 // gates, (batch, 3 * state), the steps one after another.
 //
-// Three paths, chosen per pass (launch_sequence_forward says how): the
-// persistent kernels, one launch a pass, for small batch x state; otherwise
-// each step's recurrent product by cuBLAS and a pointwise kernel for its gate
-// math; and, where cuBLAS cannot be loaded, a step-by-step kernel that does
-// both.
+// A pass is its recurrence and, around it, the products that are not on the
+// recurrent path: before the forward loop every step's input part of its
+// gates, after the backward loop the gradients of the inputs and the
+// weights (by cuBLAS, or lltm_ffi's own kernel where cuBLAS cannot be
+// loaded) and of the bias. Three paths for the recurrence, chosen per pass
+// (sequence_forward_steps says how): the persistent kernels, one launch a
+// pass, for small batch x state; otherwise each step's recurrent product by
+// cuBLAS and a pointwise kernel for its gate math; and, without cuBLAS, a
+// step-by-step kernel that does both.
 
 #include <cooperative_groups.h>
 
@@ -52,11 +56,37 @@ static int tile_blocks(int64_t batch_size, int64_t state_size) {
        tile += gridDim.x, row0 = (tile / column_tiles) * kTile,                          \
                column0 = (tile % column_tiles) * kTile)
 
-// Forward step t: gates = projected + old_h W^T (all three gates of each
-// element in one thread), then the cell.
+// An element of an optional tensor: zero where there is none (NULL).
+template <typename Dtype>
+__device__ __forceinline__ Dtype value_or_zero(const Dtype* tensor, int64_t index) {
+  return tensor ? tensor[index] : Dtype(0);
+}
+
+template <typename Dtype>
+__host__ __device__ static const Dtype* offset_or_null(const Dtype* tensor, int64_t offset) {
+  return tensor ? tensor + offset : NULL;
+}
+
+// The backward pass's output gradients: grad_outputs' and grad_cells' (step,
+// row, column) strides, in elements. Autograd often hands over broadcast
+// views (stride 0), which the kernels read as they are.
+struct GradStrides {
+  int64_t outputs[3], cells[3];
+};
+
+// Element (row, column) of one step of an output gradient (that step's
+// first element at `step`, NULL for zeros), read through its strides.
+template <typename Dtype>
+__device__ __forceinline__ Dtype gradient_at(const Dtype* step, const int64_t (&strides)[3],
+                                             int64_t row, int64_t column) {
+  return step ? step[row * strides[1] + column * strides[2]] : Dtype(0);
+}
+
+// Forward step t: gates (which hold the step's input part) += bias + old_h
+// W^T (all three gates of each element in one thread), then the cell.
 template <typename Dtype>
 __global__ void lltm_sequence_forward_kernel(
-    const int64_t batch_size, const int64_t state_size, const Dtype* __restrict__ projected,
+    const int64_t batch_size, const int64_t state_size, const Dtype* __restrict__ bias,
     const Dtype* __restrict__ weights, const int64_t weights_row_stride,
     const Dtype* __restrict__ old_h, const Dtype* __restrict__ old_cell,
     Dtype* __restrict__ new_h, Dtype* __restrict__ new_cell, Dtype* __restrict__ gates) {
@@ -93,7 +123,7 @@ __global__ void lltm_sequence_forward_kernel(
       Dtype pre[3];
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        pre[g] = projected[gate + g * state_size] + sum[g];
+        pre[g] = gates[gate + g * state_size] + bias[g * state_size + column] + sum[g];
         gates[gate + g * state_size] = pre[g];
       }
       cell_forward(pre[0], pre[1], pre[2], old_cell[element], &new_h[element],
@@ -105,17 +135,16 @@ __global__ void lltm_sequence_forward_kernel(
 template <typename Dtype>
 static cudaError_t launch_sequence_forward_by_step(
     int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
-    const void* projected, const void* weights, const void* h0, const void* c0, void* outputs,
-    void* cells, void* gates, cudaStream_t stream) {
+    const Dtype* bias, const Dtype* weights, const Dtype* h0, const Dtype* c0, Dtype* outputs,
+    Dtype* cells, Dtype* gates, cudaStream_t stream) {
   const int64_t step = batch_size * state_size;
   for (int64_t t = 0; t < steps; ++t) {
-    const Dtype* old_h = t ? as<Dtype>(outputs) + (t - 1) * step : as<Dtype>(h0);
-    const Dtype* old_cell = t ? as<Dtype>(cells) + (t - 1) * step : as<Dtype>(c0);
+    const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
+    const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
     lltm_sequence_forward_kernel<Dtype>
         <<<tile_blocks(batch_size, state_size), kTileThreads, 0, stream>>>(
-            batch_size, state_size, as<Dtype>(projected) + t * 3 * step, as<Dtype>(weights),
-            weights_row_stride, old_h, old_cell, as<Dtype>(outputs) + t * step,
-            as<Dtype>(cells) + t * step, as<Dtype>(gates) + t * 3 * step);
+            batch_size, state_size, bias, weights, weights_row_stride, old_h, old_cell,
+            outputs + t * step, cells + t * step, gates + t * 3 * step);
     CUDA_POST_KERNEL_CHECK;
   }
   return cudaSuccess;
@@ -131,7 +160,7 @@ __global__ void lltm_sequence_backward_kernel(
     const int64_t batch_size, const int64_t state_size, const Dtype* __restrict__ weights,
     const int64_t weights_row_stride, const Dtype* __restrict__ d_gates_next,
     const Dtype* __restrict__ grad_output, const Dtype* __restrict__ grad_cell,
-    const Dtype* __restrict__ cells, const Dtype* __restrict__ gates,
+    const GradStrides strides, const Dtype* __restrict__ cells, const Dtype* __restrict__ gates,
     Dtype* __restrict__ d_cell, Dtype* __restrict__ d_gates, Dtype* __restrict__ d_h_out) {
   const int kDepth = Depth<Dtype>::kDepth;
   __shared__ Dtype g_slice[kTile][kDepth];
@@ -162,7 +191,9 @@ __global__ void lltm_sequence_backward_kernel(
         d_h_out[element] = sum;
       } else {
         const Dtype carried = d_gates_next ? d_cell[element] : Dtype(0);
-        cell_backward(grad_output[element] + sum, carried + grad_cell[element], cells[element],
+        cell_backward(gradient_at(grad_output, strides.outputs, row, column) + sum,
+                      carried + gradient_at(grad_cell, strides.cells, row, column),
+                      cells[element],
                       gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
                       &d_cell[element], &d_gates[gate], &d_gates[gate + state_size],
                       &d_gates[gate + 2 * state_size]);
@@ -174,74 +205,120 @@ __global__ void lltm_sequence_backward_kernel(
 template <typename Dtype>
 static cudaError_t launch_sequence_backward_by_step(
     int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
-    const void* weights, const void* grad_outputs, const void* grad_cells, const void* cells,
-    const void* gates, void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream) {
+    const Dtype* weights, const Dtype* grad_outputs, const Dtype* grad_cells,
+    const GradStrides& strides, const Dtype* cells, const Dtype* gates, Dtype* d_gates,
+    Dtype* d_h0, Dtype* d_c0, cudaStream_t stream) {
   const int64_t step = batch_size * state_size;
   const int blocks = tile_blocks(batch_size, state_size);
   for (int64_t t = steps - 1; t >= -1; --t) {
-    const Dtype* d_gates_next = t + 1 < steps ? as<Dtype>(d_gates) + (t + 1) * 3 * step : NULL;
+    const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
     const bool cell = t >= 0;
     lltm_sequence_backward_kernel<Dtype><<<blocks, kTileThreads, 0, stream>>>(
-        batch_size, state_size, as<Dtype>(weights), weights_row_stride, d_gates_next,
-        cell ? as<Dtype>(grad_outputs) + t * step : NULL,
-        cell ? as<Dtype>(grad_cells) + t * step : NULL,
-        cell ? as<Dtype>(cells) + t * step : NULL, cell ? as<Dtype>(gates) + t * 3 * step : NULL,
-        as<Dtype>(d_c0), cell ? as<Dtype>(d_gates) + t * 3 * step : NULL, as<Dtype>(d_h0));
+        batch_size, state_size, weights, weights_row_stride, d_gates_next,
+        cell ? offset_or_null(grad_outputs, t * strides.outputs[0]) : NULL,
+        cell ? offset_or_null(grad_cells, t * strides.cells[0]) : NULL, strides,
+        cell ? cells + t * step : NULL,
+        cell ? gates + t * 3 * step : NULL, d_c0, cell ? d_gates + t * 3 * step : NULL, d_h0);
     CUDA_POST_KERNEL_CHECK;
   }
   return cudaSuccess;
 }
 
-// The cuBLAS path: each step's recurrent product by cuBLAS (lltm_cublas.h),
-// then one pointwise kernel for the step's gate math. To cuBLAS, which reads
-// matrices column-major, a row-major (rows, columns) matrix is its transpose:
-// the forward product gates (batch, 3 * state) = old_h W^T is
-// gates^T = W old_h^T, with W read as the (state, 3 * state) matrix W^T
-// (leading dimension weights_row_stride); the backward product d_h
-// (batch, state) = d_gates W is d_h^T = W^T d_gates^T.
-
-// Whether the cuBLAS path may take a pass: not where the caller asks for
-// lltm_ffi's own kernels, nor past the int sizes cuBLAS takes.
-static bool cublas_may_run(int options, int64_t batch_size, int64_t state_size,
-                           int64_t weights_row_stride) {
-  return !(options & LLTM_SEQUENCE_OWN_KERNELS) && batch_size <= INT32_MAX &&
-         3 * state_size <= INT32_MAX && weights_row_stride <= INT32_MAX;
+// The matrix products. product() takes row-major matrices: C (m x n, row
+// stride ldc) = op(A) op(B) (+ C where `accumulate`), op(A) (m x k) being A
+// or, where a_transposed, the transpose of A as stored (k x m); likewise B.
+// Through cuBLAS (only within lltm_cublas_run, with `cublas` true), which
+// reads matrices column-major, to which a row-major (rows, columns) matrix
+// is its transpose: C^T = op(B)^T op(A)^T. Otherwise, or past the int sizes
+// cuBLAS takes, lltm_ffi's own kernel: an element of C a thread.
+template <typename Dtype>
+__global__ void lltm_product_kernel(const int64_t m, const int64_t n, const int64_t k,
+                                    const Dtype* __restrict__ a, const int64_t a_row,
+                                    const int64_t a_column, const Dtype* __restrict__ b,
+                                    const int64_t b_row, const int64_t b_column,
+                                    const bool accumulate, Dtype* c, const int64_t ldc) {
+  CUDA_KERNEL_LOOP(index, m * n) {
+    const int64_t i = index / n, j = index % n;
+    Dtype sum = accumulate ? c[i * ldc + j] : Dtype(0);
+    for (int64_t p = 0; p < k; ++p) sum += a[i * a_row + p * a_column] * b[p * b_row + j * b_column];
+    c[i * ldc + j] = sum;
+  }
 }
-
-// Runs steps(stream) (a loop of the cuBLAS path, returning a code) through
-// lltm_cublas_run; LLTM_ERROR_NO_CUBLAS, having run nothing, where cuBLAS
-// cannot be loaded.
-template <typename Steps>
-static int call_steps(void* steps, cudaStream_t stream) {
-  return (*static_cast<Steps*>(steps))(stream);
-}
-
-template <typename Steps>
-static int with_cublas(const lltm_pass_key& key, cudaStream_t stream, int options, Steps steps) {
-  return lltm_cublas_run(&key, stream, options & LLTM_SEQUENCE_TF32, call_steps<Steps>, &steps);
-}
-
-static int64_t address(const void* pointer) { return (int64_t)(uintptr_t)pointer; }
 
 template <typename Dtype>
 static int dtype_code() {
   return sizeof(Dtype) == sizeof(double) ? LLTM_FLOAT64 : LLTM_FLOAT32;
 }
 
-// Forward step t's gate math: gates holds old_h W^T; the kernel adds the
-// step's projected input part, keeps the sum (the pre-activations) in gates
-// and applies the cell. index runs over (batch row, state column) elements.
+template <typename Dtype>
+static int product(bool cublas, cudaStream_t stream, int64_t m, int64_t n, int64_t k,
+                   const Dtype* a, int64_t lda, bool a_transposed, const Dtype* b, int64_t ldb,
+                   bool b_transposed, bool accumulate, Dtype* c, int64_t ldc) {
+  if (m == 0 || n == 0) return LLTM_SUCCESS;
+  const int64_t largest = m > n ? (m > k ? m : k) : (n > k ? n : k);
+  if (cublas && k > 0 && largest <= INT32_MAX && lda <= INT32_MAX && ldb <= INT32_MAX &&
+      ldc <= INT32_MAX) {
+    return lltm_cublas_gemm(dtype_code<Dtype>(), b_transposed, a_transposed, n, m, k, b, ldb, a,
+                            lda, accumulate, c, ldc);
+  }
+  lltm_product_kernel<Dtype><<<CAFFE_GET_BLOCKS(m * n), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+      m, n, k, a, a_transposed ? 1 : lda, a_transposed ? lda : 1, b, b_transposed ? 1 : ldb,
+      b_transposed ? ldb : 1, accumulate, c, ldc);
+  CUDA_POST_KERNEL_CHECK;
+  return LLTM_SUCCESS;
+}
+
+// sums[c] = the sum of column c of a dense (rows, columns) matrix: a block
+// of kSumThreads per 32 columns, each thread summing every 32nd row of its
+// column, then the block the 32 partial sums: the same order every run.
+static const int kSumThreads = 1024;
+
+template <typename Dtype>
+__global__ void __launch_bounds__(kSumThreads) lltm_column_sums_kernel(
+    const int64_t rows, const int64_t columns, const Dtype* __restrict__ matrix,
+    Dtype* __restrict__ sums) {
+  __shared__ Dtype partial[kSumThreads / 32][33];
+  const int lane = threadIdx.x % 32, group = threadIdx.x / 32;
+  for (int64_t column0 = (int64_t)blockIdx.x * 32; column0 < columns;
+       column0 += (int64_t)gridDim.x * 32) {
+    const int64_t column = column0 + lane;
+    Dtype sum = 0;
+    if (column < columns) {
+#pragma unroll 4
+      for (int64_t row = group; row < rows; row += kSumThreads / 32) {
+        sum += matrix[row * columns + column];
+      }
+    }
+    partial[group][lane] = sum;
+    __syncthreads();
+    if (group == 0 && column < columns) {
+      Dtype total = 0;
+      for (int g = 0; g < kSumThreads / 32; ++g) total += partial[g][lane];
+      sums[column] = total;
+    }
+    __syncthreads();
+  }
+}
+
+// The cuBLAS path of the recurrence: each step's recurrent product by cuBLAS,
+// then one pointwise kernel for the step's gate math.
+
+// Forward step t's gate math: gates holds the step's input part plus
+// old_h W^T; the kernel adds the bias, keeps the sum (the pre-activations)
+// in gates and applies the cell. index runs over (batch row, state column)
+// elements.
 template <typename Dtype>
 __global__ void lltm_sequence_gates_forward_kernel(
-    const int64_t count, const int64_t state_size, const Dtype* __restrict__ projected,
+    const int64_t count, const int64_t state_size, const Dtype* __restrict__ bias,
     const Dtype* __restrict__ old_cell, Dtype* __restrict__ gates, Dtype* __restrict__ new_h,
     Dtype* __restrict__ new_cell) {
   CUDA_KERNEL_LOOP(index, count) {
+    const int64_t column = index % state_size;
     const int64_t gate = index + 2 * (index / state_size) * state_size;  // row * 3 * state + column
     Dtype pre[3];
 #pragma unroll
     for (int g = 0; g < 3; ++g) {
-      pre[g] = gates[gate + g * state_size] + projected[gate + g * state_size];
+      pre[g] = gates[gate + g * state_size] + bias[g * state_size + column];
       gates[gate + g * state_size] = pre[g];
     }
     cell_forward(pre[0], pre[1], pre[2], old_cell[index], &new_h[index], &new_cell[index]);
@@ -250,23 +327,22 @@ __global__ void lltm_sequence_gates_forward_kernel(
 
 template <typename Dtype>
 static int sequence_forward_cublas_steps(int64_t steps, int64_t batch_size, int64_t state_size,
-                                         int64_t weights_row_stride, const void* projected,
-                                         const void* weights, const void* h0, const void* c0,
-                                         void* outputs, void* cells, void* gates,
+                                         int64_t weights_row_stride, const Dtype* bias,
+                                         const Dtype* weights, const Dtype* h0, const Dtype* c0,
+                                         Dtype* outputs, Dtype* cells, Dtype* gates,
                                          cudaStream_t stream) {
   const int64_t step = batch_size * state_size;
   for (int64_t t = 0; t < steps; ++t) {
-    const Dtype* old_h = t ? as<Dtype>(outputs) + (t - 1) * step : as<Dtype>(h0);
-    const Dtype* old_cell = t ? as<Dtype>(cells) + (t - 1) * step : as<Dtype>(c0);
-    Dtype* step_gates = as<Dtype>(gates) + t * 3 * step;
-    const int code = lltm_cublas_gemm(dtype_code<Dtype>(), 1, 3 * state_size, batch_size,
-                                      state_size, weights, weights_row_stride, old_h, state_size,
-                                      step_gates, 3 * state_size);
+    const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
+    const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
+    Dtype* step_gates = gates + t * 3 * step;
+    const int code = product<Dtype>(true, stream, batch_size, 3 * state_size, state_size, old_h,
+                                    state_size, false, weights, weights_row_stride, true, true,
+                                    step_gates, 3 * state_size);
     if (code != LLTM_SUCCESS) return code;
     lltm_sequence_gates_forward_kernel<Dtype>
         <<<CAFFE_GET_BLOCKS(step), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-            step, state_size, as<Dtype>(projected) + t * 3 * step, old_cell, step_gates,
-            as<Dtype>(outputs) + t * step, as<Dtype>(cells) + t * step);
+            step, state_size, bias, old_cell, step_gates, outputs + t * step, cells + t * step);
     CUDA_POST_KERNEL_CHECK;
   }
   return LLTM_SUCCESS;
@@ -279,13 +355,16 @@ template <typename Dtype>
 __global__ void lltm_sequence_gates_backward_kernel(
     const int64_t count, const int64_t state_size, const Dtype* __restrict__ d_h_next,
     const Dtype* __restrict__ grad_output, const Dtype* __restrict__ grad_cell,
-    const Dtype* __restrict__ cells, const Dtype* __restrict__ gates, Dtype* __restrict__ d_cell,
-    Dtype* __restrict__ d_gates) {
+    const GradStrides strides, const Dtype* __restrict__ cells, const Dtype* __restrict__ gates,
+    Dtype* __restrict__ d_cell, Dtype* __restrict__ d_gates) {
   CUDA_KERNEL_LOOP(index, count) {
-    const int64_t gate = index + 2 * (index / state_size) * state_size;
-    const Dtype d_h = grad_output[index] + (d_h_next ? d_h_next[index] : Dtype(0));
+    const int64_t row = index / state_size, column = index - row * state_size;
+    const int64_t gate = index + 2 * row * state_size;
+    const Dtype d_h =
+        gradient_at(grad_output, strides.outputs, row, column) + value_or_zero(d_h_next, index);
     const Dtype carried = d_h_next ? d_cell[index] : Dtype(0);
-    cell_backward(d_h, carried + grad_cell[index], cells[index], gates[gate],
+    cell_backward(d_h, carried + gradient_at(grad_cell, strides.cells, row, column),
+                  cells[index], gates[gate],
                   gates[gate + state_size], gates[gate + 2 * state_size], &d_cell[index],
                   &d_gates[gate], &d_gates[gate + state_size], &d_gates[gate + 2 * state_size]);
   }
@@ -295,26 +374,27 @@ __global__ void lltm_sequence_gates_backward_kernel(
 // d_gates, makes it h0's gradient.
 template <typename Dtype>
 static int sequence_backward_cublas_steps(int64_t steps, int64_t batch_size, int64_t state_size,
-                                          int64_t weights_row_stride, const void* weights,
-                                          const void* grad_outputs, const void* grad_cells,
-                                          const void* cells, const void* gates, void* d_gates,
-                                          void* d_h0, void* d_c0, cudaStream_t stream) {
+                                          int64_t weights_row_stride, const Dtype* weights,
+                                          const Dtype* grad_outputs, const Dtype* grad_cells,
+                                          const GradStrides& strides, const Dtype* cells,
+                                          const Dtype* gates, Dtype* d_gates, Dtype* d_h0,
+                                          Dtype* d_c0, cudaStream_t stream) {
   const int64_t step = batch_size * state_size;
   for (int64_t t = steps - 1; t >= -1; --t) {
-    const Dtype* d_gates_next = t + 1 < steps ? as<Dtype>(d_gates) + (t + 1) * 3 * step : NULL;
+    const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
     if (d_gates_next) {
-      const int code = lltm_cublas_gemm(dtype_code<Dtype>(), 0, state_size, batch_size,
-                                        3 * state_size, weights, weights_row_stride,
-                                        d_gates_next, 3 * state_size, d_h0, state_size);
+      const int code = product<Dtype>(true, stream, batch_size, state_size, 3 * state_size,
+                                      d_gates_next, 3 * state_size, false, weights,
+                                      weights_row_stride, false, false, d_h0, state_size);
       if (code != LLTM_SUCCESS) return code;
     }
     if (t < 0) break;
     lltm_sequence_gates_backward_kernel<Dtype>
         <<<CAFFE_GET_BLOCKS(step), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-            step, state_size, d_gates_next ? as<Dtype>(d_h0) : NULL,
-            as<Dtype>(grad_outputs) + t * step, as<Dtype>(grad_cells) + t * step,
-            as<Dtype>(cells) + t * step, as<Dtype>(gates) + t * 3 * step, as<Dtype>(d_c0),
-            as<Dtype>(d_gates) + t * 3 * step);
+            step, state_size, d_gates_next ? d_h0 : NULL,
+            offset_or_null(grad_outputs, t * strides.outputs[0]),
+            offset_or_null(grad_cells, t * strides.cells[0]), strides, cells + t * step,
+            gates + t * 3 * step, d_c0, d_gates + t * 3 * step);
     CUDA_POST_KERNEL_CHECK;
   }
   return LLTM_SUCCESS;
@@ -471,7 +551,7 @@ __device__ __forceinline__ void persistent_step(int64_t column0, int64_t element
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
-    const int64_t weights_row_stride, const Dtype* __restrict__ projected,
+    const int64_t weights_row_stride, const Dtype* __restrict__ bias,
     const Dtype* __restrict__ weights, const Dtype* h0, const Dtype* c0, Dtype* outputs,
     Dtype* cells, Dtype* gates) {
   extern __shared__ __align__(16) unsigned char shared[];
@@ -490,11 +570,14 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
   for (int64_t t = 0; t < steps; ++t) {
     const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
     const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
-    // An element's projected gates and its old cell, which this lane wrote.
+    // An element's input part of its gates plus the bias, and its old cell,
+    // which this lane wrote.
     auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[4]) {
       const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
 #pragma unroll
-      for (int g = 0; g < 3; ++g) inputs[g] = projected[gate + g * state_size];
+      for (int g = 0; g < 3; ++g) {
+        inputs[g] = gates[gate + g * state_size] + bias[g * state_size + at.column];
+      }
       inputs[3] = old_cell[at.element];
     };
     auto stage = [&] {
@@ -532,8 +615,8 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
     const int64_t weights_row_stride, const Dtype* __restrict__ weights,
     const Dtype* __restrict__ grad_outputs, const Dtype* __restrict__ grad_cells,
-    const Dtype* __restrict__ cells, const Dtype* __restrict__ gates, Dtype* d_gates,
-    Dtype* d_h0, Dtype* d_c0) {
+    const GradStrides strides, const Dtype* __restrict__ cells,
+    const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t gates_size = 3 * state_size;
   const int64_t stride = padded<Dtype>(gates_size);
@@ -549,13 +632,15 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   const int64_t step = batch_size * state_size;
   for (int64_t t = steps - 1; t >= -1; --t) {
     const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
+    const Dtype* grad_output = t >= 0 ? offset_or_null(grad_outputs, t * strides.outputs[0]) : NULL;
+    const Dtype* grad_cell = t >= 0 ? offset_or_null(grad_cells, t * strides.cells[0]) : NULL;
     // An element's output and cell gradients, its cell, its gates and the
     // gradient carried to its cell, which this lane wrote.
     auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[7]) {
       if (t < 0) return;
       const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
-      inputs[0] = grad_outputs[t * step + at.element];
-      inputs[1] = grad_cells[t * step + at.element];
+      inputs[0] = gradient_at(grad_output, strides.outputs, at.row, at.column);
+      inputs[1] = gradient_at(grad_cell, strides.cells, at.row, at.column);
       inputs[2] = cells[t * step + at.element];
 #pragma unroll
       for (int g = 0; g < 3; ++g) inputs[3 + g] = gates[gate + g * state_size];
@@ -663,89 +748,189 @@ static int launch_persistent(const PersistentPlan& plan, void** arguments, cudaS
                                      plan.shared_bytes, stream);
 }
 
-// The pass's path: the persistent kernel where its plan allows, else the
-// cuBLAS path where cuBLAS can be loaded, else the step-by-step kernels.
+static int64_t address(const void* pointer) { return (int64_t)(uintptr_t)pointer; }
+
+// Runs steps(cublas, stream), a pass's launches, through lltm_cublas_run
+// (cublas true) where the options allow and cuBLAS can be loaded, else
+// directly (cublas false).
+template <typename Steps>
+static int call_steps(void* steps, cudaStream_t stream) {
+  return (*static_cast<Steps*>(steps))(true, stream);
+}
+
+template <typename Steps>
+static int run_pass(const lltm_pass_key& key, cudaStream_t stream, int options, Steps steps) {
+  if (!(options & LLTM_SEQUENCE_OWN_KERNELS)) {
+    const int code = lltm_cublas_run(&key, stream, options & LLTM_SEQUENCE_TF32,
+                                     call_steps<Steps>, &steps);
+    if (code != LLTM_ERROR_NO_CUBLAS) return code;
+  }
+  return steps(false, stream);
+}
+
+// The forward pass: every step's input part of its gates, then the
+// recurrence by the persistent kernel where its plan allows, else by the
+// cuBLAS path where cuBLAS runs, else by the step-by-step kernels.
 template <typename Dtype>
-static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t state_size,
-                                   int64_t weights_row_stride, int options, const void* projected,
-                                   const void* weights, const void* h0, const void* c0,
-                                   void* outputs, void* cells, void* gates, cudaStream_t stream) {
-  if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
+static int sequence_forward_steps(bool cublas, cudaStream_t stream, int64_t steps,
+                                  int64_t batch_size, int64_t input_features, int64_t state_size,
+                                  const Dtype* inputs, const Dtype* weights, const Dtype* bias,
+                                  const Dtype* h0, const Dtype* c0, Dtype* outputs, Dtype* cells,
+                                  Dtype* gates) {
+  int64_t columns = state_size + input_features;  // the weights' row stride
+  const int code = product<Dtype>(cublas, stream, steps * batch_size, 3 * state_size,
+                                  input_features, inputs, input_features, false,
+                                  weights + state_size, columns, true, false, gates,
+                                  3 * state_size);
+  if (code != LLTM_SUCCESS) return code;
   const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_forward_persistent_kernel);
   const PersistentPlan plan =
       plan_persistent<Dtype>(batch_size, state_size, 3, state_size, kernels);
   if (plan.blocks) {
-    void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &projected,
+    void* arguments[] = {&steps, &batch_size, &state_size, &columns, &bias,
                          &weights, &h0, &c0, &outputs, &cells, &gates};
     return launch_persistent(plan, arguments, stream);
   }
-  if (cublas_may_run(options, batch_size, state_size, weights_row_stride)) {
-    const lltm_pass_key key = {{1, dtype_code<Dtype>(), steps, batch_size, state_size,
-                                weights_row_stride, options & LLTM_SEQUENCE_TF32,
-                                address(projected), address(weights), address(h0), address(c0),
-                                address(outputs), address(cells), address(gates)}};
-    const int code = with_cublas(key, stream, options, [&](cudaStream_t on) {
-      return sequence_forward_cublas_steps<Dtype>(steps, batch_size, state_size,
-                                                  weights_row_stride, projected, weights, h0,
-                                                  c0, outputs, cells, gates, on);
-    });
-    if (code != LLTM_ERROR_NO_CUBLAS) return code;
+  if (cublas) {
+    return sequence_forward_cublas_steps<Dtype>(steps, batch_size, state_size, columns, bias,
+                                                weights, h0, c0, outputs, cells, gates, stream);
   }
-  return launch_sequence_forward_by_step<Dtype>(steps, batch_size, state_size,
-                                                weights_row_stride, projected, weights, h0, c0,
-                                                outputs, cells, gates, stream);
+  return launch_sequence_forward_by_step<Dtype>(steps, batch_size, state_size, columns, bias,
+                                                weights, h0, c0, outputs, cells, gates, stream);
+}
+
+// The backward pass: the recurrence as in the forward pass, then the
+// gradients of the inputs (d_gates times the input weights), the weights
+// (d_gates^T times each step's [h_{t-1}, x_t], h_{-1} being h0) and the
+// bias (d_gates summed over steps and batch rows), each where wanted.
+template <typename Dtype>
+static int sequence_backward_steps(bool cublas, cudaStream_t stream, int64_t steps,
+                                   int64_t batch_size, int64_t input_features,
+                                   int64_t state_size, const Dtype* inputs, const Dtype* weights,
+                                   const Dtype* h0, const Dtype* outputs, const Dtype* cells,
+                                   const Dtype* gates, const Dtype* grad_outputs,
+                                   const Dtype* grad_cells, GradStrides strides,
+                                   Dtype* d_gates, Dtype* d_inputs,
+                                   Dtype* d_weights, Dtype* d_bias, Dtype* d_h0, Dtype* d_c0) {
+  int64_t columns = state_size + input_features;
+  const int64_t gates_size = 3 * state_size, rows = steps * batch_size;
+  const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_backward_persistent_kernel);
+  const PersistentPlan plan =
+      plan_persistent<Dtype>(batch_size, state_size, 1, gates_size, kernels);
+  int code;
+  if (plan.blocks) {
+    void* arguments[] = {&steps, &batch_size, &state_size, &columns, &weights, &grad_outputs,
+                         &grad_cells, &strides, &cells, &gates, &d_gates, &d_h0, &d_c0};
+    code = launch_persistent(plan, arguments, stream);
+  } else if (cublas) {
+    code = sequence_backward_cublas_steps<Dtype>(steps, batch_size, state_size, columns, weights,
+                                                 grad_outputs, grad_cells, strides, cells, gates,
+                                                 d_gates, d_h0, d_c0, stream);
+  } else {
+    code = launch_sequence_backward_by_step<Dtype>(steps, batch_size, state_size, columns,
+                                                   weights, grad_outputs, grad_cells, strides,
+                                                   cells, gates, d_gates, d_h0, d_c0, stream);
+  }
+  if (code == LLTM_SUCCESS && d_inputs) {
+    code = product<Dtype>(cublas, stream, rows, input_features, gates_size, d_gates, gates_size,
+                          false, weights + state_size, columns, false, false, d_inputs,
+                          input_features);
+  }
+  if (code == LLTM_SUCCESS && d_weights) {
+    code = product<Dtype>(cublas, stream, gates_size, state_size, batch_size, d_gates,
+                          gates_size, true, h0, state_size, false, false, d_weights, columns);
+  }
+  if (code == LLTM_SUCCESS && d_weights) {
+    code = product<Dtype>(cublas, stream, gates_size, state_size, rows - batch_size,
+                          d_gates + batch_size * gates_size, gates_size, true, outputs,
+                          state_size, false, true, d_weights, columns);
+  }
+  if (code == LLTM_SUCCESS && d_weights) {
+    code = product<Dtype>(cublas, stream, gates_size, input_features, rows, d_gates, gates_size,
+                          true, inputs, input_features, false, false, d_weights + state_size,
+                          columns);
+  }
+  if (code == LLTM_SUCCESS && d_bias) {
+    const int64_t blocks = (gates_size + 31) / 32;
+    lltm_column_sums_kernel<Dtype>
+        <<<blocks < CAFFE_MAXIMUM_NUM_BLOCKS ? (int)blocks : CAFFE_MAXIMUM_NUM_BLOCKS,
+           kSumThreads, 0, stream>>>(rows, gates_size, d_gates, d_bias);
+    CUDA_POST_KERNEL_CHECK;
+  }
+  return code;
 }
 
 template <typename Dtype>
-static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t state_size,
-                                    int64_t weights_row_stride, int options, const void* weights,
-                                    const void* grad_outputs, const void* grad_cells,
-                                    const void* cells, const void* gates, void* d_gates,
-                                    void* d_h0, void* d_c0, cudaStream_t stream) {
+static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t input_features,
+                                   int64_t state_size, int options, const void* inputs,
+                                   const void* weights, const void* bias, const void* h0,
+                                   const void* c0, void* outputs, void* cells, void* gates,
+                                   cudaStream_t stream) {
   if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
-  const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_backward_persistent_kernel);
-  const PersistentPlan plan =
-      plan_persistent<Dtype>(batch_size, state_size, 1, 3 * state_size, kernels);
-  if (plan.blocks) {
-    void* arguments[] = {&steps, &batch_size, &state_size, &weights_row_stride, &weights,
-                         &grad_outputs, &grad_cells, &cells, &gates, &d_gates, &d_h0, &d_c0};
-    return launch_persistent(plan, arguments, stream);
-  }
-  if (cublas_may_run(options, batch_size, state_size, weights_row_stride)) {
-    const lltm_pass_key key = {{2, dtype_code<Dtype>(), steps, batch_size, state_size,
-                                weights_row_stride, options & LLTM_SEQUENCE_TF32,
-                                address(weights), address(grad_outputs), address(grad_cells),
-                                address(cells), address(gates), address(d_gates), address(d_h0),
-                                address(d_c0)}};
-    const int code = with_cublas(key, stream, options, [&](cudaStream_t on) {
-      return sequence_backward_cublas_steps<Dtype>(steps, batch_size, state_size,
-                                                   weights_row_stride, weights, grad_outputs,
-                                                   grad_cells, cells, gates, d_gates, d_h0, d_c0,
-                                                   on);
-    });
-    if (code != LLTM_ERROR_NO_CUBLAS) return code;
-  }
-  return launch_sequence_backward_by_step<Dtype>(steps, batch_size, state_size,
-                                                 weights_row_stride, weights, grad_outputs,
-                                                 grad_cells, cells, gates, d_gates, d_h0, d_c0,
-                                                 stream);
+  const lltm_pass_key key = {{1, dtype_code<Dtype>(), steps, batch_size, input_features,
+                              state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
+                              address(weights), address(bias), address(h0), address(c0),
+                              address(outputs), address(cells), address(gates)}};
+  return run_pass(key, stream, options, [&](bool cublas, cudaStream_t on) {
+    return sequence_forward_steps<Dtype>(cublas, on, steps, batch_size, input_features,
+                                         state_size, as<Dtype>(inputs), as<Dtype>(weights),
+                                         as<Dtype>(bias), as<Dtype>(h0), as<Dtype>(c0),
+                                         as<Dtype>(outputs), as<Dtype>(cells),
+                                         as<Dtype>(gates));
+  });
 }
 
-extern "C" int lltm_launch_sequence_forward(
-    int dtype, int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
-    int options, const void* projected, const void* weights, const void* h0, const void* c0,
-    void* outputs, void* cells, void* gates, cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_sequence_forward, steps, batch_size, state_size,
-                         weights_row_stride, options, projected, weights, h0, c0, outputs, cells,
+template <typename Dtype>
+static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t input_features,
+                                    int64_t state_size, int options,
+                                    const int64_t* grad_strides, const void* inputs,
+                                    const void* weights, const void* h0, const void* outputs,
+                                    const void* cells, const void* gates,
+                                    const void* grad_outputs, const void* grad_cells,
+                                    void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
+                                    void* d_h0, void* d_c0, cudaStream_t stream) {
+  if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
+  const lltm_pass_key key = {{2, dtype_code<Dtype>(), steps, batch_size, input_features,
+                              state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
+                              address(weights), address(h0), address(outputs), address(cells),
+                              address(gates), address(grad_outputs), address(grad_cells),
+                              address(d_gates), address(d_inputs), address(d_weights),
+                              address(d_bias), address(d_h0), address(d_c0), grad_strides[0],
+                              grad_strides[1], grad_strides[2], grad_strides[3], grad_strides[4],
+                              grad_strides[5]}};
+  const GradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
+                               {grad_strides[3], grad_strides[4], grad_strides[5]}};
+  return run_pass(key, stream, options, [&](bool cublas, cudaStream_t on) {
+    return sequence_backward_steps<Dtype>(
+        cublas, on, steps, batch_size, input_features, state_size, as<Dtype>(inputs),
+        as<Dtype>(weights), as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells),
+        as<Dtype>(gates), as<Dtype>(grad_outputs), as<Dtype>(grad_cells), strides,
+        as<Dtype>(d_gates),
+        as<Dtype>(d_inputs), as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0),
+        as<Dtype>(d_c0));
+  });
+}
+
+extern "C" int lltm_launch_sequence_forward(int dtype, int64_t steps, int64_t batch_size,
+                                            int64_t input_features, int64_t state_size,
+                                            int options, const void* inputs, const void* weights,
+                                            const void* bias, const void* h0, const void* c0,
+                                            void* outputs, void* cells, void* gates,
+                                            cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_sequence_forward, steps, batch_size, input_features,
+                         state_size, options, inputs, weights, bias, h0, c0, outputs, cells,
                          gates, stream);
 }
 
 extern "C" int lltm_launch_sequence_backward(
-    int dtype, int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
-    int options, const void* weights, const void* grad_outputs, const void* grad_cells,
-    const void* cells, const void* gates, void* d_gates, void* d_h0, void* d_c0,
+    int dtype, int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
+    int options, const int64_t grad_strides[6], const void* inputs, const void* weights,
+    const void* h0, const void* outputs,
+    const void* cells, const void* gates, const void* grad_outputs, const void* grad_cells,
+    void* d_gates, void* d_inputs, void* d_weights, void* d_bias, void* d_h0, void* d_c0,
     cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_sequence_backward, steps, batch_size, state_size,
-                         weights_row_stride, options, weights, grad_outputs, grad_cells, cells,
-                         gates, d_gates, d_h0, d_c0, stream);
+  return LLTM_TYPED_CALL(dtype, launch_sequence_backward, steps, batch_size, input_features,
+                         state_size, options, grad_strides, inputs, weights, h0, outputs, cells,
+                         gates, grad_outputs, grad_cells, d_gates, d_inputs, d_weights, d_bias, d_h0,
+                         d_c0, stream);
 }

@@ -291,8 +291,8 @@ def test_cpu_only_build_refuses_cuda_through_the_c_shim(cpu_only_build):
         for dtype in (lib.LLTM_FLOAT32, lib.LLTM_FLOAT64):
             codes = [lib.lltm_forward(dtype, 0, null, 2, 3, null, null, null, null),
                      lib.lltm_backward(dtype, 0, null, 2, 3, 3, 1, 3, 1, *[null] * 6),
-                     lib.lltm_sequence_forward(dtype, 0, null, 2, 2, 3, 3, 0, *[null] * 7),
-                     lib.lltm_sequence_backward(dtype, 0, null, 2, 2, 3, 3, 0, *[null] * 8),
+                     lib.lltm_sequence_forward(dtype, 0, null, 2, 2, 3, 3, 0, *[null] * 8),
+                     lib.lltm_sequence_backward(dtype, 0, null, 2, 2, 3, 3, 0, *[null] * 15),
                      lib.lltm_round_forward(dtype, 0, null, 4, null, null)]
             assert codes == [lib.LLTM_ERROR_NO_CUDA] * 5, codes
         message = _extension.error_message(lib.LLTM_ERROR_NO_CUDA)

@@ -111,6 +111,56 @@ def test_passes_on_the_same_tensors_again_read_what_they_hold_now(cuda_device, g
             assert error <= TOLERANCES[torch.float32], error
 
 
+# The output gradients' layouts the C passes read through their strides:
+# what .sum() hands over (a broadcast scalar), a transposed and a strided
+# view, and torch's lazy negation.
+GRADIENT_LAYOUTS = {
+    "broadcast": lambda grad: grad.new_ones(()).expand_as(grad),
+    "transposed": lambda grad: grad.permute(2, 1, 0).contiguous().permute(2, 1, 0),
+    "every_other": lambda grad: torch.stack((grad, grad), dim=-1)[..., 0],
+    "negative_bit": lambda grad: torch._neg_view(-grad),
+}
+
+
+@pytest.mark.parametrize("layout", GRADIENT_LAYOUTS)
+@pytest.mark.parametrize("shape", [(5, 3, 4, 7), (2, 130, 4, 130)], ids=shape_id)
+@pytest.mark.parametrize("kernels", ["default", "own"])
+def test_output_gradients_are_read_in_any_layout(layout, shape, kernels, dtype, device,
+                                                 generator, monkeypatch):
+    if kernels == "own":
+        if device.type != "cuda":
+            pytest.skip("LLTM_CUBLAS=0 changes nothing on the CPU")
+        monkeypatch.setenv("LLTM_CUBLAS", "0")
+    arguments = random_arguments(shape, dtype, device, generator)
+    steps, batch_size, _, state_size = shape
+    grads = [GRADIENT_LAYOUTS[layout](torch.randn(steps, batch_size, state_size,
+                                                  generator=generator, dtype=dtype).to(device))
+             for _ in range(2)]
+
+    def grads_of(function):
+        leaves = [argument.detach().clone().requires_grad_(True) for argument in arguments]
+        outputs, (h_n, c_n) = function(*leaves)
+        # The cells of every step are what SequenceFunction returns; c_n's
+        # gradient reaches them as the last step's.
+        torch.autograd.backward((outputs, h_n, c_n), (grads[0], grads[1][-1], grads[1][0]))
+        return [leaf.grad for leaf in leaves]
+
+    for name, value, reference in zip(NAMES[3:], grads_of(lltm_ffi.lltm_sequence),
+                                      grads_of(python_loop)):
+        error = ((value - reference).norm() / reference.norm()).item()
+        assert error <= TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+    # The backward operator takes both gradients as they come: the same
+    # results as from dense copies of them.
+    inputs, weights, bias, h0, c0 = arguments
+    saved = torch.ops.lltm_ffi.sequence_forward(inputs, weights, bias, h0, c0)
+    got = torch.ops.lltm_ffi.sequence_backward(inputs, weights, bias, h0, *saved, *grads)
+    expected = torch.ops.lltm_ffi.sequence_backward(
+        inputs, weights, bias, h0, *saved, *(grad.resolve_neg().contiguous() for grad in grads))
+    for name, value, reference in zip(NAMES[3:], got, expected):
+        error = ((value - reference).norm() / reference.norm()).item()
+        assert error <= TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+
+
 @pytest.fixture
 def tf32():
     """TF32 allowed for torch's float32 matrix products (and so for lltm_sequence's)."""
@@ -145,17 +195,16 @@ def test_zero_steps_give_empty_outputs_and_the_initial_state(device, generator):
     assert h_n is h0 and c_n is c0
 
 
-def test_operators_pass_opcheck(device, generator):
-    inputs, weights, bias, h0, c0 = random_arguments((3, 2, 4, 5), torch.float64, device,
-                                                     generator)
-    projected = torch.randn(3, 2, 15, generator=generator, dtype=torch.float64).to(device)
-    hidden = weights[:, :5]
+@pytest.mark.parametrize("shape", [(3, 2, 4, 5), (2, 3, 0, 4)], ids=shape_id)
+def test_operators_pass_opcheck(shape, device, generator):
+    arguments = random_arguments(shape, torch.float64, device, generator)
     opcheck(torch.ops.lltm_ffi.sequence_forward.default,
-            (projected.requires_grad_(True), hidden.requires_grad_(True), h0, c0))
-    outputs, cells, gates = torch.ops.lltm_ffi.sequence_forward(projected.detach(),
-                                                                hidden.detach(), h0, c0)
+            [argument.requires_grad_(True) for argument in arguments])
+    inputs, weights, bias, h0, c0 = (argument.detach() for argument in arguments)
+    outputs, cells, gates = torch.ops.lltm_ffi.sequence_forward(inputs, weights, bias, h0, c0)
     opcheck(torch.ops.lltm_ffi.sequence_backward.default,
-            (hidden.detach(), torch.randn_like(outputs), torch.randn_like(cells), cells, gates))
+            (inputs, weights, bias, h0, outputs, cells, gates, torch.randn_like(outputs),
+             torch.randn_like(cells)))
 
 
 def test_compile_fullgraph_matches_eager(device, generator):

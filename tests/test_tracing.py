@@ -231,7 +231,7 @@ def test_plain_tensors_and_parameters_take_the_eager_path(monkeypatch, device, g
         raise AssertionError("a plain call went through the operators")
 
     monkeypatch.setattr(function, "_traceable_lltm", refuse)
-    monkeypatch.setattr(sequence, "_run", refuse)
+    monkeypatch.setattr(sequence, "sequence_forward", refuse)
     cell = lltm_ffi.LLTM(5, 7, device=device, dtype=torch.float64)
     input, _, _, h, c = random_inputs(generator, SHAPE, torch.float64, device)
     expected = reference.lltm(input, cell.weights, cell.bias, h, c)
