@@ -70,7 +70,9 @@ def build_parser():
                         help="--sequence: allow TF32 in cuBLAS and cuDNN alike (default strict "
                              "float32)")
     parser.add_argument("-o", "--output", type=Path,
-                        help="--compare's markdown file (default bench_out/compare_{cpu,cuda}.md)")
+                        help="--compare's and --sequence's markdown file, a PNG chart beside it "
+                             "(default bench_out/compare_{cpu,cuda}.md, "
+                             "bench_out/sequence_{cpu,cuda,cuda_tf32}.md)")
     return parser
 
 
@@ -80,8 +82,8 @@ def check_arguments(parser, args):
                                                                         args.state)):
         parser.error("-b/-f/-s set the size for one implementation; "
                      "--compare and --kernels use their own sizes")
-    if args.output is not None and not args.compare:
-        parser.error("-o/--output is for --compare only")
+    if args.output is not None and not (args.compare or args.sequence):
+        parser.error("-o/--output is for --compare and --sequence only")
     if args.tf32 and not (args.sequence and args.cuda):
         parser.error("--tf32 is for --sequence -c only (TF32 is a CUDA setting)")
     for name, mode in MODES.items():

@@ -15,7 +15,7 @@ from lltm_ffi import selfcheck
 from . import harness
 from .harness import Size
 
-# --compare also times "floor", a cell that does no LLTM work, in the same rotation.
+# --compare also times "floor", a cell that does no LLTM work, in the same runs.
 FLOOR = "floor"
 TIMED = harness.IMPLEMENTATIONS + (FLOOR,)
 PASSES = ("forward", "backward")
@@ -143,7 +143,7 @@ def ratio_rows(results):
 def compare_report(results, failures, device, dtype, plot):
     notes = [
         "- runs: " + ", ".join(f"{result.runs} at {result.size}" for result in results)
-        + f"; interleaved (each run times every implementation once, in rotating order), after "
+        + f"; interleaved (each run times every implementation once, in a shuffled order), after "
         f"{harness.WARMUP_RUNS} warm-up runs each ({harness.COMPILE_WARMUP_RUNS} for compile)",
         f"- agreement: the outputs and five gradients of every implementation run are within "
         f"{selfcheck.TOLERANCES[dtype]:g} (relative) of the float64 reference at every size, "
@@ -158,7 +158,7 @@ def compare_report(results, failures, device, dtype, plot):
                                 "forward min", "backward median", "backward min"],
                                timing_rows(results), text_columns=2),
         f"{FLOOR}: a cell that does no LLTM work (returns weights.sum() and bias.sum()), timed "
-        "in the same rotation: no implementation can take less here, and floor/py is the "
+        "in the same runs: no implementation can take less here, and floor/py is the "
         "smallest ratio any implementation can reach on this machine.",
         "Ratios of medians (below 1: the first is faster):",
         harness.markdown_table(["size (BxFxS)"] + [f"{pass_name} {numerator}/{denominator}"

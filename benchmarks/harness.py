@@ -1,8 +1,9 @@
 """What the benchmark modes share: sizes, inputs and cells, one wall-clock timer,
-one CUDA-event timer, the interleaved rotation, tables, charts and the
+one CUDA-event timer, the interleaved runs, tables, charts and the
 environment lines each report opens with."""
 
 import platform
+import random
 import shlex
 import statistics
 import sys
@@ -121,15 +122,20 @@ def warm_up(function, runs=None):
 
 def interleaved(functions, runs, measure, label=None):
     """{name: [measure(functions[name]) for each run]}. Each run measures every
-    function once, starting one further along the list each time, so that
-    drift (clocks, temperature, other load) hits all of them alike. With a
-    label, 'label: done/total' is redrawn on stderr when it is a terminal."""
+    function once, in an order of its own (shuffled, the same every time the
+    benchmark runs), so that drift (clocks, temperature, other load) hits all
+    of them alike and no function always follows the same one: what runs
+    just before a call can slow it (on the lent H100, a call right after a
+    replayed CUDA graph of a whole training step ran its host work up to 60%
+    slower). With a label, 'label: done/total' is redrawn on stderr when it
+    is a terminal."""
     names = list(functions)
+    order = random.Random(0)
     results = {name: [] for name in names}
     progress = label is not None and sys.stderr.isatty()
     for run in range(runs):
-        first = run % len(names)
-        for name in names[first:] + names[:first]:
+        order.shuffle(names)
+        for name in names:
             results[name].append(measure(functions[name]))
         if progress and ((run + 1) % max(1, runs // 20) == 0 or run + 1 == runs):
             sys.stderr.write(f"\r{label}: {run + 1}/{runs}")
@@ -196,7 +202,9 @@ def write_bar_chart(path, title, group_labels, panels, xlabel, ylabel):
         import matplotlib.pyplot as pyplot
     except ImportError:
         return False
-    figure, axes = pyplot.subplots(1, len(panels), figsize=(6 * len(panels), 4.5))
+    figure, axes = pyplot.subplots(1, len(panels), figsize=(6 * len(panels), 4.5),
+                                   squeeze=False)
+    axes = axes[0]
     for axis, (panel_title, series) in zip(axes, panels.items()):
         width = 0.8 / len(series)
         for index, (name, values) in enumerate(series.items()):

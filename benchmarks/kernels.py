@@ -83,7 +83,7 @@ def run(args, device, dtype):
         rows += kernel_rows(batch, state, dtype, device, repeats) or []
     notes = [
         f"- median of {repeats} repeats after {harness.WARMUP_RUNS} warm-up, CUDA events around "
-        "each call; forward, backward and the copy take turns in rotating order",
+        "each call; forward, backward and the copy take turns in a shuffled order",
         "- the passes allocate their outputs (torch.empty_like, served by the caching allocator "
         "after warm-up), as lltm_ffi.lltm does, and are timed as they are, host-side call "
         "included where the GPU waits for it",

@@ -6,6 +6,7 @@ then lltm_sequence's per-step kernels alone. On the CPU (without -c): the
 same but the graph replay and the kernels, at the CPU's own sizes."""
 
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -116,7 +117,7 @@ def run(args, device, dtype):
 def _run(args, device, dtype):
     synchronize = harness.synchronizer(device)
     cuda = device.type == "cuda"
-    rows, kernel_rows = [], []
+    rows, kernel_rows, medians = [], [], {}
     for shape in SEQUENCE_SHAPES if cuda else CPU_SEQUENCE_SHAPES:
         steps, state = shape[0], shape[3]
         runs = args.runs or (DEFAULT_RUNS[state] if cuda else CPU_DEFAULT_RUNS)
@@ -129,6 +130,9 @@ def _run(args, device, dtype):
         rows += [[size, name, *(f"{harness.microseconds(statistic(values)) / steps:.1f}"
                                 for statistic in (statistics.median, min))]
                  for name, values in seconds.items()]
+        for name, values in seconds.items():
+            medians.setdefault(name, []).append(
+                harness.microseconds(statistics.median(values)) / steps)
         if cuda:
             kernel_rows.append(kernel_row(shape, functions["lltm_sequence"], harness.microseconds(
                 statistics.median(seconds["lltm_sequence"])) / steps))
@@ -142,9 +146,27 @@ def _run(args, device, dtype):
                                 "min us/step"], rows, text_columns=2)]
     if cuda:
         paragraphs += kernel_paragraphs(kernel_rows)
-    print(harness.report(
+    output = args.output or Path("bench_out") / (
+        f"sequence_{device.type}{'_tf32' if args.tf32 else ''}.md")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    plot = output.with_suffix(".png")
+    shapes = SEQUENCE_SHAPES if cuda else CPU_SEQUENCE_SHAPES
+    if harness.write_bar_chart(
+            plot, f"LLTM over a sequence, {harness.device_description(device)}, "
+                  f"{'TF32' if args.tf32 else harness.dtype_name(dtype)}",
+            ["x".join(map(str, shape)) for shape in shapes],
+            {"training step per time step": medians}, "steps x batch x features x state",
+            "median us per time step"):
+        paragraphs.append(f"![median us per time step]({plot.name})")
+    else:
+        plot = None
+        harness.note("matplotlib is not importable: no plot written")
+    text = harness.report(
         "LLTM over a sequence against " + ("cuDNN's" if cuda else "PyTorch's") + " LSTM and "
-        "GRU: forward and backward of the sum of every step's output", device, dtype, *paragraphs))
+        "GRU: forward and backward of the sum of every step's output", device, dtype, *paragraphs)
+    print(text)
+    output.write_text(text + "\n")
+    harness.note(f"wrote {output}" + (f" and {plot}" if plot else ""))
 
 
 def kernel_paragraphs(kernel_rows):

@@ -108,7 +108,7 @@ def test_compare_marks_a_failed_torch_compile_and_times_the_rest(small_compare, 
     (["ffi", "-r", "0"], "argument -r/--runs: must be positive, got 0"),
     (["ffi", "-b", "x"], "argument -b/--batch-size: 'x' is not an integer"),
     (["--compare", "-b", "4"], "-b/-f/-s set the size for one implementation"),
-    (["ffi", "-o", "out.md"], "-o/--output is for --compare only"),
+    (["ffi", "-o", "out.md"], "-o/--output is for --compare and --sequence only"),
     (["--kernels"], "--kernels times the CUDA passes alone: it needs -c/--cuda"),
     (["--sequence", "--tf32"], "--tf32 is for --sequence -c only"),
     (["--compare", "--tf32"], "--tf32 is for --sequence -c only"),
@@ -163,12 +163,14 @@ def test_overhead_times_every_piece(device, monkeypatch, capsys):
 
 @pytest.mark.parametrize("precision", [[], ["--tf32"]])
 def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkeypatch, capsys,
-                                                         precision):
+                                                         precision, tmp_path):
     skip_without_gpu()
     monkeypatch.setattr(sequence, "SEQUENCE_SHAPES", ((3, 5, 7, 9), (2, 4, 3, 17)))
     settings = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    assert benchmark.main(["--sequence", "-c", "-r", "3", *precision]) == 0
+    report = tmp_path / "sequence.md"
+    assert benchmark.main(["--sequence", "-c", "-r", "3", *precision, "-o", str(report)]) == 0
     output = capsys.readouterr().out
+    assert report.read_text() == output
     rows = rows_of_numbers(output, 2)
     names = ["reference, Python loop", "lltm_ffi.lltm, Python loop",
              "lltm_ffi.lltm loop, CUDA graph replay", "lltm_sequence", "nn.LSTM (cuDNN)",
@@ -180,10 +182,16 @@ def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkey
 
 
 def test_sequence_on_the_cpu_compares_loops_lltm_sequence_lstm_and_gru(few_warmup_runs,
-                                                                       monkeypatch, capsys):
+                                                                       monkeypatch, capsys,
+                                                                       tmp_path):
     monkeypatch.setattr(sequence, "CPU_SEQUENCE_SHAPES", ((3, 5, 7, 9), (2, 4, 3, 17)))
-    assert benchmark.main(["--sequence", "-r", "3"]) == 0
+    report = tmp_path / "sequence.md"
+    assert benchmark.main(["--sequence", "-r", "3", "-o", str(report)]) == 0
     output = capsys.readouterr().out
+    assert report.read_text() == output
+    # The chart beside the report, where matplotlib can draw it.
+    assert report.with_suffix(".png").exists() == (
+        "![median us per time step](sequence.png)" in output)
     rows = rows_of_numbers(output, 2)
     names = ["reference, Python loop", "lltm_ffi.lltm, Python loop", "lltm_sequence", "nn.LSTM",
              "nn.GRU"]
