@@ -54,11 +54,11 @@ int lltm_backward(int dtype, int device, void* stream, int64_t batch_size, int64
  * pre-activation gates (steps, batch, 3 * state). The backward pass takes
  * the gradients of outputs and cells (either may be NULL: zeros), read
  * through grad_strides (grad_outputs' step, row and column strides, then
- * grad_cells', in elements), and what the forward pass read and wrote; it writes d_gates (steps, batch,
- * 3 * state: each step's gradient of its gates, scratch to the caller) and
- * the gradients of every argument: d_inputs, d_weights and d_bias may be
- * NULL (not wanted); d_h0 and d_c0 are always written. `options` (CUDA
- * only): an OR of the flags below. */
+ * grad_cells', in elements), and what the forward pass read and wrote; it
+ * writes d_gates (steps, batch, 3 * state: each step's gradient of its
+ * gates, scratch to the caller) and the gradients of every argument:
+ * d_inputs, d_weights and d_bias may be NULL (not wanted); d_h0 and d_c0 are
+ * always written. `options` (CUDA only): an OR of the flags below. */
 enum {
   /* The matrix products of float32 may use TF32 (where they go through
    * cuBLAS), as torch.backends.cuda.matmul.allow_tf32 lets torch's own. */
@@ -74,11 +74,11 @@ int lltm_sequence_forward(int dtype, int device, void* stream, int64_t steps, in
                           void* gates);
 int lltm_sequence_backward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
                            int64_t input_features, int64_t state_size, int options,
-                           const int64_t* grad_strides, const void* inputs, const void* weights, const void* h0,
-                           const void* outputs, const void* cells, const void* gates,
-                           const void* grad_outputs, const void* grad_cells, void* d_gates,
-                           void* d_inputs, void* d_weights, void* d_bias, void* d_h0,
-                           void* d_c0);
+                           const int64_t* grad_strides, const void* inputs, const void* weights,
+                           const void* h0, const void* outputs, const void* cells,
+                           const void* gates, const void* grad_outputs, const void* grad_cells,
+                           void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
+                           void* d_h0, void* d_c0);
 
 /* lltm_ffi.round_ste's forward pass: output[i] is 1 where input[i] >= 0.5,
  * else 0, over `count` elements. Its backward pass is the identity. */

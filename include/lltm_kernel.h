@@ -30,8 +30,9 @@ int lltm_launch_sequence_forward(int dtype, int64_t steps, int64_t batch_size,
                                  void* gates, cudaStream_t stream);
 int lltm_launch_sequence_backward(int dtype, int64_t steps, int64_t batch_size,
                                   int64_t input_features, int64_t state_size, int options,
-                                  const int64_t grad_strides[6], const void* inputs, const void* weights, const void* h0,
-                                  const void* outputs, const void* cells, const void* gates,
+                                  const int64_t grad_strides[6], const void* inputs,
+                                  const void* weights, const void* h0, const void* outputs,
+                                  const void* cells, const void* gates,
                                   const void* grad_outputs, const void* grad_cells,
                                   void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
                                   void* d_h0, void* d_c0, cudaStream_t stream);

@@ -153,6 +153,6 @@ int lltm_cpu_sequence_backward(int dtype, int64_t steps, int64_t batch_size,
                                const void* grad_cells, void* d_gates, void* d_inputs,
                                void* d_weights, void* d_bias, void* d_h0, void* d_c0) {
   return LLTM_TYPED_CALL(dtype, sequence_backward, steps, batch_size, input_features, state_size,
-                         grad_strides, inputs, weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
-                         d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0);
+                         grad_strides, inputs, weights, h0, outputs, cells, gates, grad_outputs,
+                         grad_cells, d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0);
 }

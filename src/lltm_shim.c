@@ -150,20 +150,20 @@ int lltm_sequence_forward(int dtype, int device, void* stream, int64_t steps, in
 int lltm_sequence_backward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
                            int64_t input_features, int64_t state_size, int options,
                            const int64_t* grad_strides, const void* inputs, const void* weights,
-                           const void* h0,
-                           const void* outputs, const void* cells, const void* gates,
-                           const void* grad_outputs, const void* grad_cells, void* d_gates,
-                           void* d_inputs, void* d_weights, void* d_bias, void* d_h0,
-                           void* d_c0) {
+                           const void* h0, const void* outputs, const void* cells,
+                           const void* gates, const void* grad_outputs, const void* grad_cells,
+                           void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
+                           void* d_h0, void* d_c0) {
   LLTM_RUN(dtype, device,
            lltm_cpu_sequence_backward(dtype, steps, batch_size, input_features, state_size,
-                                      grad_strides, inputs, weights, h0, outputs, cells, gates, grad_outputs,
-                                      grad_cells, d_gates, d_inputs, d_weights, d_bias, d_h0,
-                                      d_c0),
+                                      grad_strides, inputs, weights, h0, outputs, cells, gates,
+                                      grad_outputs, grad_cells, d_gates, d_inputs, d_weights,
+                                      d_bias, d_h0, d_c0),
            lltm_launch_sequence_backward(dtype, steps, batch_size, input_features, state_size,
-                                         options, grad_strides, inputs, weights, h0, outputs, cells, gates,
-                                         grad_outputs, grad_cells, d_gates, d_inputs, d_weights,
-                                         d_bias, d_h0, d_c0, (cudaStream_t)stream));
+                                         options, grad_strides, inputs, weights, h0, outputs,
+                                         cells, gates, grad_outputs, grad_cells, d_gates,
+                                         d_inputs, d_weights, d_bias, d_h0, d_c0,
+                                         (cudaStream_t)stream));
 }
 
 int lltm_round_forward(int dtype, int device, void* stream, int64_t count, const void* input,

@@ -240,7 +240,9 @@ __global__ void lltm_product_kernel(const int64_t m, const int64_t n, const int6
   CUDA_KERNEL_LOOP(index, m * n) {
     const int64_t i = index / n, j = index % n;
     Dtype sum = accumulate ? c[i * ldc + j] : Dtype(0);
-    for (int64_t p = 0; p < k; ++p) sum += a[i * a_row + p * a_column] * b[p * b_row + j * b_column];
+    for (int64_t p = 0; p < k; ++p) {
+      sum += a[i * a_row + p * a_column] * b[p * b_row + j * b_column];
+    }
     c[i * ldc + j] = sum;
   }
 }
@@ -925,12 +927,11 @@ extern "C" int lltm_launch_sequence_forward(int dtype, int64_t steps, int64_t ba
 extern "C" int lltm_launch_sequence_backward(
     int dtype, int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
     int options, const int64_t grad_strides[6], const void* inputs, const void* weights,
-    const void* h0, const void* outputs,
-    const void* cells, const void* gates, const void* grad_outputs, const void* grad_cells,
-    void* d_gates, void* d_inputs, void* d_weights, void* d_bias, void* d_h0, void* d_c0,
-    cudaStream_t stream) {
+    const void* h0, const void* outputs, const void* cells, const void* gates,
+    const void* grad_outputs, const void* grad_cells, void* d_gates, void* d_inputs,
+    void* d_weights, void* d_bias, void* d_h0, void* d_c0, cudaStream_t stream) {
   return LLTM_TYPED_CALL(dtype, launch_sequence_backward, steps, batch_size, input_features,
                          state_size, options, grad_strides, inputs, weights, h0, outputs, cells,
-                         gates, grad_outputs, grad_cells, d_gates, d_inputs, d_weights, d_bias, d_h0,
-                         d_c0, stream);
+                         gates, grad_outputs, grad_cells, d_gates, d_inputs, d_weights, d_bias,
+                         d_h0, d_c0, stream);
 }
