@@ -1,18 +1,15 @@
 """The differentiable LLTM cell: argument checks, the autograd.Function and
 the functional entry point.
 
-On the CPU the matrix products stay in torch (cat + linear forward; mm and
-sum backward), whose BLAS is faster than lltm_ffi's C loops at the larger
-sizes, and only the two fused pointwise passes (lltm_ffi.ops) go through the
-C shim. On a GPU a plain eager step is a sequence of length 1
-(lltm_ffi.sequence): one C call a pass, products included, which costs the
-host less than torch's operations around a pointwise pass.
+The matrix products stay in torch (cat + linear forward; mm and sum
+backward); only the two fused pointwise passes (lltm_ffi.ops) go through the
+C shim.
 """
 
 import torch
 from torch.autograd import forward_ad
 
-from . import _arguments, derivatives, ops, sequence
+from . import _arguments, derivatives, ops
 from .derivatives import or_zeros
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
@@ -75,33 +72,21 @@ class LLTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
-        if input.is_cuda:
-            X = None  # the C passes read old_h and input where they are
-            new_h, new_cell, gates = sequence.step_forward(input, weights, bias, old_h, old_cell)
-        else:
-            X = torch.cat((old_h, input), dim=1)
-            gates = torch.nn.functional.linear(X, weights, bias)
-            new_h, new_cell = ops.forward(gates, old_cell)
-        ctx.save_for_backward(input, weights, bias, old_h, old_cell, X, gates, new_h, new_cell)
+        X = torch.cat((old_h, input), dim=1)
+        gates = torch.nn.functional.linear(X, weights, bias)
+        new_h, new_cell = ops.forward(gates, old_cell)
+        ctx.save_for_backward(input, weights, bias, old_h, old_cell, X, gates, new_cell)
         return new_h, new_cell
 
     @staticmethod
     def backward(ctx, grad_h, grad_cell):
-        input, weights, bias, old_h, old_cell, X, gates, new_h, new_cell = ctx.saved_tensors
+        input, weights, bias, old_h, old_cell, X, gates, new_cell = ctx.saved_tensors
         if derivatives.in_torch_ops(grad_h, grad_cell):
             # X, the gates and new_cell as functions of the arguments.
             X = torch.cat((old_h, input), dim=1)
             gates = torch.nn.functional.linear(X, weights, bias)
             _, new_cell = derivatives.forward_pass(gates, old_cell)
             d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)
-        elif X is None:
-            needs_input, needs_weights, needs_bias, needs_old_h, needs_old_cell = (
-                ctx.needs_input_grad)
-            d_input, d_weights, d_bias, d_old_h, d_old_cell = sequence.step_backward(
-                (needs_input, needs_weights, needs_bias), input, weights, bias.shape, old_h,
-                new_h, new_cell, gates, grad_h, grad_cell)
-            return (d_input, d_weights, d_bias, d_old_h if needs_old_h else None,
-                    d_old_cell if needs_old_cell else None)
         else:
             d_old_cell, d_gates = ops.backward(grad_h, grad_cell, new_cell, gates)
         return _argument_gradients(ctx.needs_input_grad, d_old_cell, d_gates, None, X, weights,

@@ -81,21 +81,14 @@ def _dense(*tensors):
     return [_extension.dense(tensor) for tensor in tensors]
 
 
-def _steps(inputs):
-    """(steps, batch, input_features) of a sequence (steps, batch, features),
-    or of one step (batch, features) as a sequence of length 1."""
-    return tuple(inputs.shape) if inputs.dim() == 3 else (1, *inputs.shape)
-
-
 def _forward_pass(inputs, weights, bias, h0, c0):
     """(outputs, cells, gates) of every step: the C forward pass, on dense
-    tensors. For one step (inputs of 2 dimensions, lltm_ffi.lltm on a GPU)
-    they have no steps dimension either."""
-    steps, batch_size, input_features = _steps(inputs)
+    tensors."""
+    steps, batch_size, input_features = inputs.shape
     state_size = h0.shape[1]
-    outputs = h0.new_empty(*inputs.shape[:-1], state_size)
+    outputs = h0.new_empty(steps, batch_size, state_size)
     cells = torch.empty_like(outputs)
-    gates = h0.new_empty(*inputs.shape[:-1], 3 * state_size)
+    gates = h0.new_empty(steps, batch_size, 3 * state_size)
     if outputs.numel():
         _extension.call("lltm_sequence_forward", h0,
                         (steps, batch_size, input_features, state_size, _options()),
@@ -132,7 +125,7 @@ def _backward_pass(inputs, weights, bias_shape, h0, outputs, cells, gates, grad_
     dense tensors but the output gradients (_readable; None counts as zeros).
     d_inputs, d_weights and d_bias are None where `wanted` (three booleans)
     says so."""
-    steps, batch_size, input_features = _steps(inputs)
+    steps, batch_size, input_features = inputs.shape
     state_size = h0.shape[1]
     # With no element to compute, every gradient is zeros (or empty).
     new = h0.new_empty if outputs.numel() else h0.new_zeros
@@ -141,10 +134,8 @@ def _backward_pass(inputs, weights, bias_shape, h0, outputs, cells, gates, grad_
                                    for shape, want in zip(shapes, wanted))
     d_h0, d_c0 = new(h0.shape), new(h0.shape)
     if outputs.numel():
-        # (step, row, column) strides; one step's gradients have no step stride.
-        strides = [stride for gradient in (grad_outputs, grad_cells) for stride in
-                   ((0, 0, 0) if gradient is None
-                    else (0,) * (3 - gradient.dim()) + gradient.stride())]
+        strides = [stride for gradient in (grad_outputs, grad_cells)
+                   for stride in ((0, 0, 0) if gradient is None else gradient.stride())]
         _extension.call("lltm_sequence_backward", h0,
                         (steps, batch_size, input_features, state_size, _options(), strides),
                         (inputs, weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
@@ -170,22 +161,6 @@ def sequence_backward(inputs: Tensor, weights: Tensor, bias: Tensor, h0: Tensor,
 def _sequence_backward_fake(inputs, weights, bias, h0, outputs, cells, gates, grad_outputs,
                             grad_cells):
     return tuple(h0.new_empty(tensor.shape) for tensor in (inputs, weights, bias, h0, h0))
-
-
-def step_forward(input, weights, bias, old_h, old_cell):
-    """(new_h, new_cell, gates) of one step of the cell, as a sequence of
-    length 1: one C call for the gate product and the cell."""
-    return _forward_pass(*_dense(input, weights, bias, old_h, old_cell))
-
-
-def step_backward(wanted, input, weights, bias_shape, old_h, new_h, new_cell, gates, grad_h,
-                  grad_cell):
-    """(d_input, d_weights, d_bias, d_old_h, d_old_cell) of one step from
-    what step_forward returned: one C call (_backward_pass says which are
-    None)."""
-    input, weights, old_h = _dense(input, weights, old_h)
-    return _backward_pass(input, weights, bias_shape, old_h, new_h, new_cell, gates,
-                          _readable(grad_h), _readable(grad_cell), wanted)
 
 
 def _sequence_in_torch(inputs, weights, bias, h0, c0):
