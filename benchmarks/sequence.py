@@ -118,7 +118,8 @@ def _run(args, device, dtype):
     synchronize = harness.synchronizer(device)
     cuda = device.type == "cuda"
     rows, kernel_rows, medians = [], [], {}
-    for shape in SEQUENCE_SHAPES if cuda else CPU_SEQUENCE_SHAPES:
+    shapes = SEQUENCE_SHAPES if cuda else CPU_SEQUENCE_SHAPES
+    for shape in shapes:
         steps, state = shape[0], shape[3]
         runs = args.runs or (DEFAULT_RUNS[state] if cuda else CPU_DEFAULT_RUNS)
         functions = candidates(shape, device, dtype)
@@ -150,7 +151,6 @@ def _run(args, device, dtype):
         f"sequence_{device.type}{'_tf32' if args.tf32 else ''}.md")
     output.parent.mkdir(parents=True, exist_ok=True)
     plot = output.with_suffix(".png")
-    shapes = SEQUENCE_SHAPES if cuda else CPU_SEQUENCE_SHAPES
     if harness.write_bar_chart(
             plot, f"LLTM over a sequence, {harness.device_description(device)}, "
                   f"{'TF32' if args.tf32 else harness.dtype_name(dtype)}",

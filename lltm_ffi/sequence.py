@@ -82,8 +82,8 @@ def _dense(*tensors):
 
 
 def _forward_pass(inputs, weights, bias, h0, c0):
-    """(outputs, cells, gates) of every step: the C forward pass, on dense
-    tensors."""
+    """(outputs, cells, gates) of every step: the C forward pass."""
+    inputs, weights, bias, h0, c0 = _dense(inputs, weights, bias, h0, c0)
     steps, batch_size, input_features = inputs.shape
     state_size = h0.shape[1]
     outputs = h0.new_empty(steps, batch_size, state_size)
@@ -103,7 +103,7 @@ def sequence_forward(inputs: Tensor, weights: Tensor, bias: Tensor, h0: Tensor,
     """(outputs, cells, gates) of every step, from the arguments of
     lltm_sequence: every step's new_h and new_cell (steps, batch, state) and
     its pre-activation gates (steps, batch, 3 * state)."""
-    return _forward_pass(*_dense(inputs, weights, bias, h0, c0))
+    return _forward_pass(inputs, weights, bias, h0, c0)
 
 
 @sequence_forward.register_fake
@@ -121,19 +121,22 @@ def _readable(gradient):
 
 def _backward_pass(inputs, weights, bias_shape, h0, outputs, cells, gates, grad_outputs,
                    grad_cells, wanted):
-    """(d_inputs, d_weights, d_bias, d_h0, d_c0): the C backward pass, on
-    dense tensors but the output gradients (_readable; None counts as zeros).
-    d_inputs, d_weights and d_bias are None where `wanted` (three booleans)
-    says so."""
+    """(d_inputs, d_weights, d_bias, d_h0, d_c0): the C backward pass. A
+    gradient of the outputs or cells given as None counts as zeros; d_inputs,
+    d_weights and d_bias are None where `wanted` (three booleans) says so."""
+    inputs, weights, h0, outputs, cells, gates = _dense(inputs, weights, h0, outputs, cells,
+                                                        gates)
+    grad_outputs, grad_cells = _readable(grad_outputs), _readable(grad_cells)
     steps, batch_size, input_features = inputs.shape
     state_size = h0.shape[1]
+    computed = outputs.numel() > 0
     # With no element to compute, every gradient is zeros (or empty).
-    new = h0.new_empty if outputs.numel() else h0.new_zeros
+    new = h0.new_empty if computed else h0.new_zeros
     shapes = (inputs.shape, weights.shape, bias_shape)
     d_inputs, d_weights, d_bias = (new(shape) if want else None
                                    for shape, want in zip(shapes, wanted))
     d_h0, d_c0 = new(h0.shape), new(h0.shape)
-    if outputs.numel():
+    if computed:
         strides = [stride for gradient in (grad_outputs, grad_cells)
                    for stride in ((0, 0, 0) if gradient is None else gradient.stride())]
         _extension.call("lltm_sequence_backward", h0,
@@ -151,10 +154,8 @@ def sequence_backward(inputs: Tensor, weights: Tensor, bias: Tensor, h0: Tensor,
     """The gradients of lltm_sequence's five arguments (bias: only its shape
     is read) from those of every step's outputs and cells and what the
     forward pass read and saved."""
-    inputs, weights, h0, outputs, cells, gates = _dense(inputs, weights, h0, outputs, cells,
-                                                        gates)
-    return _backward_pass(inputs, weights, bias.shape, h0, outputs, cells, gates,
-                          _readable(grad_outputs), _readable(grad_cells), (True, True, True))
+    return _backward_pass(inputs, weights, bias.shape, h0, outputs, cells, gates, grad_outputs,
+                          grad_cells, (True, True, True))
 
 
 @sequence_backward.register_fake
@@ -208,7 +209,7 @@ class SequenceFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, inputs, weights, bias, h0, c0):
-        outputs, cells, gates = _forward_pass(*_dense(inputs, weights, bias, h0, c0))
+        outputs, cells, gates = _forward_pass(inputs, weights, bias, h0, c0)
         # The arguments as given, so that a backward recorded in torch ops
         # reaches their history.
         ctx.save_for_backward(inputs, weights, bias, h0, c0, outputs, cells, gates)
@@ -222,10 +223,9 @@ class SequenceFunction(torch.autograd.Function):
             return _recorded_grads(ctx, (inputs, weights, bias, h0, c0), outputs, cells,
                                    grad_outputs, grad_cells)
         needs_inputs, needs_weights, needs_bias, needs_h0, needs_c0 = ctx.needs_input_grad
-        inputs, weights, h0 = _dense(inputs, weights, h0)
         d_inputs, d_weights, d_bias, d_h0, d_c0 = _backward_pass(
-            inputs, weights, bias.shape, h0, outputs, cells, gates, _readable(grad_outputs),
-            _readable(grad_cells), (needs_inputs, needs_weights, needs_bias))
+            inputs, weights, bias.shape, h0, outputs, cells, gates, grad_outputs, grad_cells,
+            (needs_inputs, needs_weights, needs_bias))
         return (d_inputs, d_weights, d_bias, d_h0 if needs_h0 else None,
                 d_c0 if needs_c0 else None)
 

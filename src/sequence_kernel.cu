@@ -56,12 +56,6 @@ static int tile_blocks(int64_t batch_size, int64_t state_size) {
        tile += gridDim.x, row0 = (tile / column_tiles) * kTile,                          \
                column0 = (tile % column_tiles) * kTile)
 
-// An element of an optional tensor: zero where there is none (NULL).
-template <typename Dtype>
-__device__ __forceinline__ Dtype value_or_zero(const Dtype* tensor, int64_t index) {
-  return tensor ? tensor[index] : Dtype(0);
-}
-
 template <typename Dtype>
 __host__ __device__ static const Dtype* offset_or_null(const Dtype* tensor, int64_t offset) {
   return tensor ? tensor + offset : NULL;
@@ -362,8 +356,8 @@ __global__ void lltm_sequence_gates_backward_kernel(
   CUDA_KERNEL_LOOP(index, count) {
     const int64_t row = index / state_size, column = index - row * state_size;
     const int64_t gate = index + 2 * row * state_size;
-    const Dtype d_h =
-        gradient_at(grad_output, strides.outputs, row, column) + value_or_zero(d_h_next, index);
+    const Dtype d_h = gradient_at(grad_output, strides.outputs, row, column) +
+                      (d_h_next ? d_h_next[index] : Dtype(0));
     const Dtype carried = d_h_next ? d_cell[index] : Dtype(0);
     cell_backward(d_h, carried + gradient_at(grad_cell, strides.cells, row, column),
                   cells[index], gates[gate],
@@ -634,7 +628,8 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   const int64_t step = batch_size * state_size;
   for (int64_t t = steps - 1; t >= -1; --t) {
     const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
-    const Dtype* grad_output = t >= 0 ? offset_or_null(grad_outputs, t * strides.outputs[0]) : NULL;
+    const Dtype* grad_output =
+        t >= 0 ? offset_or_null(grad_outputs, t * strides.outputs[0]) : NULL;
     const Dtype* grad_cell = t >= 0 ? offset_or_null(grad_cells, t * strides.cells[0]) : NULL;
     // An element's output and cell gradients, its cell, its gates and the
     // gradient carried to its cell, which this lane wrote.
@@ -839,18 +834,19 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int64_t ste
                           input_features);
   }
   if (code == LLTM_SUCCESS && d_weights) {
+    // The hidden columns: step 0's h0, then every later step's previous output.
     code = product<Dtype>(cublas, stream, gates_size, state_size, batch_size, d_gates,
                           gates_size, true, h0, state_size, false, false, d_weights, columns);
-  }
-  if (code == LLTM_SUCCESS && d_weights) {
-    code = product<Dtype>(cublas, stream, gates_size, state_size, rows - batch_size,
-                          d_gates + batch_size * gates_size, gates_size, true, outputs,
-                          state_size, false, true, d_weights, columns);
-  }
-  if (code == LLTM_SUCCESS && d_weights) {
-    code = product<Dtype>(cublas, stream, gates_size, input_features, rows, d_gates, gates_size,
-                          true, inputs, input_features, false, false, d_weights + state_size,
-                          columns);
+    if (code == LLTM_SUCCESS) {
+      code = product<Dtype>(cublas, stream, gates_size, state_size, rows - batch_size,
+                            d_gates + batch_size * gates_size, gates_size, true, outputs,
+                            state_size, false, true, d_weights, columns);
+    }
+    if (code == LLTM_SUCCESS) {
+      code = product<Dtype>(cublas, stream, gates_size, input_features, rows, d_gates,
+                            gates_size, true, inputs, input_features, false, false,
+                            d_weights + state_size, columns);
+    }
   }
   if (code == LLTM_SUCCESS && d_bias) {
     const int64_t blocks = (gates_size + 31) / 32;
@@ -907,9 +903,8 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
         cublas, on, steps, batch_size, input_features, state_size, as<Dtype>(inputs),
         as<Dtype>(weights), as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells),
         as<Dtype>(gates), as<Dtype>(grad_outputs), as<Dtype>(grad_cells), strides,
-        as<Dtype>(d_gates),
-        as<Dtype>(d_inputs), as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0),
-        as<Dtype>(d_c0));
+        as<Dtype>(d_gates), as<Dtype>(d_inputs), as<Dtype>(d_weights), as<Dtype>(d_bias),
+        as<Dtype>(d_h0), as<Dtype>(d_c0));
   });
 }
 
