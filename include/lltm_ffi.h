@@ -30,6 +30,9 @@ enum {
   LLTM_ERROR_NO_CUBLAS = -4,
   /* A CPU pass could not allocate its scratch memory. */
   LLTM_ERROR_NO_MEMORY = -5,
+  /* lltm_sequence_backward was given no d_h0 or d_c0 for more than one
+   * step, where they carry the recurrence's gradients. */
+  LLTM_ERROR_STATE_GRADIENTS = -6,
   /* A cuBLAS call failed: LLTM_ERROR_CUBLAS minus cuBLAS's status. */
   LLTM_ERROR_CUBLAS = -1000
 };
@@ -57,8 +60,10 @@ int lltm_backward(int dtype, int device, void* stream, int64_t batch_size, int64
  * grad_cells', in elements), and what the forward pass read and wrote; it
  * writes d_gates (steps, batch, 3 * state: each step's gradient of its
  * gates, scratch to the caller) and the gradients of every argument:
- * d_inputs, d_weights and d_bias may be NULL (not wanted); d_h0 and d_c0 are
- * always written. `options` (CUDA only): an OR of the flags below. */
+ * d_inputs, d_weights and d_bias may be NULL (not wanted); so may d_h0 and
+ * d_c0 where steps is 1 (with more steps they carry the gradients from one
+ * step to the one before). A single step (lltm_ffi.lltm's call on a GPU)
+ * does not read outputs. `options` (CUDA only): an OR of the flags below. */
 enum {
   /* The matrix products of float32 may use TF32 (where they go through
    * cuBLAS), as torch.backends.cuda.matmul.allow_tf32 lets torch's own. */
@@ -67,6 +72,12 @@ enum {
    * be loaded. */
   LLTM_SEQUENCE_OWN_KERNELS = 2
 };
+/* On a GPU a single step (steps 1) whose gate product takes at most this
+ * many multiply-adds (batch x 3 state x (state + input_features)) runs on
+ * lltm_ffi's own kernels, one launch forward and two or three backward:
+ * there the launches cost more than the arithmetic. Larger ones go the way
+ * of longer sequences. */
+enum { LLTM_STEP_MULTIPLY_ADDS = 1073741824 };
 int lltm_sequence_forward(int dtype, int device, void* stream, int64_t steps, int64_t batch_size,
                           int64_t input_features, int64_t state_size, int options,
                           const void* inputs, const void* weights, const void* bias,

@@ -1,15 +1,20 @@
 """The differentiable LLTM cell: argument checks, the autograd.Function and
 the functional entry point.
 
-The matrix products stay in torch (cat + linear forward; mm and sum
-backward); only the two fused pointwise passes (lltm_ffi.ops) go through the
-C shim.
+On a GPU an eager step whose gate product is small
+(lltm_ffi.sequence.fused_step) is a sequence of length 1: one C call a pass,
+the matrix products included, in lltm_ffi's own kernels (one launch
+forward, two or three backward), where torch's operations around a
+pointwise pass cost the host more than the GPU's arithmetic. Otherwise, and
+on the CPU, the matrix products stay in torch (cat + linear forward; mm and
+sum backward), whose BLAS is the faster at larger sizes, and only the two
+fused pointwise passes (lltm_ffi.ops) go through the C shim.
 """
 
 import torch
 from torch.autograd import forward_ad
 
-from . import _arguments, derivatives, ops
+from . import _arguments, derivatives, ops, sequence
 from .derivatives import or_zeros
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
@@ -72,9 +77,13 @@ class LLTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
-        X = torch.cat((old_h, input), dim=1)
-        gates = torch.nn.functional.linear(X, weights, bias)
-        new_h, new_cell = ops.forward(gates, old_cell)
+        if input.is_cuda and sequence.fused_step(input.shape[0], input.shape[1], old_h.shape[1]):
+            X = None  # C reads old_h and input where they are
+            new_h, new_cell, gates = sequence.step_forward(input, weights, bias, old_h, old_cell)
+        else:
+            X = torch.cat((old_h, input), dim=1)
+            gates = torch.nn.functional.linear(X, weights, bias)
+            new_h, new_cell = ops.forward(gates, old_cell)
         ctx.save_for_backward(input, weights, bias, old_h, old_cell, X, gates, new_cell)
         return new_h, new_cell
 
@@ -87,6 +96,9 @@ class LLTMFunction(torch.autograd.Function):
             gates = torch.nn.functional.linear(X, weights, bias)
             _, new_cell = derivatives.forward_pass(gates, old_cell)
             d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)
+        elif X is None:
+            return sequence.step_backward(ctx.needs_input_grad, input, weights, bias.shape, old_h,
+                                          new_cell, gates, grad_h, grad_cell)
         else:
             d_old_cell, d_gates = ops.backward(grad_h, grad_cell, new_cell, gates)
         return _argument_gradients(ctx.needs_input_grad, d_old_cell, d_gates, None, X, weights,

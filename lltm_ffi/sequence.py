@@ -81,14 +81,22 @@ def _dense(*tensors):
     return [_extension.dense(tensor) for tensor in tensors]
 
 
+def _steps(inputs):
+    """(steps, batch, input_features) of a sequence (steps, batch, features),
+    or of one step (batch, features) as a sequence of length 1."""
+    return tuple(inputs.shape) if inputs.dim() == 3 else (1, *inputs.shape)
+
+
 def _forward_pass(inputs, weights, bias, h0, c0):
-    """(outputs, cells, gates) of every step: the C forward pass."""
+    """(outputs, cells, gates) of every step: the C forward pass. For one step
+    (inputs of 2 dimensions: step_forward) they have no steps dimension
+    either."""
     inputs, weights, bias, h0, c0 = _dense(inputs, weights, bias, h0, c0)
-    steps, batch_size, input_features = inputs.shape
+    steps, batch_size, input_features = _steps(inputs)
     state_size = h0.shape[1]
-    outputs = h0.new_empty(steps, batch_size, state_size)
+    outputs = h0.new_empty(*inputs.shape[:-1], state_size)
     cells = torch.empty_like(outputs)
-    gates = h0.new_empty(steps, batch_size, 3 * state_size)
+    gates = h0.new_empty(*inputs.shape[:-1], 3 * state_size)
     if outputs.numel():
         _extension.call("lltm_sequence_forward", h0,
                         (steps, batch_size, input_features, state_size, _options()),
@@ -122,23 +130,28 @@ def _readable(gradient):
 def _backward_pass(inputs, weights, bias_shape, h0, outputs, cells, gates, grad_outputs,
                    grad_cells, wanted):
     """(d_inputs, d_weights, d_bias, d_h0, d_c0): the C backward pass. A
-    gradient of the outputs or cells given as None counts as zeros; d_inputs,
-    d_weights and d_bias are None where `wanted` (three booleans) says so."""
-    inputs, weights, h0, outputs, cells, gates = _dense(inputs, weights, h0, outputs, cells,
-                                                        gates)
+    gradient of the outputs or cells given as None counts as zeros; each
+    gradient is None where `wanted` (five booleans) says so, but d_h0 and
+    d_c0 of more than one step, which C needs. One step (step_backward) may
+    come without a steps dimension, and without outputs (None)."""
+    inputs, weights, h0, cells, gates = _dense(inputs, weights, h0, cells, gates)
     grad_outputs, grad_cells = _readable(grad_outputs), _readable(grad_cells)
-    steps, batch_size, input_features = inputs.shape
+    steps, batch_size, input_features = _steps(inputs)
     state_size = h0.shape[1]
-    computed = outputs.numel() > 0
+    computed = cells.numel() > 0
     # With no element to compute, every gradient is zeros (or empty).
     new = h0.new_empty if computed else h0.new_zeros
-    shapes = (inputs.shape, weights.shape, bias_shape)
-    d_inputs, d_weights, d_bias = (new(shape) if want else None
-                                   for shape, want in zip(shapes, wanted))
-    d_h0, d_c0 = new(h0.shape), new(h0.shape)
+    shapes = (inputs.shape, weights.shape, bias_shape, h0.shape, h0.shape)
+    d_inputs, d_weights, d_bias, d_h0, d_c0 = (
+        new(shape) if want or (steps > 1 and index > 2) else None
+        for index, (shape, want) in enumerate(zip(shapes, wanted)))
     if computed:
-        strides = [stride for gradient in (grad_outputs, grad_cells)
-                   for stride in ((0, 0, 0) if gradient is None else gradient.stride())]
+        if steps > 1:
+            outputs = _extension.dense(outputs)
+        # (step, row, column) strides; one step's gradients may have no step stride.
+        strides = [stride for gradient in (grad_outputs, grad_cells) for stride in
+                   ((0, 0, 0) if gradient is None
+                    else (0,) * (3 - gradient.dim()) + gradient.stride())]
         _extension.call("lltm_sequence_backward", h0,
                         (steps, batch_size, input_features, state_size, _options(), strides),
                         (inputs, weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
@@ -155,13 +168,40 @@ def sequence_backward(inputs: Tensor, weights: Tensor, bias: Tensor, h0: Tensor,
     is read) from those of every step's outputs and cells and what the
     forward pass read and saved."""
     return _backward_pass(inputs, weights, bias.shape, h0, outputs, cells, gates, grad_outputs,
-                          grad_cells, (True, True, True))
+                          grad_cells, (True,) * 5)
 
 
 @sequence_backward.register_fake
 def _sequence_backward_fake(inputs, weights, bias, h0, outputs, cells, gates, grad_outputs,
                             grad_cells):
     return tuple(h0.new_empty(tensor.shape) for tensor in (inputs, weights, bias, h0, h0))
+
+
+# lltm_ffi.h's LLTM_STEP_MULTIPLY_ADDS.
+_STEP_MULTIPLY_ADDS = (_extension.lib.LLTM_STEP_MULTIPLY_ADDS if _extension.lib is not None
+                       else 0)
+
+
+def fused_step(batch_size, input_features, state_size):
+    """True where C runs one step on a GPU in its own fused kernels (its gate
+    product at most LLTM_STEP_MULTIPLY_ADDS multiply-adds), as the C passes
+    decide: the cell's eager GPU calls take step_forward there."""
+    return batch_size * 3 * state_size * (state_size + input_features) <= _STEP_MULTIPLY_ADDS
+
+
+def step_forward(input, weights, bias, old_h, old_cell):
+    """(new_h, new_cell, gates) of one step of the cell, as a sequence of
+    length 1: one C call for the gate product and the cell."""
+    return _forward_pass(input, weights, bias, old_h, old_cell)
+
+
+def step_backward(wanted, input, weights, bias_shape, old_h, new_cell, gates, grad_h,
+                  grad_cell):
+    """(d_input, d_weights, d_bias, d_old_h, d_old_cell) of one step from what
+    step_forward returned, each None unless `wanted` (five booleans) says so:
+    one C call."""
+    return _backward_pass(input, weights, bias_shape, old_h, None, new_cell, gates, grad_h,
+                          grad_cell, wanted)
 
 
 def _sequence_in_torch(inputs, weights, bias, h0, c0):
@@ -222,10 +262,10 @@ class SequenceFunction(torch.autograd.Function):
         if derivatives.in_torch_ops(grad_outputs, grad_cells):
             return _recorded_grads(ctx, (inputs, weights, bias, h0, c0), outputs, cells,
                                    grad_outputs, grad_cells)
-        needs_inputs, needs_weights, needs_bias, needs_h0, needs_c0 = ctx.needs_input_grad
+        needs_h0, needs_c0 = ctx.needs_input_grad[3:]
         d_inputs, d_weights, d_bias, d_h0, d_c0 = _backward_pass(
             inputs, weights, bias.shape, h0, outputs, cells, gates, grad_outputs, grad_cells,
-            (needs_inputs, needs_weights, needs_bias))
+            ctx.needs_input_grad)
         return (d_inputs, d_weights, d_bias, d_h0 if needs_h0 else None,
                 d_c0 if needs_c0 else None)
 

@@ -269,7 +269,7 @@ static void LLTM_NAME(column_sums_)(int64_t rows, int64_t columns, const SCALAR*
 }
 
 /* d_h0 doubles as the gradient reaching each h_t, d_c0 as that reaching
- * each c_t. */
+ * each c_t; a single step given neither (not wanted) uses scratch space. */
 static int LLTM_NAME(sequence_backward_)(
     int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
     const int64_t* grad_strides, const SCALAR* inputs, const SCALAR* weights, const SCALAR* h0,
@@ -279,6 +279,14 @@ static int LLTM_NAME(sequence_backward_)(
   const int64_t step = batch_size * state_size, gates_size = 3 * state_size;
   const int64_t columns = state_size + input_features, rows = steps * batch_size;
   const int64_t dense[4] = {state_size, 1, state_size, 1};
+  const int wants_d_h0 = d_h0 != NULL;
+  SCALAR* scratch = NULL;
+  if (!d_h0 || !d_c0) {
+    scratch = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(2 * step + 1));
+    if (!scratch) return LLTM_ERROR_NO_MEMORY;
+    if (!d_h0) d_h0 = scratch;
+    if (!d_c0) d_c0 = scratch + step;
+  }
   for (int64_t t = steps - 1; t >= 0; --t) {
     const SCALAR* grad_output = grad_outputs ? grad_outputs + t * grad_strides[0] : NULL;
     const SCALAR* grad_cell = grad_cells ? grad_cells + t * grad_strides[3] : NULL;
@@ -293,8 +301,11 @@ static int LLTM_NAME(sequence_backward_)(
     LLTM_NAME(backward_)(batch_size, state_size, dense, d_h0, d_c0, cells + t * step,
                          gates + t * 3 * step, d_c0, d_gates + t * 3 * step);
   }
-  LLTM_NAME(rows_times_matrix_)(batch_size, state_size, gates_size, d_gates, weights, columns,
-                                NULL, d_h0);
+  if (wants_d_h0) {
+    LLTM_NAME(rows_times_matrix_)(batch_size, state_size, gates_size, d_gates, weights, columns,
+                                  NULL, d_h0);
+  }
+  free(scratch);
   if (d_inputs) {
     LLTM_NAME(rows_times_matrix_)(rows, input_features, gates_size, d_gates,
                                   weights + state_size, columns, NULL, d_inputs);

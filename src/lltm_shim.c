@@ -32,7 +32,9 @@ static const char* lltm_own_error_string(int code) {
     case LLTM_ERROR_DTYPE:
       return "unknown element type (lltm_ffi passes take LLTM_FLOAT32 or LLTM_FLOAT64)";
     case LLTM_ERROR_NO_MEMORY:
-      return "out of host memory for the pass's scratch copy of the weights";
+      return "out of host memory for a CPU pass's scratch space";
+    case LLTM_ERROR_STATE_GRADIENTS:
+      return "lltm_sequence_backward needs d_h0 and d_c0 for more than one step";
     default:
       return NULL;
   }
@@ -154,16 +156,22 @@ int lltm_sequence_backward(int dtype, int device, void* stream, int64_t steps, i
                            const void* gates, const void* grad_outputs, const void* grad_cells,
                            void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
                            void* d_h0, void* d_c0) {
+  /* Refused after the dtype and the device, as any pass's arguments. */
+  const int carriers_missing = steps > 1 && (!d_h0 || !d_c0);
   LLTM_RUN(dtype, device,
-           lltm_cpu_sequence_backward(dtype, steps, batch_size, input_features, state_size,
-                                      grad_strides, inputs, weights, h0, outputs, cells, gates,
-                                      grad_outputs, grad_cells, d_gates, d_inputs, d_weights,
-                                      d_bias, d_h0, d_c0),
-           lltm_launch_sequence_backward(dtype, steps, batch_size, input_features, state_size,
-                                         options, grad_strides, inputs, weights, h0, outputs,
-                                         cells, gates, grad_outputs, grad_cells, d_gates,
-                                         d_inputs, d_weights, d_bias, d_h0, d_c0,
-                                         (cudaStream_t)stream));
+           carriers_missing
+               ? LLTM_ERROR_STATE_GRADIENTS
+               : lltm_cpu_sequence_backward(dtype, steps, batch_size, input_features, state_size,
+                                            grad_strides, inputs, weights, h0, outputs, cells,
+                                            gates, grad_outputs, grad_cells, d_gates, d_inputs,
+                                            d_weights, d_bias, d_h0, d_c0),
+           carriers_missing
+               ? LLTM_ERROR_STATE_GRADIENTS
+               : lltm_launch_sequence_backward(dtype, steps, batch_size, input_features,
+                                               state_size, options, grad_strides, inputs,
+                                               weights, h0, outputs, cells, gates, grad_outputs,
+                                               grad_cells, d_gates, d_inputs, d_weights, d_bias,
+                                               d_h0, d_c0, (cudaStream_t)stream));
 }
 
 int lltm_round_forward(int dtype, int device, void* stream, int64_t count, const void* input,

@@ -147,8 +147,9 @@ static cudaError_t launch_sequence_forward_by_step(
 
 // Backward step t: d_h = grad_output + d_gates_next W (the gradient reaching
 // h_t from step t + 1; none after the last step), then the cell's backward
-// pass with d_cell (the gradient reaching c_t from step t + 1, kept in place)
-// plus grad_cell. With cells == NULL it only writes d_h (the gradient of h0).
+// pass with d_cell (the gradient reaching c_t from step t + 1, kept in place;
+// NULL for a single step whose d_c0 is not wanted) plus grad_cell. With
+// cells == NULL it only writes d_h (the gradient of h0).
 template <typename Dtype>
 __global__ void lltm_sequence_backward_kernel(
     const int64_t batch_size, const int64_t state_size, const Dtype* __restrict__ weights,
@@ -185,12 +186,14 @@ __global__ void lltm_sequence_backward_kernel(
         d_h_out[element] = sum;
       } else {
         const Dtype carried = d_gates_next ? d_cell[element] : Dtype(0);
+        Dtype d_old_cell;
         cell_backward(gradient_at(grad_output, strides.outputs, row, column) + sum,
                       carried + gradient_at(grad_cell, strides.cells, row, column),
                       cells[element],
                       gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
-                      &d_cell[element], &d_gates[gate], &d_gates[gate + state_size],
+                      &d_old_cell, &d_gates[gate], &d_gates[gate + state_size],
                       &d_gates[gate + 2 * state_size]);
+        if (d_cell) d_cell[element] = d_old_cell;
       }
     }
   }
@@ -204,7 +207,7 @@ static cudaError_t launch_sequence_backward_by_step(
     Dtype* d_h0, Dtype* d_c0, cudaStream_t stream) {
   const int64_t step = batch_size * state_size;
   const int blocks = tile_blocks(batch_size, state_size);
-  for (int64_t t = steps - 1; t >= -1; --t) {
+  for (int64_t t = steps - 1; t >= (d_h0 ? -1 : 0); --t) {
     const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
     const bool cell = t >= 0;
     lltm_sequence_backward_kernel<Dtype><<<blocks, kTileThreads, 0, stream>>>(
@@ -250,7 +253,7 @@ template <typename Dtype>
 static int product(bool cublas, cudaStream_t stream, int64_t m, int64_t n, int64_t k,
                    const Dtype* a, int64_t lda, bool a_transposed, const Dtype* b, int64_t ldb,
                    bool b_transposed, bool accumulate, Dtype* c, int64_t ldc) {
-  if (m == 0 || n == 0) return LLTM_SUCCESS;
+  if (m == 0 || n == 0 || (k == 0 && accumulate)) return LLTM_SUCCESS;
   const int64_t largest = m > n ? (m > k ? m : k) : (n > k ? n : k);
   if (cublas && k > 0 && largest <= INT32_MAX && lda <= INT32_MAX && ldb <= INT32_MAX &&
       ldc <= INT32_MAX) {
@@ -346,7 +349,8 @@ static int sequence_forward_cublas_steps(int64_t steps, int64_t batch_size, int6
 
 // Backward step t's gate math: d_h_next is the gradient reaching h_t from
 // step t + 1 (d_gates of t + 1 times W, by cuBLAS), NULL on the last step;
-// d_cell carries the gradient reaching c_t, as in the step-by-step kernel.
+// d_cell carries the gradient reaching c_t, as in the step-by-step kernel
+// (NULL: a single step's d_c0, not wanted).
 template <typename Dtype>
 __global__ void lltm_sequence_gates_backward_kernel(
     const int64_t count, const int64_t state_size, const Dtype* __restrict__ d_h_next,
@@ -359,15 +363,17 @@ __global__ void lltm_sequence_gates_backward_kernel(
     const Dtype d_h = gradient_at(grad_output, strides.outputs, row, column) +
                       (d_h_next ? d_h_next[index] : Dtype(0));
     const Dtype carried = d_h_next ? d_cell[index] : Dtype(0);
+    Dtype d_old_cell;
     cell_backward(d_h, carried + gradient_at(grad_cell, strides.cells, row, column),
                   cells[index], gates[gate],
-                  gates[gate + state_size], gates[gate + 2 * state_size], &d_cell[index],
+                  gates[gate + state_size], gates[gate + 2 * state_size], &d_old_cell,
                   &d_gates[gate], &d_gates[gate + state_size], &d_gates[gate + 2 * state_size]);
+    if (d_cell) d_cell[index] = d_old_cell;
   }
 }
 
 // d_h0 holds each step's d_h_next until the last product, that of step 0's
-// d_gates, makes it h0's gradient.
+// d_gates, makes it h0's gradient (none where a single step's d_h0 is NULL).
 template <typename Dtype>
 static int sequence_backward_cublas_steps(int64_t steps, int64_t batch_size, int64_t state_size,
                                           int64_t weights_row_stride, const Dtype* weights,
@@ -378,7 +384,7 @@ static int sequence_backward_cublas_steps(int64_t steps, int64_t batch_size, int
   const int64_t step = batch_size * state_size;
   for (int64_t t = steps - 1; t >= -1; --t) {
     const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
-    if (d_gates_next) {
+    if (d_gates_next && d_h0) {
       const int code = product<Dtype>(true, stream, batch_size, state_size, 3 * state_size,
                                       d_gates_next, 3 * state_size, false, weights,
                                       weights_row_stride, false, false, d_h0, state_size);
@@ -695,11 +701,14 @@ static bool failed(cudaError_t status) {
 // A block per group of `columns` state columns: enough blocks to spread the
 // work over the device, no more than it holds at once.
 template <typename Dtype>
-static PersistentPlan plan_persistent(int64_t batch_size, int64_t state_size,
+static PersistentPlan plan_persistent(int64_t steps, int64_t batch_size, int64_t state_size,
                                       int64_t weight_rows_per_column, int64_t length,
                                       const void* kernel_of_columns[4]) {
   PersistentPlan plan = {NULL, 0, 0};
-  if (batch_size * state_size > kPersistentElements) return plan;
+  // A single step keeps nothing on chip for a next one; its plan's queries
+  // and a cooperative launch would cost the host more than the launches
+  // they save.
+  if (steps < 2 || batch_size * state_size > kPersistentElements) return plan;
   int device, processors, max_shared;
   if (failed(cudaGetDevice(&device)) ||
       failed(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount,
@@ -782,7 +791,7 @@ static int sequence_forward_steps(bool cublas, cudaStream_t stream, int64_t step
   if (code != LLTM_SUCCESS) return code;
   const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_forward_persistent_kernel);
   const PersistentPlan plan =
-      plan_persistent<Dtype>(batch_size, state_size, 3, state_size, kernels);
+      plan_persistent<Dtype>(steps, batch_size, state_size, 3, state_size, kernels);
   if (plan.blocks) {
     void* arguments[] = {&steps, &batch_size, &state_size, &columns, &bias,
                          &weights, &h0, &c0, &outputs, &cells, &gates};
@@ -813,7 +822,7 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int64_t ste
   const int64_t gates_size = 3 * state_size, rows = steps * batch_size;
   const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_backward_persistent_kernel);
   const PersistentPlan plan =
-      plan_persistent<Dtype>(batch_size, state_size, 1, gates_size, kernels);
+      plan_persistent<Dtype>(steps, batch_size, state_size, 1, gates_size, kernels);
   int code;
   if (plan.blocks) {
     void* arguments[] = {&steps, &batch_size, &state_size, &columns, &weights, &grad_outputs,
@@ -865,6 +874,10 @@ static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t in
                                    const void* c0, void* outputs, void* cells, void* gates,
                                    cudaStream_t stream) {
   if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
+  if (steps == 1 && lltm_step_fits(batch_size, input_features, state_size)) {
+    return lltm_launch_step_forward(dtype_code<Dtype>(), batch_size, input_features, state_size,
+                                    inputs, weights, bias, h0, c0, outputs, cells, gates, stream);
+  }
   const lltm_pass_key key = {{1, dtype_code<Dtype>(), steps, batch_size, input_features,
                               state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
                               address(weights), address(bias), address(h0), address(c0),
@@ -888,6 +901,14 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
                                     void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
                                     void* d_h0, void* d_c0, cudaStream_t stream) {
   if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
+  if (steps == 1 && lltm_step_fits(batch_size, input_features, state_size)) {
+    const int64_t step_strides[4] = {grad_strides[1], grad_strides[2], grad_strides[4],
+                                     grad_strides[5]};
+    return lltm_launch_step_backward(dtype_code<Dtype>(), batch_size, input_features, state_size,
+                                     step_strides, inputs, weights, h0, cells, gates,
+                                     grad_outputs, grad_cells, d_gates, d_inputs, d_weights,
+                                     d_bias, d_h0, d_c0, stream);
+  }
   const lltm_pass_key key = {{2, dtype_code<Dtype>(), steps, batch_size, input_features,
                               state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
                               address(weights), address(h0), address(outputs), address(cells),

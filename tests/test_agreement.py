@@ -16,8 +16,9 @@ import torch
 
 import builders
 import lltm_ffi
-from builders import random_inputs, random_like
-from conftest import PASS_NAMES, assert_cell_agrees, cell_disagreements, shape_id
+from builders import random_grad_outputs, random_inputs, random_like
+from conftest import (PASS_NAMES, RESULT_NAMES, assert_cell_agrees, cell_disagreements,
+                      outputs_and_gradients, shape_id)
 from lltm_ffi import ops, reference, selfcheck
 
 # (batch, input_features, state_size)
@@ -110,6 +111,40 @@ EDGE_SHAPES = [(1, 1, 1), (1, 0, 4), (1, 3, 8), (2, 5, 3), (1, 2, 2), (4, 3, 12)
 @pytest.mark.parametrize("shape", EDGE_SHAPES, ids=shape_id)
 def test_edge_shapes_agree_with_reference(shape, dtype, device, seed):
     assert_cell_agrees(shape, dtype, device, seed)
+
+
+# On a GPU an eager step runs as a sequence of length 1 in lltm_ffi's own
+# kernels (src/step_kernel.cu) while its gate product takes at most
+# LLTM_STEP_MULTIPLY_ADDS multiply-adds, in torch's products past that;
+# which kernels a backward pass launches depends on the gradients wanted,
+# and the product kernel's tiles (64 or 32 rows) on the sizes.
+STEP_SHAPES = [
+    (3, 7, 512),       # the weights' gradient in tiles of 64 rows
+    (1300, 30, 200),   # the gate product in tiles of 64 rows, 1300 rows not a multiple of 64
+    (300, 20, 100),    # every product in tiles of 32 rows
+    (1100, 256, 512),  # past LLTM_STEP_MULTIPLY_ADDS: torch's products
+]
+WANTED = [("input", "weights", "bias", "old_h", "old_cell"), ("weights", "bias"), ("weights",),
+          ("bias",), ("input",), ("old_h",), ("old_cell",), ("input", "old_cell")]
+
+
+@pytest.mark.parametrize("wanted", WANTED, ids="+".join)
+@pytest.mark.parametrize("shape", STEP_SHAPES, ids=shape_id)
+def test_gpu_step_paths_agree_with_reference(shape, wanted, dtype, cuda_device, generator):
+    assert lltm_ffi.sequence.fused_step(*shape) == (shape != STEP_SHAPES[-1])
+    inputs = random_inputs(generator, shape, dtype, cuda_device)
+    grads = random_grad_outputs(inputs, generator)
+    outputs, gradients = outputs_and_gradients(inputs, grads, requires_grad=wanted)
+    expected_outputs, expected_gradients = outputs_and_gradients(
+        [tensor.double() for tensor in inputs], [grad.double() for grad in grads],
+        function=reference.lltm, requires_grad=wanted)
+    for name, value, expected in zip(RESULT_NAMES, outputs + gradients,
+                                     expected_outputs + expected_gradients):
+        if expected is None:
+            assert value is None, f"{name}: a gradient that was not wanted"
+            continue
+        error = selfcheck.relative_error(value, expected)
+        assert error <= selfcheck.TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
 
 
 # Relative error (in norm) of the fused passes alone, against float64 on the

@@ -13,7 +13,7 @@ from torch.library import opcheck
 
 import lltm_ffi
 from checkouts import REPO_ROOT
-from conftest import raises_with, skip_without_gpu
+from conftest import raises_with, reference_sequence, skip_without_gpu
 
 # (steps, batch, input_features, state_size): one step, batch 1, odd sizes,
 # a state size that is not a multiple of the 16-wide tiles, a long sequence;
@@ -92,6 +92,44 @@ def test_own_kernels_agree_with_a_loop_of_the_cell(shape, dtype, cuda_device, ge
     monkeypatch.setenv("LLTM_CUBLAS", "0")
     assert_agrees_with_a_loop_of_the_cell(shape, dtype, cuda_device, generator,
                                           TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("kernels", ["default", "own"])
+def test_one_step_without_state_gradients(kernels, dtype, device, generator, monkeypatch):
+    """One step whose h0 and c0 do not require grad: C is given no d_h0 or
+    d_c0. On a GPU at a size past LLTM_STEP_MULTIPLY_ADDS, which the general
+    paths take (cuBLAS's, or with LLTM_CUBLAS=0 the step-by-step kernels)."""
+    if kernels == "own":
+        if device.type == "cpu":
+            pytest.skip("LLTM_CUBLAS=0 changes nothing on the CPU")
+        monkeypatch.setenv("LLTM_CUBLAS", "0")
+    shape = (1, 1100, 256, 512) if device.type == "cuda" else (1, 5, 4, 7)
+    assert lltm_ffi.sequence.fused_step(*shape[1:]) == (device.type == "cpu")
+    arguments = random_arguments(shape, dtype, device, generator)
+    grad = torch.randn(shape[0], shape[1], shape[3], generator=generator, dtype=dtype).to(device)
+    got, expected = [], []
+    for function, results, cast in ((lltm_ffi.lltm_sequence, got, dtype),
+                                    (reference_sequence, expected, torch.float64)):
+        leaves = [argument.detach().to(cast).requires_grad_(index < 3)
+                  for index, argument in enumerate(arguments)]
+        outputs, _ = function(*leaves)
+        outputs.backward(grad.to(cast))
+        results += [outputs] + [leaf.grad for leaf in leaves]
+    assert got[4] is None and got[5] is None
+    for name, value, reference in zip(("outputs", "d_inputs", "d_weights", "d_bias"),
+                                      got[:4], expected[:4]):
+        error = ((value.double() - reference).norm() / reference.norm()).item()
+        assert error <= TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+
+
+def test_backward_of_several_steps_needs_the_state_gradients():
+    """d_h0 and d_c0 carry the gradients from step to step: the C backward
+    pass refuses to go without them (lltm_ffi.h), before reading anything."""
+    lib = lltm_ffi._extension.lib
+    code = lib.lltm_sequence_backward(lib.LLTM_FLOAT32, lib.LLTM_CPU, lltm_ffi._extension.ffi.NULL,
+                                      2, 1, 1, 1, 0, [0] * 6, *[lltm_ffi._extension.ffi.NULL] * 14)
+    assert code == lib.LLTM_ERROR_STATE_GRADIENTS
+    assert "needs d_h0 and d_c0" in lltm_ffi._extension.error_message(code)
 
 
 def test_passes_on_the_same_tensors_again_read_what_they_hold_now(cuda_device, generator):

@@ -1,0 +1,409 @@
+// One step of the cell in lltm_ffi's own kernels, Caffe style: how a
+// sequence of length 1 runs on a GPU while its gate product is small
+// (lltm_step_fits), which is lltm_ffi.lltm's eager call at such sizes. There
+// a step's time is the host's launches more than the GPU's arithmetic, so
+// the forward pass is one kernel (the gate product, the cell its epilogue)
+// and the backward pass two (the cell's backward, then one product for the
+// gradients of the weights and the bias), three where the gradients of
+// old_h or the input are wanted (one more product). Computing the gate
+// gradients inside the product instead, to save the first launch, measured
+// no faster on an H100 (each tile of columns recomputes them).
+//
+// Layout as in sequence_kernel.cu: input (batch, input_features), old_h,
+// old_cell, new_h, new_cell (batch, state), gates and d_gates (batch,
+// 3 * state), weights (3 * state, state + input_features) with the columns
+// of old_h first, all dense.
+
+#include "caffe_cuda_macro.h"
+#include "lltm_cell.h"
+#include "lltm_dtype.h"
+#include "lltm_ffi.h"
+#include "lltm_kernel.h"
+
+// The product kernel: a block of kThreads computes a tile of C = A B, each
+// thread kRows x kColumns of it, over slices kDepth deep staged in shared
+// memory; the next slice is read into registers while the block works on
+// this one. kColumns is 3 so that in the forward pass a thread holds the
+// three gates of a state column for the cell; kRows is 4 or 2
+// (launch_product says which).
+static const int kThreadsX = 16, kThreadsY = 16, kThreads = kThreadsX * kThreadsY;
+static const int kColumns = 3, kTileColumns = kThreadsX * kColumns;
+static const int kDepth = 16;
+
+template <int kRows>
+struct Tile {
+  static const int kTileRows = kThreadsY * kRows;
+};
+
+// The operands, read by (row, column) of the product's A (m x k) or B (k x
+// n); kAlongColumns: consecutive columns are adjacent in memory (else
+// consecutive rows), which decides how a tile is staged so that neighbouring
+// threads read neighbouring addresses.
+
+// [old_h, input] (batch, state + input_features), columns from `first` on;
+// its column state + input_features is all ones (for the bias's gradient).
+template <typename Dtype>
+struct StepInputs {
+  static const bool kAlongColumns = true;
+  const Dtype* old_h;
+  const Dtype* input;
+  int64_t state_size, input_features, first;
+  __device__ Dtype operator()(int64_t row, int64_t column) const {
+    column += first;
+    if (column < state_size) return old_h[row * state_size + column];
+    column -= state_size;
+    return column < input_features ? input[row * input_features + column] : Dtype(1);
+  }
+};
+
+// The weights transposed (state + input_features, 3 * state), its columns
+// ordered by state column, then gate: column 3 c + g is row g state + c of
+// the weights.
+template <typename Dtype>
+struct GateWeights {
+  static const bool kAlongColumns = false;
+  const Dtype* weights;
+  int64_t state_size, row_length;
+  __device__ Dtype operator()(int64_t row, int64_t column) const {
+    return weights[((column % 3) * state_size + column / 3) * row_length + row];
+  }
+};
+
+// The weights (3 * state, state + input_features), columns from `first` on.
+template <typename Dtype>
+struct Weights {
+  static const bool kAlongColumns = true;
+  const Dtype* weights;
+  int64_t row_length, first;
+  __device__ Dtype operator()(int64_t row, int64_t column) const {
+    return weights[row * row_length + first + column];
+  }
+};
+
+// d_gates (batch, 3 * state), or its transpose.
+template <typename Dtype, bool kTransposed>
+struct GateGradients {
+  static const bool kAlongColumns = !kTransposed;
+  const Dtype* d_gates;
+  int64_t gates_size;
+  __device__ Dtype operator()(int64_t row, int64_t column) const {
+    return kTransposed ? d_gates[column * gates_size + row] : d_gates[row * gates_size + column];
+  }
+};
+
+// A slice of an operand, kDepth deep and kExtent wide at (k0, start): for
+// A, rows start + e and columns k0 + d; for B, rows k0 + d and columns
+// start + e; zeros outside the operand. read() takes it into registers
+// (consecutive threads at neighbouring addresses), write() into
+// tile[d][e].
+template <typename Dtype, int kExtent, bool kIsA, typename Operand>
+struct Slice {
+  static const int kCount = kDepth * kExtent / kThreads;
+  // Consecutive threads take consecutive depths of one element where the
+  // operand's depth runs along memory.
+  static const bool kAlongDepth = kIsA == Operand::kAlongColumns;
+  Dtype values[kCount];
+
+  __device__ __forceinline__ static void place(int i, int* d, int* e) {
+    *d = kAlongDepth ? i % kDepth : i / kExtent;
+    *e = kAlongDepth ? i / kDepth : i % kExtent;
+  }
+  __device__ __forceinline__ void read(const Operand& operand, int64_t start, int64_t extent,
+                                       int64_t k0, int64_t depth) {
+#pragma unroll
+    for (int l = 0; l < kCount; ++l) {
+      int d, e;
+      place(threadIdx.x + l * kThreads, &d, &e);
+      const int64_t position = start + e, k = k0 + d;
+      values[l] = position < extent && k < depth
+          ? (kIsA ? operand(position, k) : operand(k, position)) : Dtype(0);
+    }
+  }
+  template <int kStride>
+  __device__ __forceinline__ void write(Dtype (*tile)[kStride]) const {
+#pragma unroll
+    for (int l = 0; l < kCount; ++l) {
+      int d, e;
+      place(threadIdx.x + l * kThreads, &d, &e);
+      tile[d][e] = values[l];
+    }
+  }
+};
+
+// kRows consecutive values of a shared-memory row, 16-byte aligned for
+// four floats.
+template <int kRows, typename Dtype>
+__device__ __forceinline__ void read_rows(const Dtype* row, Dtype (&values)[kRows]) {
+  if (kRows == 2 && sizeof(Dtype) == sizeof(float)) {
+    const float2 packed = *reinterpret_cast<const float2*>(row);
+    values[0] = (Dtype)packed.x;
+    values[kRows - 1] = (Dtype)packed.y;
+  } else if (kRows == 4 && sizeof(Dtype) == sizeof(float)) {
+    const float4 packed = *reinterpret_cast<const float4*>(row);
+    const float unpacked[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) values[i] = (Dtype)unpacked[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) values[i] = row[i];
+  }
+}
+
+// C = A B (m x n, depth k), each thread's kRows x kColumns handed to
+// epilogue(row, first column, values) for rows below m; the epilogue checks
+// its columns against n.
+template <typename Dtype, int kRows, typename A, typename B, typename Epilogue>
+__global__ void __launch_bounds__(kThreads) lltm_step_product_kernel(
+    const int64_t m, const int64_t n, const int64_t k, const A a, const B b,
+    const Epilogue epilogue) {
+  const int kTileRows = Tile<kRows>::kTileRows;
+  // Padding: rows of a_tile stay 16-byte aligned, and slices staged along
+  // the depth write each row's elements into different banks.
+  __shared__ __align__(16) Dtype a_tile[kDepth][kTileRows + 4];
+  __shared__ Dtype b_tile[kDepth][kTileColumns + 1];
+  const int tx = threadIdx.x % kThreadsX, ty = threadIdx.x / kThreadsX;
+  const int64_t column_tiles = (n + kTileColumns - 1) / kTileColumns;
+  const int64_t tiles = (m + kTileRows - 1) / kTileRows * column_tiles;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t row0 = tile / column_tiles * kTileRows;
+    const int64_t column0 = tile % column_tiles * kTileColumns;
+    Slice<Dtype, kTileRows, true, A> a_slice;
+    Slice<Dtype, kTileColumns, false, B> b_slice;
+    a_slice.read(a, row0, m, 0, k);
+    b_slice.read(b, column0, n, 0, k);
+    Dtype sums[kRows][kColumns] = {};
+    for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
+      a_slice.write(a_tile);
+      b_slice.write(b_tile);
+      __syncthreads();
+      if (k0 + kDepth < k) {
+        a_slice.read(a, row0, m, k0 + kDepth, k);
+        b_slice.read(b, column0, n, k0 + kDepth, k);
+      }
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        Dtype a_values[kRows], b_values[kColumns];
+        read_rows<kRows>(&a_tile[d][ty * kRows], a_values);
+#pragma unroll
+        for (int j = 0; j < kColumns; ++j) b_values[j] = b_tile[d][tx * kColumns + j];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+          for (int j = 0; j < kColumns; ++j) sums[i][j] += a_values[i] * b_values[j];
+        }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int64_t row = row0 + ty * kRows + i;
+      if (row < m) epilogue(row, column0 + tx * kColumns, sums[i]);
+    }
+  }
+}
+
+template <int kRows>
+static int64_t tile_count(int64_t m, int64_t n) {
+  const int64_t tile_rows = Tile<kRows>::kTileRows;
+  return (m + tile_rows - 1) / tile_rows * ((n + kTileColumns - 1) / kTileColumns);
+}
+
+template <typename Dtype, int kRows, typename A, typename B, typename Epilogue>
+static cudaError_t launch_tiles(int64_t m, int64_t n, int64_t k, const A& a, const B& b,
+                               const Epilogue& epilogue, cudaStream_t stream) {
+  const int64_t tiles = tile_count<kRows>(m, n);
+  const int blocks = (int)(tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS);
+  lltm_step_product_kernel<Dtype, kRows><<<blocks, kThreads, 0, stream>>>(m, n, k, a, b,
+                                                                          epilogue);
+  CUDA_POST_KERNEL_CHECK;
+  return cudaSuccess;
+}
+
+// Tiles of 64 rows where they still give a block to every multiprocessor
+// twice over on the largest GPUs (132 on an H100), else of 32: on an H100
+// at 256x256x512 the forward product took 59 us in 128 tiles of 64 rows,
+// 49 in 256 of 32, while the weights' gradient (408 tiles of 64) took 51
+// us, 53 in tiles of 32.
+template <typename Dtype, typename A, typename B, typename Epilogue>
+static cudaError_t launch_product(int64_t m, int64_t n, int64_t k, const A& a, const B& b,
+                                  const Epilogue& epilogue, cudaStream_t stream) {
+  if (m == 0 || n == 0) return cudaSuccess;
+  if (tile_count<4>(m, n) >= 256) return launch_tiles<Dtype, 4>(m, n, k, a, b, epilogue, stream);
+  return launch_tiles<Dtype, 2>(m, n, k, a, b, epilogue, stream);
+}
+
+// The forward pass's epilogue: the three gates of state column
+// first_column / 3 of a batch row, plus the bias, kept in gates, then the
+// cell.
+template <typename Dtype>
+struct CellEpilogue {
+  int64_t state_size;
+  const Dtype* bias;
+  const Dtype* old_cell;
+  Dtype* new_h;
+  Dtype* new_cell;
+  Dtype* gates;
+  __device__ void operator()(int64_t row, int64_t first_column,
+                             const Dtype (&values)[kColumns]) const {
+    const int64_t column = first_column / 3;
+    if (column >= state_size) return;
+    const int64_t element = row * state_size + column, gate = row * 3 * state_size + column;
+    Dtype pre[3];
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+      pre[g] = values[g] + bias[g * state_size + column];
+      gates[gate + g * state_size] = pre[g];
+    }
+    cell_forward(pre[0], pre[1], pre[2], old_cell[element], &new_h[element], &new_cell[element]);
+  }
+};
+
+// The weights' gradient (row: a gate row), its columns from `first` on, and
+// the bias's in column state + input_features; either may be NULL.
+template <typename Dtype>
+struct WeightEpilogue {
+  int64_t row_length, first;
+  Dtype* d_weights;
+  Dtype* d_bias;
+  __device__ void operator()(int64_t row, int64_t first_column,
+                             const Dtype (&values)[kColumns]) const {
+#pragma unroll
+    for (int j = 0; j < kColumns; ++j) {
+      const int64_t column = first + first_column + j;
+      if (column < row_length) {
+        if (d_weights) d_weights[row * row_length + column] = values[j];
+      } else if (column == row_length && d_bias) {
+        d_bias[row] = values[j];
+      }
+    }
+  }
+};
+
+// The gradients of old_h and of the input (row: a batch row), columns from
+// `first` on, up to `last`; either may be NULL.
+template <typename Dtype>
+struct StateEpilogue {
+  int64_t state_size, input_features, first, last;
+  Dtype* d_old_h;
+  Dtype* d_input;
+  __device__ void operator()(int64_t row, int64_t first_column,
+                             const Dtype (&values)[kColumns]) const {
+#pragma unroll
+    for (int j = 0; j < kColumns; ++j) {
+      const int64_t column = first + first_column + j;
+      if (column >= last) return;
+      if (column < state_size) {
+        if (d_old_h) d_old_h[row * state_size + column] = values[j];
+      } else if (d_input) {
+        d_input[row * input_features + column - state_size] = values[j];
+      }
+    }
+  }
+};
+
+template <typename Dtype>
+static cudaError_t launch_step_forward(int64_t batch_size, int64_t input_features,
+                                       int64_t state_size, const void* input,
+                                       const void* weights, const void* bias, const void* old_h,
+                                       const void* old_cell, void* new_h, void* new_cell,
+                                       void* gates, cudaStream_t stream) {
+  const StepInputs<Dtype> x = {as<Dtype>(old_h), as<Dtype>(input), state_size, input_features, 0};
+  const GateWeights<Dtype> w = {as<Dtype>(weights), state_size, state_size + input_features};
+  const CellEpilogue<Dtype> cell = {state_size,       as<Dtype>(bias),     as<Dtype>(old_cell),
+                                    as<Dtype>(new_h), as<Dtype>(new_cell), as<Dtype>(gates)};
+  return launch_product<Dtype>(batch_size, 3 * state_size, state_size + input_features, x, w,
+                               cell, stream);
+}
+
+// The cell's backward pass from the output gradients (read through their
+// row and column strides; NULL: zeros), new_cell and the gates: d_gates
+// and, where wanted, d_old_cell, an element a thread.
+template <typename Dtype>
+__global__ void lltm_step_backward_kernel(
+    const int64_t count, const int64_t state_size, const Dtype* __restrict__ grad_h,
+    const int64_t grad_h_row, const int64_t grad_h_column, const Dtype* __restrict__ grad_cell,
+    const int64_t grad_cell_row, const int64_t grad_cell_column,
+    const Dtype* __restrict__ new_cell, const Dtype* __restrict__ gates,
+    Dtype* __restrict__ d_old_cell, Dtype* __restrict__ d_gates) {
+  CUDA_KERNEL_LOOP(index, count) {
+    const int64_t row = index / state_size, column = index - row * state_size;
+    const int64_t gate = index + 2 * row * state_size;
+    const Dtype d_h = grad_h ? grad_h[row * grad_h_row + column * grad_h_column] : Dtype(0);
+    const Dtype d_cell =
+        grad_cell ? grad_cell[row * grad_cell_row + column * grad_cell_column] : Dtype(0);
+    Dtype d_old;
+    cell_backward(d_h, d_cell, new_cell[index], gates[gate], gates[gate + state_size],
+                  gates[gate + 2 * state_size], &d_old, &d_gates[gate],
+                  &d_gates[gate + state_size], &d_gates[gate + 2 * state_size]);
+    if (d_old_cell) d_old_cell[index] = d_old;
+  }
+}
+
+// The cell's backward pass, then a product for the gradients of the
+// weights and the bias (the ones column of StepInputs) and one for those of
+// old_h and the input, each where wanted.
+template <typename Dtype>
+static cudaError_t launch_step_backward(int64_t batch_size, int64_t input_features,
+                                        int64_t state_size, const int64_t* grad_strides,
+                                        const void* input, const void* weights,
+                                        const void* old_h, const void* new_cell,
+                                        const void* gates, const void* grad_h,
+                                        const void* grad_cell, void* d_gates, void* d_input,
+                                        void* d_weights, void* d_bias, void* d_old_h,
+                                        void* d_old_cell, cudaStream_t stream) {
+  const int64_t count = batch_size * state_size, gates_size = 3 * state_size;
+  const int64_t row_length = state_size + input_features;
+  lltm_step_backward_kernel<Dtype><<<CAFFE_GET_BLOCKS(count), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+      count, state_size, as<Dtype>(grad_h), grad_strides[0], grad_strides[1],
+      as<Dtype>(grad_cell), grad_strides[2], grad_strides[3], as<Dtype>(new_cell),
+      as<Dtype>(gates), as<Dtype>(d_old_cell), as<Dtype>(d_gates));
+  CUDA_POST_KERNEL_CHECK;
+  cudaError_t status = cudaSuccess;
+  if (d_weights || d_bias) {
+    const int64_t first = d_weights ? 0 : row_length;
+    const int64_t columns = (d_weights ? row_length : 0) + (d_bias ? 1 : 0);
+    const GateGradients<Dtype, true> g = {as<Dtype>(d_gates), gates_size};
+    const StepInputs<Dtype> x = {as<Dtype>(old_h), as<Dtype>(input), state_size, input_features,
+                                 first};
+    const WeightEpilogue<Dtype> epilogue = {row_length, first, as<Dtype>(d_weights),
+                                            as<Dtype>(d_bias)};
+    status = launch_product<Dtype>(gates_size, columns, batch_size, g, x, epilogue, stream);
+  }
+  if (status == cudaSuccess && (d_old_h || d_input)) {
+    const int64_t first = d_old_h ? 0 : state_size;
+    const int64_t last = d_input ? row_length : state_size;
+    const GateGradients<Dtype, false> g = {as<Dtype>(d_gates), gates_size};
+    const Weights<Dtype> w = {as<Dtype>(weights), row_length, first};
+    const StateEpilogue<Dtype> epilogue = {state_size, input_features, first, last,
+                                           as<Dtype>(d_old_h), as<Dtype>(d_input)};
+    status = launch_product<Dtype>(batch_size, last - first, gates_size, g, w, epilogue, stream);
+  }
+  return status;
+}
+
+extern "C" int lltm_step_fits(int64_t batch_size, int64_t input_features, int64_t state_size) {
+  return batch_size > 0 &&
+         3 * state_size * (state_size + input_features) <= LLTM_STEP_MULTIPLY_ADDS / batch_size;
+}
+
+extern "C" cudaError_t lltm_launch_step_forward(int dtype, int64_t batch_size,
+                                                int64_t input_features, int64_t state_size,
+                                                const void* input, const void* weights,
+                                                const void* bias, const void* old_h,
+                                                const void* old_cell, void* new_h,
+                                                void* new_cell, void* gates,
+                                                cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_step_forward, batch_size, input_features, state_size,
+                         input, weights, bias, old_h, old_cell, new_h, new_cell, gates, stream);
+}
+
+extern "C" cudaError_t lltm_launch_step_backward(
+    int dtype, int64_t batch_size, int64_t input_features, int64_t state_size,
+    const int64_t grad_strides[4], const void* input, const void* weights, const void* old_h,
+    const void* new_cell, const void* gates, const void* grad_h, const void* grad_cell,
+    void* d_gates, void* d_input, void* d_weights, void* d_bias, void* d_old_h, void* d_old_cell,
+    cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_step_backward, batch_size, input_features, state_size,
+                         grad_strides, input, weights, old_h, new_cell, gates, grad_h, grad_cell,
+                         d_gates, d_input, d_weights, d_bias, d_old_h, d_old_cell, stream);
+}
