@@ -131,9 +131,9 @@ def _backward_pass(inputs, weights, bias_shape, h0, outputs, cells, gates, grad_
                    grad_cells, wanted):
     """(d_inputs, d_weights, d_bias, d_h0, d_c0): the C backward pass. A
     gradient of the outputs or cells given as None counts as zeros; each
-    gradient is None where `wanted` (five booleans) says so, but d_h0 and
-    d_c0 of more than one step, which C needs. One step (step_backward) may
-    come without a steps dimension, and without outputs (None)."""
+    gradient is None unless `wanted` (five booleans) says so. One step
+    (step_backward) may come without a steps dimension, and without outputs
+    (None)."""
     inputs, weights, h0, cells, gates = _dense(inputs, weights, h0, cells, gates)
     grad_outputs, grad_cells = _readable(grad_outputs), _readable(grad_cells)
     steps, batch_size, input_features = _steps(inputs)
@@ -141,10 +141,11 @@ def _backward_pass(inputs, weights, bias_shape, h0, outputs, cells, gates, grad_
     computed = cells.numel() > 0
     # With no element to compute, every gradient is zeros (or empty).
     new = h0.new_empty if computed else h0.new_zeros
-    shapes = (inputs.shape, weights.shape, bias_shape, h0.shape, h0.shape)
-    d_inputs, d_weights, d_bias, d_h0, d_c0 = (
-        new(shape) if want or (steps > 1 and index > 2) else None
-        for index, (shape, want) in enumerate(zip(shapes, wanted)))
+    wants_h0, wants_c0 = wanted[3:]
+    d_inputs, d_weights, d_bias = (new(shape) if want else None for shape, want in
+                                   zip((inputs.shape, weights.shape, bias_shape), wanted))
+    # Past one step d_h0 and d_c0 carry the gradients between steps: C needs them.
+    d_h0, d_c0 = (new(h0.shape) if want or steps > 1 else None for want in (wants_h0, wants_c0))
     if computed:
         if steps > 1:
             outputs = _extension.dense(outputs)
@@ -156,7 +157,7 @@ def _backward_pass(inputs, weights, bias_shape, h0, outputs, cells, gates, grad_
                         (steps, batch_size, input_features, state_size, _options(), strides),
                         (inputs, weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
                          torch.empty_like(gates), d_inputs, d_weights, d_bias, d_h0, d_c0))
-    return d_inputs, d_weights, d_bias, d_h0, d_c0
+    return d_inputs, d_weights, d_bias, d_h0 if wants_h0 else None, d_c0 if wants_c0 else None
 
 
 @torch.library.custom_op("lltm_ffi::sequence_backward", mutates_args=(),
@@ -262,12 +263,8 @@ class SequenceFunction(torch.autograd.Function):
         if derivatives.in_torch_ops(grad_outputs, grad_cells):
             return _recorded_grads(ctx, (inputs, weights, bias, h0, c0), outputs, cells,
                                    grad_outputs, grad_cells)
-        needs_h0, needs_c0 = ctx.needs_input_grad[3:]
-        d_inputs, d_weights, d_bias, d_h0, d_c0 = _backward_pass(
-            inputs, weights, bias.shape, h0, outputs, cells, gates, grad_outputs, grad_cells,
-            ctx.needs_input_grad)
-        return (d_inputs, d_weights, d_bias, d_h0 if needs_h0 else None,
-                d_c0 if needs_c0 else None)
+        return _backward_pass(inputs, weights, bias.shape, h0, outputs, cells, gates,
+                              grad_outputs, grad_cells, ctx.needs_input_grad)
 
     @staticmethod
     def jvp(ctx, *tangents):
