@@ -143,7 +143,10 @@ def call(function, reference, sizes, tensors):
         index, stream = lib.LLTM_CPU, _NULL
     pointers = []
     for tensor in tensors:
-        address = 0 if tensor is None else tensor.data_ptr()
+        if tensor is None:
+            pointers.append(_NULL)
+            continue
+        address = tensor.data_ptr()
         if not address or type(tensor) not in PLAIN_TENSOR_TYPES:
             address = _checked_address(function, tensor, address)
         pointers.append(_cast("void *", address) if address else _NULL)
@@ -151,14 +154,12 @@ def call(function, reference, sizes, tensors):
 
 
 def _checked_address(function, tensor, address):
-    """`address` of a tensor with memory of its own, 0 for None or a plain
-    tensor without elements; TypeError for a tensor without memory of its
+    """`address` of a tensor with memory of its own, 0 for a plain tensor
+    without elements; TypeError for a tensor without memory of its
     own at a non-null address: a fake tensor, or a subclass that overrides
     __torch_dispatch__ (a wrapper such as TwoTensor), has none, and C would
     write to address 0. Subclasses of __torch_function__ alone hold real
     memory and pass."""
-    if tensor is None:
-        return 0
     kind = type(tensor)
     dispatching = (kind not in PLAIN_TENSOR_TYPES
                    and kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__)

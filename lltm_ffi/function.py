@@ -2,10 +2,11 @@
 the functional entry point.
 
 On a GPU an eager step whose gate product is small
-(lltm_ffi.sequence.fused_step) is a sequence of length 1: one C call a pass,
-the matrix products included, in lltm_ffi's own kernels (one launch
-forward, two or three backward), where torch's operations around a
-pointwise pass cost the host more than the GPU's arithmetic. Otherwise, and
+(lltm_ffi.sequence.fused_step; smaller still while a CUDA graph is
+captured) is a sequence of length 1: one C call a pass, the matrix
+products included, in lltm_ffi's own kernels (one launch forward, two or
+three backward), where torch's operations around a pointwise pass cost the
+host more than the GPU's arithmetic. Otherwise, and
 on the CPU, the matrix products stay in torch (cat + linear forward; mm and
 sum backward), whose BLAS is the faster at larger sizes, and only the two
 fused pointwise passes (lltm_ffi.ops) go through the C shim.
@@ -65,6 +66,23 @@ def _diagnose(input, weights, bias, old_h, old_cell):
     raise AssertionError("check_arguments rejected arguments that _diagnose accepts")
 
 
+# While a CUDA graph is captured, launches cost nothing when it replays, and
+# torch's products beat the step kernels' but for the smallest cells (a
+# 16-step loop replayed on an H100, us a cell: 31.9 against 75.1 at
+# 16x32x128, 55.4 against 39.0 at 64x64x256, 144 against 106 at 256x256x512).
+_CAPTURED_STEP_MULTIPLY_ADDS = 2**20
+
+
+def _runs_step_kernels(batch_size, input_features, state_size):
+    """True where an eager GPU call is one step in lltm_ffi's own kernels
+    (sequence.step_forward) rather than torch's products around the fused
+    pointwise pass."""
+    if torch.cuda.is_current_stream_capturing():
+        return (batch_size * 3 * state_size * (state_size + input_features)
+                <= _CAPTURED_STEP_MULTIPLY_ADDS)
+    return sequence.fused_step(batch_size, input_features, state_size)
+
+
 class LLTMFunction(torch.autograd.Function):
     """The LLTM cell: (input, weights, bias, old_h, old_cell) -> (new_h,
     new_cell), the tutorial's Function and lltm()'s for plain tensors.
@@ -77,7 +95,7 @@ class LLTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
-        if input.is_cuda and sequence.fused_step(input.shape[0], input.shape[1], old_h.shape[1]):
+        if input.is_cuda and _runs_step_kernels(*input.shape, old_h.shape[1]):
             X = None  # C reads old_h and input where they are
             new_h, new_cell, gates = sequence.step_forward(input, weights, bias, old_h, old_cell)
         else:
@@ -97,7 +115,7 @@ class LLTMFunction(torch.autograd.Function):
             _, new_cell = derivatives.forward_pass(gates, old_cell)
             d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)
         elif X is None:
-            return sequence.step_backward(ctx.needs_input_grad, input, weights, bias.shape, old_h,
+            return sequence.step_backward(ctx.needs_input_grad, input, weights, bias, old_h,
                                           new_cell, gates, grad_h, grad_cell)
         else:
             d_old_cell, d_gates = ops.backward(grad_h, grad_cell, new_cell, gates)

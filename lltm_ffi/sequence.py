@@ -81,22 +81,14 @@ def _dense(*tensors):
     return [_extension.dense(tensor) for tensor in tensors]
 
 
-def _steps(inputs):
-    """(steps, batch, input_features) of a sequence (steps, batch, features),
-    or of one step (batch, features) as a sequence of length 1."""
-    return tuple(inputs.shape) if inputs.dim() == 3 else (1, *inputs.shape)
-
-
 def _forward_pass(inputs, weights, bias, h0, c0):
-    """(outputs, cells, gates) of every step: the C forward pass. For one step
-    (inputs of 2 dimensions: step_forward) they have no steps dimension
-    either."""
+    """(outputs, cells, gates) of every step: the C forward pass."""
     inputs, weights, bias, h0, c0 = _dense(inputs, weights, bias, h0, c0)
-    steps, batch_size, input_features = _steps(inputs)
+    steps, batch_size, input_features = inputs.shape
     state_size = h0.shape[1]
-    outputs = h0.new_empty(*inputs.shape[:-1], state_size)
+    outputs = h0.new_empty(steps, batch_size, state_size)
     cells = torch.empty_like(outputs)
-    gates = h0.new_empty(*inputs.shape[:-1], 3 * state_size)
+    gates = h0.new_empty(steps, batch_size, 3 * state_size)
     if outputs.numel():
         _extension.call("lltm_sequence_forward", h0,
                         (steps, batch_size, input_features, state_size, _options()),
@@ -127,16 +119,22 @@ def _readable(gradient):
     return gradient if gradient is None or not gradient.is_neg() else gradient.resolve_neg()
 
 
+def _strides(gradient):
+    """The (step, row, column) strides of an output gradient as C reads them:
+    zeros for None (zeros), a step stride of 0 for one step's (row, column)."""
+    if gradient is None:
+        return (0, 0, 0)
+    return (0,) * (3 - gradient.dim()) + gradient.stride()
+
+
 def _backward_pass(inputs, weights, bias_shape, h0, outputs, cells, gates, grad_outputs,
                    grad_cells, wanted):
     """(d_inputs, d_weights, d_bias, d_h0, d_c0): the C backward pass. A
     gradient of the outputs or cells given as None counts as zeros; each
-    gradient is None unless `wanted` (five booleans) says so. One step
-    (step_backward) may come without a steps dimension, and without outputs
-    (None)."""
-    inputs, weights, h0, cells, gates = _dense(inputs, weights, h0, cells, gates)
+    gradient is None unless `wanted` (five booleans) says so."""
+    inputs, weights, h0, outputs, cells, gates = _dense(inputs, weights, h0, outputs, cells, gates)
     grad_outputs, grad_cells = _readable(grad_outputs), _readable(grad_cells)
-    steps, batch_size, input_features = _steps(inputs)
+    steps, batch_size, input_features = inputs.shape
     state_size = h0.shape[1]
     computed = cells.numel() > 0
     # With no element to compute, every gradient is zeros (or empty).
@@ -147,12 +145,7 @@ def _backward_pass(inputs, weights, bias_shape, h0, outputs, cells, gates, grad_
     # Past one step d_h0 and d_c0 carry the gradients between steps: C needs them.
     d_h0, d_c0 = (new(h0.shape) if want or steps > 1 else None for want in (wants_h0, wants_c0))
     if computed:
-        if steps > 1:
-            outputs = _extension.dense(outputs)
-        # (step, row, column) strides; one step's gradients may have no step stride.
-        strides = [stride for gradient in (grad_outputs, grad_cells) for stride in
-                   ((0, 0, 0) if gradient is None
-                    else (0,) * (3 - gradient.dim()) + gradient.stride())]
+        strides = (*_strides(grad_outputs), *_strides(grad_cells))
         _extension.call("lltm_sequence_backward", h0,
                         (steps, batch_size, input_features, state_size, _options(), strides),
                         (inputs, weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
@@ -192,17 +185,40 @@ def fused_step(batch_size, input_features, state_size):
 
 def step_forward(input, weights, bias, old_h, old_cell):
     """(new_h, new_cell, gates) of one step of the cell, as a sequence of
-    length 1: one C call for the gate product and the cell."""
-    return _forward_pass(input, weights, bias, old_h, old_cell)
+    length 1 where fused_step says C runs it in its step kernels: one C call
+    for the gate product and the cell. The cell's hot path, hence written
+    out rather than through _forward_pass; the step kernels take no
+    options."""
+    input, weights, bias, old_h, old_cell = _dense(input, weights, bias, old_h, old_cell)
+    batch_size, input_features = input.shape
+    new_h, new_cell = torch.empty_like(old_h), torch.empty_like(old_h)
+    gates = old_h.new_empty(batch_size, 3 * old_h.shape[1])
+    if gates.numel():
+        _extension.call("lltm_sequence_forward", old_h,
+                        (1, batch_size, input_features, old_h.shape[1], 0),
+                        (input, weights, bias, old_h, old_cell, new_h, new_cell, gates))
+    return new_h, new_cell, gates
 
 
-def step_backward(wanted, input, weights, bias_shape, old_h, new_cell, gates, grad_h,
-                  grad_cell):
+def step_backward(wanted, input, weights, bias, old_h, new_cell, gates, grad_h, grad_cell):
     """(d_input, d_weights, d_bias, d_old_h, d_old_cell) of one step from what
-    step_forward returned, each None unless `wanted` (five booleans) says so:
-    one C call."""
-    return _backward_pass(input, weights, bias_shape, old_h, None, new_cell, gates, grad_h,
-                          grad_cell, wanted)
+    step_forward returned (new_cell and gates, dense), each None unless
+    `wanted` (five booleans) says so: one C call."""
+    input, weights, old_h = _dense(input, weights, old_h)
+    grad_h, grad_cell = _readable(grad_h), _readable(grad_cell)
+    # With no element to compute, every gradient is zeros (or empty); C
+    # writes d_bias as 3 * state consecutive elements, as empty_like lays
+    # out any bias.
+    new = torch.empty_like if gates.numel() else torch.zeros_like
+    gradients = tuple(new(tensor) if want else None for want, tensor in
+                      zip(wanted, (input, weights, bias, old_h, old_h)))
+    if gates.numel():
+        _extension.call("lltm_sequence_backward", old_h,
+                        (1, *input.shape, old_h.shape[1], 0,
+                         (*_strides(grad_h), *_strides(grad_cell))),
+                        (input, weights, old_h, None, new_cell, gates, grad_h, grad_cell,
+                         torch.empty_like(gates), *gradients))
+    return gradients
 
 
 def _sequence_in_torch(inputs, weights, bias, h0, c0):

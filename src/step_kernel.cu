@@ -12,7 +12,10 @@
 // Layout as in sequence_kernel.cu: input (batch, input_features), old_h,
 // old_cell, new_h, new_cell (batch, state), gates and d_gates (batch,
 // 3 * state), weights (3 * state, state + input_features) with the columns
-// of old_h first, all dense.
+// of old_h first, all dense. Indices are ints: lltm_step_fits bounds every
+// tensor of a step by LLTM_STEP_MULTIPLY_ADDS (2^30) elements, and 64-bit
+// index arithmetic would cost the products a large share of their
+// instructions.
 
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
@@ -47,8 +50,8 @@ struct StepInputs {
   static const bool kAlongColumns = true;
   const Dtype* old_h;
   const Dtype* input;
-  int64_t state_size, input_features, first;
-  __device__ Dtype operator()(int64_t row, int64_t column) const {
+  int state_size, input_features, first;
+  __device__ Dtype operator()(int row, int column) const {
     column += first;
     if (column < state_size) return old_h[row * state_size + column];
     column -= state_size;
@@ -63,8 +66,8 @@ template <typename Dtype>
 struct GateWeights {
   static const bool kAlongColumns = false;
   const Dtype* weights;
-  int64_t state_size, row_length;
-  __device__ Dtype operator()(int64_t row, int64_t column) const {
+  int state_size, row_length;
+  __device__ Dtype operator()(int row, int column) const {
     return weights[((column % 3) * state_size + column / 3) * row_length + row];
   }
 };
@@ -74,8 +77,8 @@ template <typename Dtype>
 struct Weights {
   static const bool kAlongColumns = true;
   const Dtype* weights;
-  int64_t row_length, first;
-  __device__ Dtype operator()(int64_t row, int64_t column) const {
+  int row_length, first;
+  __device__ Dtype operator()(int row, int column) const {
     return weights[row * row_length + first + column];
   }
 };
@@ -85,8 +88,8 @@ template <typename Dtype, bool kTransposed>
 struct GateGradients {
   static const bool kAlongColumns = !kTransposed;
   const Dtype* d_gates;
-  int64_t gates_size;
-  __device__ Dtype operator()(int64_t row, int64_t column) const {
+  int gates_size;
+  __device__ Dtype operator()(int row, int column) const {
     return kTransposed ? d_gates[column * gates_size + row] : d_gates[row * gates_size + column];
   }
 };
@@ -108,13 +111,13 @@ struct Slice {
     *d = kAlongDepth ? i % kDepth : i / kExtent;
     *e = kAlongDepth ? i / kDepth : i % kExtent;
   }
-  __device__ __forceinline__ void read(const Operand& operand, int64_t start, int64_t extent,
-                                       int64_t k0, int64_t depth) {
+  __device__ __forceinline__ void read(const Operand& operand, int start, int extent, int k0,
+                                       int depth) {
 #pragma unroll
     for (int l = 0; l < kCount; ++l) {
       int d, e;
       place(threadIdx.x + l * kThreads, &d, &e);
-      const int64_t position = start + e, k = k0 + d;
+      const int position = start + e, k = k0 + d;
       values[l] = position < extent && k < depth
           ? (kIsA ? operand(position, k) : operand(k, position)) : Dtype(0);
     }
@@ -154,25 +157,24 @@ __device__ __forceinline__ void read_rows(const Dtype* row, Dtype (&values)[kRow
 // its columns against n.
 template <typename Dtype, int kRows, typename A, typename B, typename Epilogue>
 __global__ void __launch_bounds__(kThreads) lltm_step_product_kernel(
-    const int64_t m, const int64_t n, const int64_t k, const A a, const B b,
-    const Epilogue epilogue) {
+    const int m, const int n, const int k, const A a, const B b, const Epilogue epilogue) {
   const int kTileRows = Tile<kRows>::kTileRows;
   // Padding: rows of a_tile stay 16-byte aligned, and slices staged along
   // the depth write each row's elements into different banks.
   __shared__ __align__(16) Dtype a_tile[kDepth][kTileRows + 4];
   __shared__ Dtype b_tile[kDepth][kTileColumns + 1];
   const int tx = threadIdx.x % kThreadsX, ty = threadIdx.x / kThreadsX;
-  const int64_t column_tiles = (n + kTileColumns - 1) / kTileColumns;
-  const int64_t tiles = (m + kTileRows - 1) / kTileRows * column_tiles;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t row0 = tile / column_tiles * kTileRows;
-    const int64_t column0 = tile % column_tiles * kTileColumns;
+  const int column_tiles = (n + kTileColumns - 1) / kTileColumns;
+  const int tiles = (m + kTileRows - 1) / kTileRows * column_tiles;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int row0 = tile / column_tiles * kTileRows;
+    const int column0 = tile % column_tiles * kTileColumns;
     Slice<Dtype, kTileRows, true, A> a_slice;
     Slice<Dtype, kTileColumns, false, B> b_slice;
     a_slice.read(a, row0, m, 0, k);
     b_slice.read(b, column0, n, 0, k);
     Dtype sums[kRows][kColumns] = {};
-    for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
+    for (int k0 = 0; k0 < k; k0 += kDepth) {
       a_slice.write(a_tile);
       b_slice.write(b_tile);
       __syncthreads();
@@ -196,23 +198,23 @@ __global__ void __launch_bounds__(kThreads) lltm_step_product_kernel(
     }
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
-      const int64_t row = row0 + ty * kRows + i;
+      const int row = row0 + ty * kRows + i;
       if (row < m) epilogue(row, column0 + tx * kColumns, sums[i]);
     }
   }
 }
 
 template <int kRows>
-static int64_t tile_count(int64_t m, int64_t n) {
-  const int64_t tile_rows = Tile<kRows>::kTileRows;
+static int tile_count(int m, int n) {
+  const int tile_rows = Tile<kRows>::kTileRows;
   return (m + tile_rows - 1) / tile_rows * ((n + kTileColumns - 1) / kTileColumns);
 }
 
 template <typename Dtype, int kRows, typename A, typename B, typename Epilogue>
-static cudaError_t launch_tiles(int64_t m, int64_t n, int64_t k, const A& a, const B& b,
+static cudaError_t launch_tiles(int m, int n, int k, const A& a, const B& b,
                                const Epilogue& epilogue, cudaStream_t stream) {
-  const int64_t tiles = tile_count<kRows>(m, n);
-  const int blocks = (int)(tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS);
+  const int tiles = tile_count<kRows>(m, n);
+  const int blocks = tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS;
   lltm_step_product_kernel<Dtype, kRows><<<blocks, kThreads, 0, stream>>>(m, n, k, a, b,
                                                                           epilogue);
   CUDA_POST_KERNEL_CHECK;
@@ -221,11 +223,11 @@ static cudaError_t launch_tiles(int64_t m, int64_t n, int64_t k, const A& a, con
 
 // Tiles of 64 rows where they still give a block to every multiprocessor
 // twice over on the largest GPUs (132 on an H100), else of 32: on an H100
-// at 256x256x512 the forward product took 59 us in 128 tiles of 64 rows,
-// 49 in 256 of 32, while the weights' gradient (408 tiles of 64) took 51
-// us, 53 in tiles of 32.
+// at 256x256x512 the forward product took 43 us in 256 tiles of 32 rows,
+// the weights' gradient 37 us in 408 tiles of 64; tiles of 128 rows made
+// both slower.
 template <typename Dtype, typename A, typename B, typename Epilogue>
-static cudaError_t launch_product(int64_t m, int64_t n, int64_t k, const A& a, const B& b,
+static cudaError_t launch_product(int m, int n, int k, const A& a, const B& b,
                                   const Epilogue& epilogue, cudaStream_t stream) {
   if (m == 0 || n == 0) return cudaSuccess;
   if (tile_count<4>(m, n) >= 256) return launch_tiles<Dtype, 4>(m, n, k, a, b, epilogue, stream);
@@ -237,17 +239,16 @@ static cudaError_t launch_product(int64_t m, int64_t n, int64_t k, const A& a, c
 // cell.
 template <typename Dtype>
 struct CellEpilogue {
-  int64_t state_size;
+  int state_size;
   const Dtype* bias;
   const Dtype* old_cell;
   Dtype* new_h;
   Dtype* new_cell;
   Dtype* gates;
-  __device__ void operator()(int64_t row, int64_t first_column,
-                             const Dtype (&values)[kColumns]) const {
-    const int64_t column = first_column / 3;
+  __device__ void operator()(int row, int first_column, const Dtype (&values)[kColumns]) const {
+    const int column = first_column / 3;
     if (column >= state_size) return;
-    const int64_t element = row * state_size + column, gate = row * 3 * state_size + column;
+    const int element = row * state_size + column, gate = row * 3 * state_size + column;
     Dtype pre[3];
 #pragma unroll
     for (int g = 0; g < 3; ++g) {
@@ -262,14 +263,13 @@ struct CellEpilogue {
 // the bias's in column state + input_features; either may be NULL.
 template <typename Dtype>
 struct WeightEpilogue {
-  int64_t row_length, first;
+  int row_length, first;
   Dtype* d_weights;
   Dtype* d_bias;
-  __device__ void operator()(int64_t row, int64_t first_column,
-                             const Dtype (&values)[kColumns]) const {
+  __device__ void operator()(int row, int first_column, const Dtype (&values)[kColumns]) const {
 #pragma unroll
     for (int j = 0; j < kColumns; ++j) {
-      const int64_t column = first + first_column + j;
+      const int column = first + first_column + j;
       if (column < row_length) {
         if (d_weights) d_weights[row * row_length + column] = values[j];
       } else if (column == row_length && d_bias) {
@@ -283,14 +283,13 @@ struct WeightEpilogue {
 // `first` on, up to `last`; either may be NULL.
 template <typename Dtype>
 struct StateEpilogue {
-  int64_t state_size, input_features, first, last;
+  int state_size, input_features, first, last;
   Dtype* d_old_h;
   Dtype* d_input;
-  __device__ void operator()(int64_t row, int64_t first_column,
-                             const Dtype (&values)[kColumns]) const {
+  __device__ void operator()(int row, int first_column, const Dtype (&values)[kColumns]) const {
 #pragma unroll
     for (int j = 0; j < kColumns; ++j) {
-      const int64_t column = first + first_column + j;
+      const int column = first + first_column + j;
       if (column >= last) return;
       if (column < state_size) {
         if (d_old_h) d_old_h[row * state_size + column] = values[j];
@@ -302,8 +301,8 @@ struct StateEpilogue {
 };
 
 template <typename Dtype>
-static cudaError_t launch_step_forward(int64_t batch_size, int64_t input_features,
-                                       int64_t state_size, const void* input,
+static cudaError_t launch_step_forward(int batch_size, int input_features, int state_size,
+                                       const void* input,
                                        const void* weights, const void* bias, const void* old_h,
                                        const void* old_cell, void* new_h, void* new_cell,
                                        void* gates, cudaStream_t stream) {
@@ -343,16 +342,16 @@ __global__ void lltm_step_backward_kernel(
 // weights and the bias (the ones column of StepInputs) and one for those of
 // old_h and the input, each where wanted.
 template <typename Dtype>
-static cudaError_t launch_step_backward(int64_t batch_size, int64_t input_features,
-                                        int64_t state_size, const int64_t* grad_strides,
+static cudaError_t launch_step_backward(int batch_size, int input_features, int state_size,
+                                        const int64_t* grad_strides,
                                         const void* input, const void* weights,
                                         const void* old_h, const void* new_cell,
                                         const void* gates, const void* grad_h,
                                         const void* grad_cell, void* d_gates, void* d_input,
                                         void* d_weights, void* d_bias, void* d_old_h,
                                         void* d_old_cell, cudaStream_t stream) {
-  const int64_t count = batch_size * state_size, gates_size = 3 * state_size;
-  const int64_t row_length = state_size + input_features;
+  const int count = batch_size * state_size, gates_size = 3 * state_size;
+  const int row_length = state_size + input_features;
   lltm_step_backward_kernel<Dtype><<<CAFFE_GET_BLOCKS(count), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
       count, state_size, as<Dtype>(grad_h), grad_strides[0], grad_strides[1],
       as<Dtype>(grad_cell), grad_strides[2], grad_strides[3], as<Dtype>(new_cell),
@@ -360,8 +359,8 @@ static cudaError_t launch_step_backward(int64_t batch_size, int64_t input_featur
   CUDA_POST_KERNEL_CHECK;
   cudaError_t status = cudaSuccess;
   if (d_weights || d_bias) {
-    const int64_t first = d_weights ? 0 : row_length;
-    const int64_t columns = (d_weights ? row_length : 0) + (d_bias ? 1 : 0);
+    const int first = d_weights ? 0 : row_length;
+    const int columns = (d_weights ? row_length : 0) + (d_bias ? 1 : 0);
     const GateGradients<Dtype, true> g = {as<Dtype>(d_gates), gates_size};
     const StepInputs<Dtype> x = {as<Dtype>(old_h), as<Dtype>(input), state_size, input_features,
                                  first};
@@ -370,8 +369,8 @@ static cudaError_t launch_step_backward(int64_t batch_size, int64_t input_featur
     status = launch_product<Dtype>(gates_size, columns, batch_size, g, x, epilogue, stream);
   }
   if (status == cudaSuccess && (d_old_h || d_input)) {
-    const int64_t first = d_old_h ? 0 : state_size;
-    const int64_t last = d_input ? row_length : state_size;
+    const int first = d_old_h ? 0 : state_size;
+    const int last = d_input ? row_length : state_size;
     const GateGradients<Dtype, false> g = {as<Dtype>(d_gates), gates_size};
     const Weights<Dtype> w = {as<Dtype>(weights), row_length, first};
     const StateEpilogue<Dtype> epilogue = {state_size, input_features, first, last,
@@ -393,8 +392,9 @@ extern "C" cudaError_t lltm_launch_step_forward(int dtype, int64_t batch_size,
                                                 const void* old_cell, void* new_h,
                                                 void* new_cell, void* gates,
                                                 cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_step_forward, batch_size, input_features, state_size,
-                         input, weights, bias, old_h, old_cell, new_h, new_cell, gates, stream);
+  return LLTM_TYPED_CALL(dtype, launch_step_forward, (int)batch_size, (int)input_features,
+                         (int)state_size, input, weights, bias, old_h, old_cell, new_h, new_cell,
+                         gates, stream);
 }
 
 extern "C" cudaError_t lltm_launch_step_backward(
@@ -403,7 +403,7 @@ extern "C" cudaError_t lltm_launch_step_backward(
     const void* new_cell, const void* gates, const void* grad_h, const void* grad_cell,
     void* d_gates, void* d_input, void* d_weights, void* d_bias, void* d_old_h, void* d_old_cell,
     cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_step_backward, batch_size, input_features, state_size,
-                         grad_strides, input, weights, old_h, new_cell, gates, grad_h, grad_cell,
+  return LLTM_TYPED_CALL(dtype, launch_step_backward, (int)batch_size, (int)input_features,
+                         (int)state_size, grad_strides, input, weights, old_h, new_cell, gates, grad_h, grad_cell,
                          d_gates, d_input, d_weights, d_bias, d_old_h, d_old_cell, stream);
 }

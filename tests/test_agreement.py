@@ -17,8 +17,8 @@ import torch
 import builders
 import lltm_ffi
 from builders import random_grad_outputs, random_inputs, random_like
-from conftest import (PASS_NAMES, RESULT_NAMES, assert_cell_agrees, cell_disagreements,
-                      outputs_and_gradients, shape_id)
+from conftest import (ARGUMENT_NAMES, PASS_NAMES, RESULT_NAMES, assert_cell_agrees,
+                      cell_disagreements, outputs_and_gradients, shape_id)
 from lltm_ffi import ops, reference, selfcheck
 
 # (batch, input_features, state_size)
@@ -143,6 +143,35 @@ def test_gpu_step_paths_agree_with_reference(shape, wanted, dtype, cuda_device, 
         if expected is None:
             assert value is None, f"{name}: a gradient that was not wanted"
             continue
+        error = selfcheck.relative_error(value, expected)
+        assert error <= selfcheck.TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+
+
+# The step passes themselves run on the CPU too (the C loop with one step),
+# which the cell does not call there: sizes with no element (every gradient
+# zeros) and an output gradient broadcast along the batch.
+STEP_PASS_SHAPES = [(1, 4, 3), (5, 0, 9), (37, 13, 33), (0, 3, 4), (4, 3, 0)]
+
+
+@pytest.mark.parametrize("wanted", WANTED[:3] + WANTED[4:], ids="+".join)
+@pytest.mark.parametrize("shape", STEP_PASS_SHAPES, ids=shape_id)
+def test_step_passes_agree_with_reference(shape, wanted, dtype, device, generator):
+    inputs = random_inputs(generator, shape, dtype, device)
+    grad_h, grad_cell = random_grad_outputs(inputs, generator)
+    grad_h = grad_h[:1].expand_as(grad_h)
+    new_h, new_cell, gates = lltm_ffi.sequence.step_forward(*inputs)
+    gradients = lltm_ffi.sequence.step_backward(
+        tuple(name in wanted for name in ARGUMENT_NAMES), *inputs[:4], new_cell, gates, grad_h,
+        grad_cell)
+    expected_outputs, expected_gradients = outputs_and_gradients(
+        [tensor.double() for tensor in inputs], [grad_h.double(), grad_cell.double()],
+        function=reference.lltm, requires_grad=wanted)
+    for name, value, expected in zip(RESULT_NAMES, [new_h, new_cell, *gradients],
+                                     expected_outputs + expected_gradients):
+        if expected is None:
+            assert value is None, f"{name}: a gradient that was not wanted"
+            continue
+        assert value.shape == expected.shape, name
         error = selfcheck.relative_error(value, expected)
         assert error <= selfcheck.TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
 

@@ -55,10 +55,16 @@ def test_inputs_handed_over_from_another_stream(cuda_device, generator):
     assert_all_close([leaf.grad for leaf in leaves], expected_gradients, 1e-5)
 
 
-def test_cuda_graph_capture_and_replay(cuda_device, generator):
-    model = lltm_ffi.LLTM(16, 96).to(cuda_device)
+# Captured, a cell runs in lltm_ffi's step kernels only up to 2^20
+# multiply-adds (32x16x96: 1032192), in torch's products past that
+# (function._CAPTURED_STEP_MULTIPLY_ADDS).
+@pytest.mark.parametrize("shape, step_kernels", [((32, 16, 96), True), ((64, 64, 256), False)],
+                         ids=["step-kernels", "torch-products"])
+def test_cuda_graph_capture_and_replay(shape, step_kernels, cuda_device, generator, monkeypatch):
+    batch_size, input_features, state_size = shape
+    model = lltm_ffi.LLTM(input_features, state_size).to(cuda_device)
     static = [torch.randn(shape, generator=generator).to(cuda_device)
-              for shape in ((32, 16), (32, 96), (32, 96), (32, 96), (32, 96))]
+              for shape in ((batch_size, input_features),) + ((batch_size, state_size),) * 4]
     static_input, static_h, static_cell, static_grad_h, static_grad_cell = static
 
     def step():
@@ -76,8 +82,13 @@ def test_cuda_graph_capture_and_replay(cuda_device, generator):
 
     graph = torch.cuda.CUDAGraph()
     model.zero_grad(set_to_none=False)
+    captured_steps = []
+    step_forward = lltm_ffi.sequence.step_forward
+    monkeypatch.setattr(lltm_ffi.sequence, "step_forward",
+                        lambda *arguments: captured_steps.append(1) or step_forward(*arguments))
     with torch.cuda.graph(graph):
         static_new_h, static_new_cell = step()
+    assert bool(captured_steps) == step_kernels
 
     for _ in range(2):
         fresh = [torch.randn(tensor.shape, generator=generator).to(cuda_device) for tensor in static]
