@@ -6,10 +6,10 @@ On a GPU an eager step whose gate product is small
 captured) is a sequence of length 1: one C call a pass, the matrix
 products included, in lltm_ffi's own kernels (one launch forward, two or
 three backward), where torch's operations around a pointwise pass cost the
-host more than the GPU's arithmetic. Otherwise, and
-on the CPU, the matrix products stay in torch (cat + linear forward; mm and
-sum backward), whose BLAS is the faster at larger sizes, and only the two
-fused pointwise passes (lltm_ffi.ops) go through the C shim.
+host more than the GPU's arithmetic. Otherwise, and on the CPU, the matrix
+products stay in torch (cat + linear forward; mm and sum backward), whose
+BLAS is the faster at larger sizes, and only the two fused pointwise passes
+(lltm_ffi.ops) go through the C shim.
 """
 
 import torch

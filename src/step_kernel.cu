@@ -259,42 +259,28 @@ struct CellEpilogue {
   }
 };
 
-// The weights' gradient (row: a gate row), its columns from `first` on, and
-// the bias's in column state + input_features; either may be NULL.
+// A backward product's columns first to last - 1 split between two
+// outputs, either of which may be NULL: those below `split` to `low` (rows
+// low_length long), the rest to `high` (rows high_length long, from its
+// column 0). The weights' gradient (row: a gate row) is `low` beside the
+// bias's (the ones column, one long); old_h's (row: a batch row) is `low`
+// beside the input's.
 template <typename Dtype>
-struct WeightEpilogue {
-  int row_length, first;
-  Dtype* d_weights;
-  Dtype* d_bias;
-  __device__ void operator()(int row, int first_column, const Dtype (&values)[kColumns]) const {
-#pragma unroll
-    for (int j = 0; j < kColumns; ++j) {
-      const int column = first + first_column + j;
-      if (column < row_length) {
-        if (d_weights) d_weights[row * row_length + column] = values[j];
-      } else if (column == row_length && d_bias) {
-        d_bias[row] = values[j];
-      }
-    }
-  }
-};
-
-// The gradients of old_h and of the input (row: a batch row), columns from
-// `first` on, up to `last`; either may be NULL.
-template <typename Dtype>
-struct StateEpilogue {
-  int state_size, input_features, first, last;
-  Dtype* d_old_h;
-  Dtype* d_input;
+struct SplitEpilogue {
+  int first, last, split;
+  Dtype* low;
+  int low_length;
+  Dtype* high;
+  int high_length;
   __device__ void operator()(int row, int first_column, const Dtype (&values)[kColumns]) const {
 #pragma unroll
     for (int j = 0; j < kColumns; ++j) {
       const int column = first + first_column + j;
       if (column >= last) return;
-      if (column < state_size) {
-        if (d_old_h) d_old_h[row * state_size + column] = values[j];
-      } else if (d_input) {
-        d_input[row * input_features + column - state_size] = values[j];
+      if (column < split) {
+        if (low) low[row * low_length + column] = values[j];
+      } else if (high) {
+        high[row * high_length + column - split] = values[j];
       }
     }
   }
@@ -364,8 +350,9 @@ static cudaError_t launch_step_backward(int batch_size, int input_features, int 
     const GateGradients<Dtype, true> g = {as<Dtype>(d_gates), gates_size};
     const StepInputs<Dtype> x = {as<Dtype>(old_h), as<Dtype>(input), state_size, input_features,
                                  first};
-    const WeightEpilogue<Dtype> epilogue = {row_length, first, as<Dtype>(d_weights),
-                                            as<Dtype>(d_bias)};
+    const SplitEpilogue<Dtype> epilogue = {first, first + columns, row_length,
+                                           as<Dtype>(d_weights), row_length,
+                                           as<Dtype>(d_bias), 1};
     status = launch_product<Dtype>(gates_size, columns, batch_size, g, x, epilogue, stream);
   }
   if (status == cudaSuccess && (d_old_h || d_input)) {
@@ -373,8 +360,9 @@ static cudaError_t launch_step_backward(int batch_size, int input_features, int 
     const int last = d_input ? row_length : state_size;
     const GateGradients<Dtype, false> g = {as<Dtype>(d_gates), gates_size};
     const Weights<Dtype> w = {as<Dtype>(weights), row_length, first};
-    const StateEpilogue<Dtype> epilogue = {state_size, input_features, first, last,
-                                           as<Dtype>(d_old_h), as<Dtype>(d_input)};
+    const SplitEpilogue<Dtype> epilogue = {first, last, state_size,
+                                           as<Dtype>(d_old_h), state_size,
+                                           as<Dtype>(d_input), input_features};
     status = launch_product<Dtype>(batch_size, last - first, gates_size, g, w, epilogue, stream);
   }
   return status;
