@@ -38,22 +38,20 @@ int lltm_launch_sequence_backward(int dtype, int64_t steps, int64_t batch_size,
                                   void* d_h0, void* d_c0, cudaStream_t stream);
 /* src/step_kernel.cu: one step of a sequence in lltm_ffi's own kernels,
  * which launch_sequence_forward/_backward take where lltm_step_fits (the gate
- * product at most LLTM_STEP_MULTIPLY_ADDS). grad_strides: grad_h's row and
- * column strides, then grad_cell's; d_gates is scratch; every gradient but
- * d_gates may be NULL (not wanted). */
+ * product at most LLTM_STEP_MULTIPLY_ADDS). The step's gradients come from
+ * d_gates (written by the sequence's cell backward pass); any of them may be
+ * NULL (not wanted). */
 int lltm_step_fits(int64_t batch_size, int64_t input_features, int64_t state_size);
 cudaError_t lltm_launch_step_forward(int dtype, int64_t batch_size, int64_t input_features,
                                      int64_t state_size, const void* input, const void* weights,
                                      const void* bias, const void* old_h, const void* old_cell,
                                      void* new_h, void* new_cell, void* gates,
                                      cudaStream_t stream);
-cudaError_t lltm_launch_step_backward(int dtype, int64_t batch_size, int64_t input_features,
-                                      int64_t state_size, const int64_t grad_strides[4],
-                                      const void* input, const void* weights, const void* old_h,
-                                      const void* new_cell, const void* gates,
-                                      const void* grad_h, const void* grad_cell, void* d_gates,
-                                      void* d_input, void* d_weights, void* d_bias,
-                                      void* d_old_h, void* d_old_cell, cudaStream_t stream);
+cudaError_t lltm_launch_step_gradients(int dtype, int64_t batch_size, int64_t input_features,
+                                       int64_t state_size, const void* input,
+                                       const void* weights, const void* old_h,
+                                       const void* d_gates, void* d_input, void* d_weights,
+                                       void* d_bias, void* d_old_h, cudaStream_t stream);
 cudaError_t lltm_launch_round_forward(int dtype, int64_t count, const void* input, void* output,
                                       cudaStream_t stream);
 

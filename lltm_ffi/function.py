@@ -78,7 +78,7 @@ def _runs_step_kernels(batch_size, input_features, state_size):
     (sequence.step_forward) rather than torch's products around the fused
     pointwise pass."""
     if torch.cuda.is_current_stream_capturing():
-        return (batch_size * 3 * state_size * (state_size + input_features)
+        return (sequence.step_multiply_adds(batch_size, input_features, state_size)
                 <= _CAPTURED_STEP_MULTIPLY_ADDS)
     return sequence.fused_step(batch_size, input_features, state_size)
 

@@ -176,11 +176,16 @@ _STEP_MULTIPLY_ADDS = (_extension.lib.LLTM_STEP_MULTIPLY_ADDS if _extension.lib 
                        else 0)
 
 
+def step_multiply_adds(batch_size, input_features, state_size):
+    """The multiply-adds of one step's gate product."""
+    return batch_size * 3 * state_size * (state_size + input_features)
+
+
 def fused_step(batch_size, input_features, state_size):
     """True where C runs one step on a GPU in its own fused kernels (its gate
     product at most LLTM_STEP_MULTIPLY_ADDS multiply-adds), as the C passes
     decide: the cell's eager GPU calls take step_forward there."""
-    return batch_size * 3 * state_size * (state_size + input_features) <= _STEP_MULTIPLY_ADDS
+    return step_multiply_adds(batch_size, input_features, state_size) <= _STEP_MULTIPLY_ADDS
 
 
 def step_forward(input, weights, bias, old_h, old_cell):

@@ -374,6 +374,22 @@ __global__ void lltm_sequence_gates_backward_kernel(
 
 // d_h0 holds each step's d_h_next until the last product, that of step 0's
 // d_gates, makes it h0's gradient (none where a single step's d_h0 is NULL).
+// One step's gate math backward over its batch x state elements: the
+// kernel above, launched.
+template <typename Dtype>
+static cudaError_t launch_gates_backward(int64_t step, int64_t state_size, const Dtype* d_h_next,
+                                         const Dtype* grad_output, const Dtype* grad_cell,
+                                         const GradStrides& strides, const Dtype* cells,
+                                         const Dtype* gates, Dtype* d_cell, Dtype* d_gates,
+                                         cudaStream_t stream) {
+  lltm_sequence_gates_backward_kernel<Dtype>
+      <<<CAFFE_GET_BLOCKS(step), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+          step, state_size, d_h_next, grad_output, grad_cell, strides, cells, gates, d_cell,
+          d_gates);
+  CUDA_POST_KERNEL_CHECK;
+  return cudaSuccess;
+}
+
 template <typename Dtype>
 static int sequence_backward_cublas_steps(int64_t steps, int64_t batch_size, int64_t state_size,
                                           int64_t weights_row_stride, const Dtype* weights,
@@ -391,13 +407,12 @@ static int sequence_backward_cublas_steps(int64_t steps, int64_t batch_size, int
       if (code != LLTM_SUCCESS) return code;
     }
     if (t < 0) break;
-    lltm_sequence_gates_backward_kernel<Dtype>
-        <<<CAFFE_GET_BLOCKS(step), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-            step, state_size, d_gates_next ? d_h0 : NULL,
-            offset_or_null(grad_outputs, t * strides.outputs[0]),
-            offset_or_null(grad_cells, t * strides.cells[0]), strides, cells + t * step,
-            gates + t * 3 * step, d_c0, d_gates + t * 3 * step);
-    CUDA_POST_KERNEL_CHECK;
+    const cudaError_t status = launch_gates_backward<Dtype>(
+        step, state_size, d_gates_next ? d_h0 : NULL,
+        offset_or_null(grad_outputs, t * strides.outputs[0]),
+        offset_or_null(grad_cells, t * strides.cells[0]), strides, cells + t * step,
+        gates + t * 3 * step, d_c0, d_gates + t * 3 * step, stream);
+    if (status != cudaSuccess) return status;
   }
   return LLTM_SUCCESS;
 }
@@ -901,13 +916,18 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
                                     void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
                                     void* d_h0, void* d_c0, cudaStream_t stream) {
   if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
+  const GradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
+                               {grad_strides[3], grad_strides[4], grad_strides[5]}};
   if (steps == 1 && lltm_step_fits(batch_size, input_features, state_size)) {
-    const int64_t step_strides[4] = {grad_strides[1], grad_strides[2], grad_strides[4],
-                                     grad_strides[5]};
-    return lltm_launch_step_backward(dtype_code<Dtype>(), batch_size, input_features, state_size,
-                                     step_strides, inputs, weights, h0, cells, gates,
-                                     grad_outputs, grad_cells, d_gates, d_inputs, d_weights,
-                                     d_bias, d_h0, d_c0, stream);
+    // The cell's backward pass, then the step kernels' products.
+    const cudaError_t status = launch_gates_backward<Dtype>(
+        batch_size * state_size, state_size, NULL, as<Dtype>(grad_outputs),
+        as<Dtype>(grad_cells), strides, as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(d_c0),
+        as<Dtype>(d_gates), stream);
+    if (status != cudaSuccess) return status;
+    return lltm_launch_step_gradients(dtype_code<Dtype>(), batch_size, input_features,
+                                      state_size, inputs, weights, h0, d_gates, d_inputs,
+                                      d_weights, d_bias, d_h0, stream);
   }
   const lltm_pass_key key = {{2, dtype_code<Dtype>(), steps, batch_size, input_features,
                               state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
@@ -917,8 +937,6 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
                               address(d_bias), address(d_h0), address(d_c0), grad_strides[0],
                               grad_strides[1], grad_strides[2], grad_strides[3], grad_strides[4],
                               grad_strides[5]}};
-  const GradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
-                               {grad_strides[3], grad_strides[4], grad_strides[5]}};
   return run_pass(key, stream, options, [&](bool cublas, cudaStream_t on) {
     return sequence_backward_steps<Dtype>(
         cublas, on, steps, batch_size, input_features, state_size, as<Dtype>(inputs),

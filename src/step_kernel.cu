@@ -3,11 +3,12 @@
 // (lltm_step_fits), which is lltm_ffi.lltm's eager call at such sizes. There
 // a step's time is the host's launches more than the GPU's arithmetic, so
 // the forward pass is one kernel (the gate product, the cell its epilogue)
-// and the backward pass two (the cell's backward, then one product for the
-// gradients of the weights and the bias), three where the gradients of
-// old_h or the input are wanted (one more product). Computing the gate
-// gradients inside the product instead, to save the first launch, measured
-// no faster on an H100 (each tile of columns recomputes them).
+// and the backward pass two (the cell's backward, sequence_kernel.cu's, then
+// one product here for the gradients of the weights and the bias), three
+// where the gradients of old_h or the input are wanted (one more product).
+// Computing the gate gradients inside the product instead, to save the
+// first launch, measured no faster on an H100 (each tile of columns
+// recomputes them).
 //
 // Layout as in sequence_kernel.cu: input (batch, input_features), old_h,
 // old_cell, new_h, new_cell (batch, state), gates and d_gates (batch,
@@ -300,49 +301,17 @@ static cudaError_t launch_step_forward(int batch_size, int input_features, int s
                                cell, stream);
 }
 
-// The cell's backward pass from the output gradients (read through their
-// row and column strides; NULL: zeros), new_cell and the gates: d_gates
-// and, where wanted, d_old_cell, an element a thread.
+// A step's argument gradients from its gate gradients (d_gates, which
+// sequence_kernel.cu's cell backward pass wrote): one product for those of
+// the weights and the bias (the ones column of StepInputs), one for those
+// of old_h and the input, each where wanted.
 template <typename Dtype>
-__global__ void lltm_step_backward_kernel(
-    const int64_t count, const int64_t state_size, const Dtype* __restrict__ grad_h,
-    const int64_t grad_h_row, const int64_t grad_h_column, const Dtype* __restrict__ grad_cell,
-    const int64_t grad_cell_row, const int64_t grad_cell_column,
-    const Dtype* __restrict__ new_cell, const Dtype* __restrict__ gates,
-    Dtype* __restrict__ d_old_cell, Dtype* __restrict__ d_gates) {
-  CUDA_KERNEL_LOOP(index, count) {
-    const int64_t row = index / state_size, column = index - row * state_size;
-    const int64_t gate = index + 2 * row * state_size;
-    const Dtype d_h = grad_h ? grad_h[row * grad_h_row + column * grad_h_column] : Dtype(0);
-    const Dtype d_cell =
-        grad_cell ? grad_cell[row * grad_cell_row + column * grad_cell_column] : Dtype(0);
-    Dtype d_old;
-    cell_backward(d_h, d_cell, new_cell[index], gates[gate], gates[gate + state_size],
-                  gates[gate + 2 * state_size], &d_old, &d_gates[gate],
-                  &d_gates[gate + state_size], &d_gates[gate + 2 * state_size]);
-    if (d_old_cell) d_old_cell[index] = d_old;
-  }
-}
-
-// The cell's backward pass, then a product for the gradients of the
-// weights and the bias (the ones column of StepInputs) and one for those of
-// old_h and the input, each where wanted.
-template <typename Dtype>
-static cudaError_t launch_step_backward(int batch_size, int input_features, int state_size,
-                                        const int64_t* grad_strides,
-                                        const void* input, const void* weights,
-                                        const void* old_h, const void* new_cell,
-                                        const void* gates, const void* grad_h,
-                                        const void* grad_cell, void* d_gates, void* d_input,
-                                        void* d_weights, void* d_bias, void* d_old_h,
-                                        void* d_old_cell, cudaStream_t stream) {
-  const int count = batch_size * state_size, gates_size = 3 * state_size;
-  const int row_length = state_size + input_features;
-  lltm_step_backward_kernel<Dtype><<<CAFFE_GET_BLOCKS(count), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-      count, state_size, as<Dtype>(grad_h), grad_strides[0], grad_strides[1],
-      as<Dtype>(grad_cell), grad_strides[2], grad_strides[3], as<Dtype>(new_cell),
-      as<Dtype>(gates), as<Dtype>(d_old_cell), as<Dtype>(d_gates));
-  CUDA_POST_KERNEL_CHECK;
+static cudaError_t launch_step_gradients(int batch_size, int input_features, int state_size,
+                                         const void* input, const void* weights,
+                                         const void* old_h, const void* d_gates, void* d_input,
+                                         void* d_weights, void* d_bias, void* d_old_h,
+                                         cudaStream_t stream) {
+  const int gates_size = 3 * state_size, row_length = state_size + input_features;
   cudaError_t status = cudaSuccess;
   if (d_weights || d_bias) {
     const int first = d_weights ? 0 : row_length;
@@ -385,13 +354,13 @@ extern "C" cudaError_t lltm_launch_step_forward(int dtype, int64_t batch_size,
                          gates, stream);
 }
 
-extern "C" cudaError_t lltm_launch_step_backward(
-    int dtype, int64_t batch_size, int64_t input_features, int64_t state_size,
-    const int64_t grad_strides[4], const void* input, const void* weights, const void* old_h,
-    const void* new_cell, const void* gates, const void* grad_h, const void* grad_cell,
-    void* d_gates, void* d_input, void* d_weights, void* d_bias, void* d_old_h, void* d_old_cell,
-    cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_step_backward, (int)batch_size, (int)input_features,
-                         (int)state_size, grad_strides, input, weights, old_h, new_cell, gates, grad_h, grad_cell,
-                         d_gates, d_input, d_weights, d_bias, d_old_h, d_old_cell, stream);
+extern "C" cudaError_t lltm_launch_step_gradients(int dtype, int64_t batch_size,
+                                                  int64_t input_features, int64_t state_size,
+                                                  const void* input, const void* weights,
+                                                  const void* old_h, const void* d_gates,
+                                                  void* d_input, void* d_weights, void* d_bias,
+                                                  void* d_old_h, cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, launch_step_gradients, (int)batch_size, (int)input_features,
+                         (int)state_size, input, weights, old_h, d_gates, d_input, d_weights,
+                         d_bias, d_old_h, stream);
 }
