@@ -311,34 +311,52 @@ def test_bad_arguments_are_refused_naming_them(index, value, exception, fragment
         lltm_ffi.lltm_sequence(*arguments)
 
 
-def test_runs_on_the_tensors_stream(cuda_device, generator):
-    arguments = random_arguments((8, 4, 5, 24), torch.float32, cuda_device, generator)
-    expected = lltm_ffi.lltm_sequence(*arguments)[0]
-    side = torch.cuda.Stream(cuda_device)
-    side.wait_stream(torch.cuda.current_stream(cuda_device))
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(20_000_000)
-        inputs = arguments[0].clone()
-        outputs = lltm_ffi.lltm_sequence(inputs, *arguments[1:])[0]
-    side.synchronize()
-    torch.testing.assert_close(outputs, expected)
+# Each GPU path: the step kernels (one step), the persistent kernels, cuBLAS's
+# products (run, then recorded, then replayed: three calls), and with
+# LLTM_CUBLAS=0 the step-by-step kernels.
+DEVICE_PATHS = [((1, 16, 32, 128), "1"), ((5, 3, 4, 9), "1"), ((5, 33, 7, 520), "1"),
+                ((5, 33, 7, 520), "0")]
 
 
-def test_second_gpu_while_the_first_is_current(generator):
+@pytest.mark.parametrize("index", [0, 1], ids=["cuda:0", "cuda:1"])
+@pytest.mark.parametrize("shape, cublas", DEVICE_PATHS,
+                         ids=[f"{shape_id(shape)}-LLTM_CUBLAS={cublas}"
+                              for shape, cublas in DEVICE_PATHS])
+def test_runs_on_the_tensors_device_and_stream(index, shape, cublas, generator, monkeypatch):
+    """On cuda:`index`'s current stream, a side stream that first sleeps,
+    while cuda:0 is the current device: the results are wrong if any launch
+    goes to another stream or device."""
     skip_without_gpu()
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs")
-    second = torch.device("cuda", 1)
-    arguments = random_arguments((5, 3, 4, 9), torch.float64, second, generator)
-    grads = [torch.ones(5, 3, 9, dtype=torch.float64, device=second),
-             torch.ones(3, 9, dtype=torch.float64, device=second),
-             torch.ones(3, 9, dtype=torch.float64, device=second)]
-    with torch.cuda.device(0):
-        actual = results(lltm_ffi.lltm_sequence, arguments, grads)
-        assert torch.cuda.current_device() == 0
-    expected = results(python_loop, [a.cpu() for a in arguments], [g.cpu() for g in grads])
-    for name, value, reference in zip(NAMES, actual, expected):
-        torch.testing.assert_close(value.cpu(), reference, msg=name)
+    if torch.cuda.device_count() <= index:
+        pytest.skip(f"needs {index + 1} GPUs, torch sees {torch.cuda.device_count()}")
+    monkeypatch.setenv("LLTM_CUBLAS", cublas)
+    device = torch.device("cuda", index)
+    arguments = random_arguments(shape, torch.float64, "cpu", generator)
+    steps, batch_size, _, state_size = shape
+    grads = [torch.randn(size, generator=generator, dtype=torch.float64)
+             for size in ((steps, batch_size, state_size), (batch_size, state_size),
+                          (batch_size, state_size))]
+    expected = results(python_loop, arguments, grads)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    calls = []
+    # torch.cuda.stream makes the side stream's device current; the inner
+    # torch.cuda.device(0) makes cuda:0 current again, leaving the side
+    # stream current on cuda:`index`.
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            torch.cuda._sleep(20_000_000)
+            with torch.cuda.device(0):
+                calls.append(results(lltm_ffi.lltm_sequence,
+                                     [argument.to(device) for argument in arguments],
+                                     [grad.to(device) for grad in grads]))
+                assert torch.cuda.current_device() == 0
+    side.synchronize()
+    for call, actual in enumerate(calls):
+        for name, value, reference in zip(NAMES, actual, expected):
+            assert value.device == device, f"call {call}: {name} is on {value.device}"
+            error = ((value.cpu() - reference).norm() / reference.norm()).item()
+            assert error <= TOLERANCES[torch.float64], f"call {call}: {name}: {error:.3g}"
 
 
 # The persistent kernels, then cuBLAS's products.
