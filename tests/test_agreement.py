@@ -17,8 +17,8 @@ import torch
 import builders
 import lltm_ffi
 from builders import random_grad_outputs, random_inputs, random_like
-from conftest import (ARGUMENT_NAMES, PASS_NAMES, RESULT_NAMES, assert_cell_agrees,
-                      cell_disagreements, outputs_and_gradients, shape_id)
+from conftest import (ARGUMENT_NAMES, PASS_NAMES, RESULT_NAMES, allowed_error,
+                      assert_cell_agrees, cell_disagreements, outputs_and_gradients, shape_id)
 from lltm_ffi import ops, reference, selfcheck
 
 # (batch, input_features, state_size)
@@ -229,22 +229,27 @@ def _on_device(tensor, layout, device):
     return builders.copied_to(layout(tensor), device)
 
 
-def _expected(gates, old_cell, grad_h, grad_cell):
-    """new_h, new_cell, d_old_cell, d_gates in float64 from the cell's definition."""
-    gates = gates.double().requires_grad_(True)
-    old_cell = old_cell.double().requires_grad_(True)
+def _expected(gates, old_cell, grad_h, grad_cell, dtype=torch.float64):
+    """new_h, new_cell, d_old_cell, d_gates from the cell's definition, in `dtype`."""
+    gates = gates.to(dtype).requires_grad_(True)
+    old_cell = old_cell.to(dtype).requires_grad_(True)
     new_h, new_cell = reference.pointwise(gates, old_cell)
     d_gates, d_old_cell = torch.autograd.grad((new_h, new_cell), (gates, old_cell),
-                                              (grad_h.double(), grad_cell.double()))
+                                              (grad_h.to(dtype), grad_cell.to(dtype)))
     return new_h.detach(), new_cell.detach(), d_old_cell, d_gates
 
 
-def _check(got, expected, dtype, names=PASS_NAMES):
-    for name, value, wanted in zip(names, got, expected):
+def _check(got, expected, float32_expected, dtype):
+    """Each result within allowed_error of `expected` (float64), given the
+    error of `float32_expected` (the same computed in float32): a result of
+    one or a few elements can cancel (new_cell = old_cell + candidate *
+    input_gate, say)."""
+    for name, value, wanted, conditioning in zip(PASS_NAMES, got, expected, float32_expected):
         assert value.shape == wanted.shape and value.dtype == dtype, \
             f"{name}: {value.dtype} {tuple(value.shape)}"
         error = selfcheck.relative_error(value.cpu(), wanted)
-        assert error <= selfcheck.TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+        allowed = allowed_error(dtype, selfcheck.relative_error(conditioning, wanted))
+        assert error <= allowed, f"{name}: relative error {error:.3g} > {allowed:.3g}"
 
 
 @pytest.mark.parametrize("layout", GRADIENT_LAYOUTS)
@@ -278,5 +283,5 @@ def test_fused_passes(shape, layout, dtype, device, generator):
     d_old_cell, d_gates = torch.ops.lltm_ffi.backward_pass(
         device_grads[0], device_grads[1], _on_device(new_cell.cpu(), inputs_layout, device),
         device_gates)
-    _check((new_h, new_cell, d_old_cell, d_gates),
-           _expected(gates, old_cell, *expected_grads), dtype)
+    _check((new_h, new_cell, d_old_cell, d_gates), _expected(gates, old_cell, *expected_grads),
+           _expected(gates, old_cell, *expected_grads, torch.float32), dtype)
