@@ -27,6 +27,17 @@ def random_grad_outputs(inputs, generator):
     return [random_like(inputs[3], generator) for _ in range(2)]
 
 
+def slow_stream_inputs(stream, inputs):
+    """Fresh buffers (NaN at first) that `stream` fills with `inputs` after a
+    long delay, so a kernel that ignored the stream would read the NaNs."""
+    buffers = [torch.full_like(tensor, float("nan")) for tensor in inputs]
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(20_000_000)
+        for buffer, tensor in zip(buffers, inputs):
+            buffer.copy_(tensor, non_blocking=True)
+    return buffers
+
+
 def every_other(tensor):
     """Stride 2 in the last dimension; the elements in between are NaN."""
     return torch.stack((tensor, torch.full_like(tensor, math.nan)), dim=-1)[..., 0]

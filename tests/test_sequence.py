@@ -12,6 +12,7 @@ import torch
 from torch.library import opcheck
 
 import lltm_ffi
+from builders import slow_stream_inputs
 from checkouts import REPO_ROOT
 from conftest import raises_with, reference_sequence, skip_without_gpu
 
@@ -323,34 +324,38 @@ DEVICE_PATHS = [((1, 16, 32, 128), "1"), ((5, 3, 4, 9), "1"), ((5, 33, 7, 520), 
                          ids=[f"{shape_id(shape)}-LLTM_CUBLAS={cublas}"
                               for shape, cublas in DEVICE_PATHS])
 def test_runs_on_the_tensors_device_and_stream(index, shape, cublas, generator, monkeypatch):
-    """On cuda:`index`'s current stream, a side stream that first sleeps,
-    while cuda:0 is the current device: the results are wrong if any launch
-    goes to another stream or device."""
+    """Three calls on cuda:`index`'s current stream, a side stream that fills
+    the arguments after a long delay, while cuda:0 is the current device: a
+    launch on another stream reads NaNs, one on another device fails or reads
+    another GPU's memory. (A kernel's first launch in a process can wait for
+    the device, its module loaded then, and hide a wrong stream: hence more
+    than one call.)"""
     skip_without_gpu()
     if torch.cuda.device_count() <= index:
         pytest.skip(f"needs {index + 1} GPUs, torch sees {torch.cuda.device_count()}")
     monkeypatch.setenv("LLTM_CUBLAS", cublas)
     device = torch.device("cuda", index)
-    arguments = random_arguments(shape, torch.float64, "cpu", generator)
     steps, batch_size, _, state_size = shape
+    arguments = random_arguments(shape, torch.float64, "cpu", generator)
     grads = [torch.randn(size, generator=generator, dtype=torch.float64)
              for size in ((steps, batch_size, state_size), (batch_size, state_size),
                           (batch_size, state_size))]
     expected = results(python_loop, arguments, grads)
+    on_device = [tensor.to(device) for tensor in arguments + grads]
     side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    calls = []
-    # torch.cuda.stream makes the side stream's device current; the inner
-    # torch.cuda.device(0) makes cuda:0 current again, leaving the side
-    # stream current on cuda:`index`.
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            torch.cuda._sleep(20_000_000)
-            with torch.cuda.device(0):
-                calls.append(results(lltm_ffi.lltm_sequence,
-                                     [argument.to(device) for argument in arguments],
-                                     [grad.to(device) for grad in grads]))
-                assert torch.cuda.current_device() == 0
+    buffers, calls = [], []
+    for _ in range(3):
+        side.wait_stream(torch.cuda.current_stream(device))
+        buffers.append(slow_stream_inputs(side, on_device))  # kept until side is done
+        # torch.cuda.stream makes the side stream's device current; the inner
+        # torch.cuda.device(0) makes cuda:0 current again, leaving the side
+        # stream current on cuda:`index`.
+        with torch.cuda.stream(side), torch.cuda.device(0):
+            leaves = [buffer.requires_grad_(True) for buffer in buffers[-1][:5]]
+            outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves)
+            torch.autograd.backward((outputs, h_n, c_n), buffers[-1][5:])
+            calls.append([outputs, h_n, c_n] + [leaf.grad for leaf in leaves])
+            assert torch.cuda.current_device() == 0
     side.synchronize()
     for call, actual in enumerate(calls):
         for name, value, reference in zip(NAMES, actual, expected):

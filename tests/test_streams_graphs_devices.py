@@ -8,24 +8,17 @@ import pytest
 import torch
 
 import lltm_ffi
+from builders import slow_stream_inputs
 from conftest import assert_all_close
 from lltm_ffi import reference, selfcheck
-
-
-def slow_stream_inputs(stream, inputs):
-    """Fills fresh buffers with `inputs` on `stream` after a long delay, so a
-    kernel that ignored the stream would read the buffers' stale contents."""
-    buffers = [torch.full_like(tensor, float("nan")) for tensor in inputs]
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(20_000_000)
-        for buffer, tensor in zip(buffers, inputs):
-            buffer.copy_(tensor, non_blocking=True)
-    return buffers
 
 
 def test_runs_on_the_current_side_stream(cuda_device, generator):
     inputs = selfcheck.random_inputs(8, 16, 300, torch.float32, cuda_device, generator)
     expected = reference.lltm(*inputs)
+    # A kernel's first launch in a process can wait for the device (its module
+    # is loaded then), which would hide a launch on the wrong stream.
+    lltm_ffi.lltm(*inputs)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     buffers = slow_stream_inputs(side, inputs)
