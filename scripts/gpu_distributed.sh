@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The distributed checks on a machine with 2 GPUs or more, in one call:
 # `make`, then tests/test_distributed.py and the --distributed benchmark test
-# (NCCL; pytest's log), the demo's --distributed run stopped at step 150 and
+# (NCCL) and the one-process tests on a second GPU while the first is current
+# (names with second_gpu; pytest's log), the demo's --distributed run stopped at step 150 and
 # resumed to 300, and `benchmark.py --distributed -c` (its table also in
 # $OUT/dist_bench.md). NVLink multicast is off (NCCL_NVLS_ENABLE=0). Each
 # step's log goes to $OUT/STEP.log (OUT defaults to ./gpu_out); a table of

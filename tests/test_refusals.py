@@ -144,7 +144,7 @@ def test_one_argument_on_another_device(name, odd_one, cuda_device, generator):
 
 
 @pytest.mark.parametrize("name", ARGUMENT_NAMES)
-def test_one_argument_on_another_gpu(name, generator):
+def test_one_argument_on_a_second_gpu(name, generator):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     inputs = random_inputs(generator, SHAPE, torch.float32, "cuda:0")

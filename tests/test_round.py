@@ -144,7 +144,7 @@ def test_runs_on_the_current_side_stream(cuda_device, generator):
     assert torch.equal(result, expected)
 
 
-def test_runs_on_a_gpu_other_than_the_current_one(generator):
+def test_runs_on_a_second_gpu_while_the_first_is_current(generator):
     skip_without_gpu()
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")

@@ -100,7 +100,7 @@ def test_cuda_graph_capture_and_replay(shape, step_kernels, cuda_device, generat
         assert_all_close([model.weights.grad, model.bias.grad], [weights.grad, bias.grad], 1e-5)
 
 
-def test_second_gpu_while_first_is_current(generator):
+def test_second_gpu_while_the_first_is_current(generator):
     if torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 GPUs, torch sees {torch.cuda.device_count()}")
     second = torch.device("cuda", 1)
