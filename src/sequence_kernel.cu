@@ -372,8 +372,6 @@ __global__ void lltm_sequence_gates_backward_kernel(
   }
 }
 
-// d_h0 holds each step's d_h_next until the last product, that of step 0's
-// d_gates, makes it h0's gradient (none where a single step's d_h0 is NULL).
 // One step's gate math backward over its batch x state elements: the
 // kernel above, launched.
 template <typename Dtype>
@@ -390,6 +388,8 @@ static cudaError_t launch_gates_backward(int64_t step, int64_t state_size, const
   return cudaSuccess;
 }
 
+// d_h0 holds each step's d_h_next until the last product, that of step 0's
+// d_gates, makes it h0's gradient (none where a single step's d_h0 is NULL).
 template <typename Dtype>
 static int sequence_backward_cublas_steps(int64_t steps, int64_t batch_size, int64_t state_size,
                                           int64_t weights_row_stride, const Dtype* weights,

@@ -128,6 +128,18 @@ WANTED = [("input", "weights", "bias", "old_h", "old_cell"), ("weights", "bias")
           ("bias",), ("input",), ("old_h",), ("old_cell",), ("input", "old_cell")]
 
 
+def _assert_step_results_agree(values, expected, dtype):
+    """new_h, new_cell and the five gradients against the float64 reference's
+    (None for a gradient not wanted, which must be None too)."""
+    for name, value, wanted in zip(RESULT_NAMES, values, expected):
+        if wanted is None:
+            assert value is None, f"{name}: a gradient that was not wanted"
+            continue
+        assert value.shape == wanted.shape, name
+        error = selfcheck.relative_error(value, wanted)
+        assert error <= selfcheck.TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+
+
 @pytest.mark.parametrize("wanted", WANTED, ids="+".join)
 @pytest.mark.parametrize("shape", STEP_SHAPES, ids=shape_id)
 def test_gpu_step_paths_agree_with_reference(shape, wanted, dtype, cuda_device, generator):
@@ -138,13 +150,7 @@ def test_gpu_step_paths_agree_with_reference(shape, wanted, dtype, cuda_device, 
     expected_outputs, expected_gradients = outputs_and_gradients(
         [tensor.double() for tensor in inputs], [grad.double() for grad in grads],
         function=reference.lltm, requires_grad=wanted)
-    for name, value, expected in zip(RESULT_NAMES, outputs + gradients,
-                                     expected_outputs + expected_gradients):
-        if expected is None:
-            assert value is None, f"{name}: a gradient that was not wanted"
-            continue
-        error = selfcheck.relative_error(value, expected)
-        assert error <= selfcheck.TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+    _assert_step_results_agree(outputs + gradients, expected_outputs + expected_gradients, dtype)
 
 
 # The step passes themselves run on the CPU too (the C loop with one step),
@@ -166,14 +172,8 @@ def test_step_passes_agree_with_reference(shape, wanted, dtype, device, generato
     expected_outputs, expected_gradients = outputs_and_gradients(
         [tensor.double() for tensor in inputs], [grad_h.double(), grad_cell.double()],
         function=reference.lltm, requires_grad=wanted)
-    for name, value, expected in zip(RESULT_NAMES, [new_h, new_cell, *gradients],
-                                     expected_outputs + expected_gradients):
-        if expected is None:
-            assert value is None, f"{name}: a gradient that was not wanted"
-            continue
-        assert value.shape == expected.shape, name
-        error = selfcheck.relative_error(value, expected)
-        assert error <= selfcheck.TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
+    _assert_step_results_agree([new_h, new_cell, *gradients],
+                               expected_outputs + expected_gradients, dtype)
 
 
 # Relative error (in norm) of the fused passes alone, against float64 on the
