@@ -60,9 +60,10 @@ pip-check:
 # any report.
 #   make asan       the CPU passes (src/lltm_cpu.c) under AddressSanitizer and
 #                   UBSan, driven by tests/c/cpu_passes_check.c over odd sizes
-#                   and gradient layouts against a double-precision reference,
-#                   every buffer of exact size (seconds)
-#   make valgrind   the same driver, unsanitised, under valgrind (about 15 s)
+#                   and gradient layouts, the cell's passes and the sequence's,
+#                   against a double-precision reference, every buffer of
+#                   exact size (seconds)
+#   make valgrind   the same driver, unsanitised, under valgrind (about 20 s)
 #   make memcheck   the CUDA tests under compute-sanitizer (needs a GPU); also
 #   make racecheck  and make initcheck
 # compute-sanitizer instruments the lltm kernels only (SANITIZER_KERNELS), not

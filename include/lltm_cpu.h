@@ -1,6 +1,7 @@
 /* The CPU passes (src/lltm_cpu.c, src/round_cpu.c): the same math, layout and
  * argument order as the CUDA launchers of lltm_kernel.h, without the stream.
- * Each returns LLTM_SUCCESS. */
+ * Each returns LLTM_SUCCESS, or LLTM_ERROR_NO_MEMORY where a sequence pass
+ * cannot allocate its scratch memory. */
 #ifndef LLTM_CPU_H
 #define LLTM_CPU_H
 

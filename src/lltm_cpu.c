@@ -55,6 +55,12 @@ __attribute__((constructor)) static void lltm_cpu_init(void) {
 #define LLTM_VECTOR_CLONES
 #endif
 
+#if defined(__GNUC__)
+#define LLTM_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define LLTM_ALWAYS_INLINE inline
+#endif
+
 static inline float float_from_bits(int32_t bits) {
   float value;
   memcpy(&value, &bits, sizeof value);

@@ -4,9 +4,11 @@
  * (batch 1..7 and state 1..67, so that every vector tail length occurs, plus
  * sizes past the OpenMP threshold), with the output gradients in several
  * layouts (dense, broadcast rows, one broadcast value, column-major, every
- * other element). Each tensor lives in its own malloc'd buffer of exactly the
- * bytes its elements span, so that the tool catches any read or write past
- * either end. Results are compared with a plain double-precision reference.
+ * other element); and lltm_cpu_sequence_forward and _backward over sizes
+ * short of and past their products' tiles and depth blocks. Each tensor
+ * lives in its own malloc'd buffer of exactly the bytes its elements span,
+ * so that the tool catches any read or write past either end. Results are
+ * compared with a plain double-precision reference.
  *
  *   cc -Iinclude tests/c/cpu_passes_check.c src/lltm_cpu.c -fopenmp -lm
  *   ./a.out [seed]      exit status 0: all agree; 1: a mismatch (the first ones are printed)
@@ -84,6 +86,7 @@ static double d_elu(double z) { return z > 0.0 ? 1.0 : exp(z); }
 static long failures;
 static long checked;
 static double worst[2]; /* largest |got - expected| / (eps * scale): float, double */
+static double worst_sequence[2]; /* the sequence passes' largest relative error: float, double */
 
 /* Within this many roundings of the terms each value is computed from. */
 #define TOLERANCE_ROUNDINGS 16.0
@@ -184,6 +187,210 @@ static void compare(const char* what, const char* type, const char* layout, int6
 DEFINE_CHECK(float, LLTM_FLOAT32, 5.9604644775390625e-08)   /* 2^-24 */
 DEFINE_CHECK(double, LLTM_FLOAT64, 1.1102230246251565e-16)  /* 2^-53 */
 
+/* The whole-sequence passes against the same cell in double precision,
+ * step by step. Values are unit-scale (weights scaled by 1 / sqrt(depth)),
+ * as a trained layer's are, so that rounding, not the recurrence, sets the
+ * error; each result is compared as a whole, by its relative norm. */
+struct sequence_shape {
+  int64_t steps, batch, input_features, state;
+  int strided_grads; /* grad_outputs every other element, transposed rows; no grad_cells */
+  int state_grads;   /* whether d_h0 and d_c0 are asked for (always past one step) */
+};
+
+static double* uniform_values(int64_t count, double scale) {
+  double* values = allocate(count, sizeof(double));
+  for (int64_t i = 0; i < count; ++i) values[i] = (uniform() * 2.0 - 1.0) * scale;
+  return values;
+}
+
+/* The reference: every result of both passes, in double. */
+struct sequence_reference {
+  double *outputs, *cells, *d_inputs, *d_weights, *d_bias, *d_h0, *d_c0;
+};
+
+static struct sequence_reference reference_sequence(
+    struct sequence_shape shape, const double* inputs, const double* weights, const double* bias,
+    const double* h0, const double* c0, const double* grad_outputs, const int64_t* grad_strides,
+    const double* grad_cells) {
+  const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
+  const int64_t columns = S + F;
+  struct sequence_reference r;
+  r.outputs = allocate(T * B * S, sizeof(double));
+  r.cells = allocate(T * B * S, sizeof(double));
+  r.d_inputs = allocate(T * B * F, sizeof(double));
+  r.d_weights = calloc((size_t)(3 * S * columns + 1), sizeof(double));
+  r.d_bias = calloc((size_t)(3 * S + 1), sizeof(double));
+  r.d_h0 = calloc((size_t)(B * S + 1), sizeof(double));
+  r.d_c0 = calloc((size_t)(B * S + 1), sizeof(double));
+  double* gates = allocate(T * B * 3 * S, sizeof(double));
+  double* d_gates = allocate(B * 3 * S, sizeof(double));
+  if (!r.d_weights || !r.d_bias || !r.d_h0 || !r.d_c0) exit(2);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t b = 0; b < B; ++b) {
+      const double* h = t ? r.outputs + ((t - 1) * B + b) * S : h0 + b * S;
+      const double* c = t ? r.cells + ((t - 1) * B + b) * S : c0 + b * S;
+      const double* x = inputs + (t * B + b) * F;
+      double* g = gates + (t * B + b) * 3 * S;
+      for (int64_t j = 0; j < 3 * S; ++j) {
+        double sum = bias[j];
+        for (int64_t k = 0; k < S; ++k) sum += weights[j * columns + k] * h[k];
+        for (int64_t k = 0; k < F; ++k) sum += weights[j * columns + S + k] * x[k];
+        g[j] = sum;
+      }
+      for (int64_t j = 0; j < S; ++j) {
+        const double cell = c[j] + elu(g[2 * S + j]) * sigmoid(g[j]);
+        r.cells[(t * B + b) * S + j] = cell;
+        r.outputs[(t * B + b) * S + j] = tanh(cell) * sigmoid(g[S + j]);
+      }
+    }
+  }
+  /* d_h0 and d_c0 carry the gradients reaching h_t and c_t. */
+  for (int64_t t = T - 1; t >= 0; --t) {
+    for (int64_t b = 0; b < B; ++b) {
+      const double* g = gates + (t * B + b) * 3 * S;
+      double* dg = d_gates + b * 3 * S;
+      for (int64_t j = 0; j < S; ++j) {
+        const int64_t i = b * S + j;
+        const double dh = r.d_h0[i] + grad_outputs[t * grad_strides[0] + b * grad_strides[1] +
+                                                   j * grad_strides[2]];
+        const double dc = r.d_c0[i] + (grad_cells ? grad_cells[(t * B + b) * S + j] : 0.0);
+        const double ig = sigmoid(g[j]), og = sigmoid(g[S + j]), pre = g[2 * S + j];
+        const double th = tanh(r.cells[(t * B + b) * S + j]);
+        const double dnc = (1.0 - th * th) * og * dh + dc;
+        r.d_c0[i] = dnc;
+        dg[j] = elu(pre) * dnc * ig * (1.0 - ig);
+        dg[S + j] = th * dh * og * (1.0 - og);
+        dg[2 * S + j] = ig * dnc * d_elu(pre);
+      }
+      const double* h = t ? r.outputs + ((t - 1) * B + b) * S : h0 + b * S;
+      const double* x = inputs + (t * B + b) * F;
+      for (int64_t k = 0; k < S; ++k) r.d_h0[b * S + k] = 0.0;
+      for (int64_t k = 0; k < F; ++k) r.d_inputs[(t * B + b) * F + k] = 0.0;
+      for (int64_t j = 0; j < 3 * S; ++j) {
+        r.d_bias[j] += dg[j];
+        for (int64_t k = 0; k < S; ++k) {
+          r.d_h0[b * S + k] += dg[j] * weights[j * columns + k];
+          r.d_weights[j * columns + k] += dg[j] * h[k];
+        }
+        for (int64_t k = 0; k < F; ++k) {
+          r.d_inputs[(t * B + b) * F + k] += dg[j] * weights[j * columns + S + k];
+          r.d_weights[j * columns + S + k] += dg[j] * x[k];
+        }
+      }
+    }
+  }
+  free(gates);
+  free(d_gates);
+  return r;
+}
+
+static void free_reference(struct sequence_reference r) {
+  free(r.outputs);
+  free(r.cells);
+  free(r.d_inputs);
+  free(r.d_weights);
+  free(r.d_bias);
+  free(r.d_h0);
+  free(r.d_c0);
+}
+
+/* |got - expected| / |expected| over `count` elements within `tolerance`;
+ * NaN (an element never written) never is. */
+static void compare_norms(const char* what, const char* type, struct sequence_shape shape,
+                          int64_t count, const void* got, int is_double, const double* expected,
+                          double tolerance) {
+  double difference = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double value = is_double ? ((const double*)got)[i] : ((const float*)got)[i];
+    difference += (value - expected[i]) * (value - expected[i]);
+    norm += expected[i] * expected[i];
+  }
+  checked += count;
+  const double error = count ? sqrt(difference) / (sqrt(norm) + 1e-300) : 0.0;
+  if (error > worst_sequence[is_double]) worst_sequence[is_double] = error;
+  if (error <= tolerance) return;
+  if (failures < 20) {
+    fprintf(stderr, "MISMATCH %s sequence %s, %lldx%lldx%lldx%lld: relative error %.3g "
+            "(tolerance %.3g)\n", type, what, (long long)shape.steps, (long long)shape.batch,
+            (long long)shape.input_features, (long long)shape.state, error, tolerance);
+  }
+  ++failures;
+}
+
+#define DEFINE_SEQUENCE_CHECK(SCALAR, DTYPE, TOLERANCE)                                          \
+  static void check_sequence_##SCALAR(struct sequence_shape shape) {                            \
+    const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;  \
+    const int64_t step = B * S, weight_count = 3 * S * (S + F);                                 \
+    const int is_double = sizeof(SCALAR) == sizeof(double);                                     \
+    double* inputs = uniform_values(T * B * F, 1.0);                                            \
+    double* weights = uniform_values(weight_count, 1.7 / sqrt((double)(S + F)));                \
+    double* bias = uniform_values(3 * S, 0.5);                                                  \
+    double* h0 = uniform_values(step, 1.0);                                                     \
+    double* c0 = uniform_values(step, 1.0);                                                     \
+    /* Strided: (step, row, column) strides of a (T, S, 2 B) buffer read transposed. */         \
+    const int64_t grad_strides[6] = {                                                           \
+        shape.strided_grads ? 2 * step : step, shape.strided_grads ? 2 : S,                     \
+        shape.strided_grads ? 2 * B : 1,       step, S, 1};                                     \
+    const int64_t grad_count = shape.strided_grads ? 2 * T * step : T * step;                   \
+    double* grad_outputs = uniform_values(grad_count, 1.0);                                     \
+    double* grad_cells = shape.strided_grads ? NULL : uniform_values(T * step, 1.0);            \
+    struct sequence_reference expected = reference_sequence(                                    \
+        shape, inputs, weights, bias, h0, c0, grad_outputs, grad_strides, grad_cells);          \
+    SCALAR* arguments[7];                                                                       \
+    const double* sources[7] = {inputs, weights, bias, h0, c0, grad_outputs, grad_cells};       \
+    const int64_t counts[7] = {T * B * F, weight_count, 3 * S, step, step, grad_count,          \
+                               T * step};                                                       \
+    for (int a = 0; a < 7; ++a) {                                                               \
+      arguments[a] = NULL;                                                                      \
+      if (!sources[a]) continue;                                                                \
+      arguments[a] = allocate(counts[a], sizeof(SCALAR));                                       \
+      for (int64_t i = 0; i < counts[a]; ++i) arguments[a][i] = (SCALAR)sources[a][i];          \
+    }                                                                                           \
+    SCALAR* outputs = allocate(T * step, sizeof(SCALAR));                                       \
+    SCALAR* cells = allocate(T * step, sizeof(SCALAR));                                         \
+    SCALAR* gates = allocate(T * 3 * step, sizeof(SCALAR));                                     \
+    SCALAR* d_gates = allocate(T * 3 * step, sizeof(SCALAR));                                   \
+    SCALAR* d_inputs = allocate(T * B * F, sizeof(SCALAR));                                     \
+    SCALAR* d_weights = allocate(weight_count, sizeof(SCALAR));                                 \
+    SCALAR* d_bias = allocate(3 * S, sizeof(SCALAR));                                           \
+    SCALAR* d_h0 = shape.state_grads ? allocate(step, sizeof(SCALAR)) : NULL;                   \
+    SCALAR* d_c0 = shape.state_grads ? allocate(step, sizeof(SCALAR)) : NULL;                   \
+    if (lltm_cpu_sequence_forward(DTYPE, T, B, F, S, arguments[0], arguments[1], arguments[2],  \
+                                  arguments[3], arguments[4], outputs, cells, gates) !=         \
+            LLTM_SUCCESS ||                                                                     \
+        lltm_cpu_sequence_backward(DTYPE, T, B, F, S, grad_strides, arguments[0], arguments[1], \
+                                   arguments[3], outputs, cells, gates, arguments[5],           \
+                                   arguments[6], d_gates, d_inputs, d_weights, d_bias, d_h0,    \
+                                   d_c0) != LLTM_SUCCESS) {                                     \
+      fprintf(stderr, "a sequence pass (" #SCALAR ") returned an error\n");                     \
+      ++failures;                                                                               \
+    }                                                                                           \
+    compare_norms("outputs", #SCALAR, shape, T * step, outputs, is_double, expected.outputs,    \
+                  TOLERANCE);                                                                   \
+    compare_norms("cells", #SCALAR, shape, T * step, cells, is_double, expected.cells,          \
+                  TOLERANCE);                                                                   \
+    compare_norms("d_inputs", #SCALAR, shape, T * B * F, d_inputs, is_double,                   \
+                  expected.d_inputs, TOLERANCE);                                                \
+    compare_norms("d_weights", #SCALAR, shape, weight_count, d_weights, is_double,              \
+                  expected.d_weights, TOLERANCE);                                               \
+    compare_norms("d_bias", #SCALAR, shape, 3 * S, d_bias, is_double, expected.d_bias,          \
+                  TOLERANCE);                                                                   \
+    if (shape.state_grads) {                                                                    \
+      compare_norms("d_h0", #SCALAR, shape, step, d_h0, is_double, expected.d_h0, TOLERANCE);   \
+      compare_norms("d_c0", #SCALAR, shape, step, d_c0, is_double, expected.d_c0, TOLERANCE);   \
+    }                                                                                           \
+    free_reference(expected);                                                                   \
+    for (int a = 0; a < 7; ++a) free(arguments[a]);                                             \
+    double* doubles[7] = {inputs, weights, bias, h0, c0, grad_outputs, grad_cells};             \
+    for (int a = 0; a < 7; ++a) free(doubles[a]);                                               \
+    SCALAR* results[9] = {outputs, cells, gates, d_gates, d_inputs, d_weights, d_bias, d_h0,    \
+                          d_c0};                                                                \
+    for (int a = 0; a < 9; ++a) free(results[a]);                                               \
+  }
+
+DEFINE_SEQUENCE_CHECK(float, LLTM_FLOAT32, 1e-5)
+DEFINE_SEQUENCE_CHECK(double, LLTM_FLOAT64, 1e-12)
+
 static void check_both(int64_t batch, int64_t state, int layout) {
   check_float(batch, state, layout);
   check_double(batch, state, layout);
@@ -211,8 +418,22 @@ int main(int argc, char** argv) {
     check_both(large[k][0], large[k][1], BROADCAST_ROWS);
     check_both(large[k][0], large[k][1], EVERY_OTHER);
   }
+  /* The sequence passes: one step with and without state gradients, batch
+   * 1, sizes short of and past the products' 8 x 32 tiles and 256-deep
+   * blocks (3 x 95 gates, 300 input features, 18 x 17 = 306 rows of steps
+   * and batch) and the threads' threshold, strided output gradients. */
+  static const struct sequence_shape sequences[] = {
+      {1, 1, 1, 1, 0, 0},   {1, 3, 2, 5, 1, 0},    {1, 9, 4, 33, 0, 1},  {4, 1, 3, 7, 1, 1},
+      {3, 9, 5, 33, 0, 1},  {2, 8, 300, 31, 1, 1}, {5, 17, 3, 40, 0, 1}, {4, 3, 2, 95, 1, 1},
+      {18, 17, 6, 64, 0, 1}, {3, 40, 7, 130, 1, 1}, {2, 0, 3, 4, 0, 1},  {3, 2, 0, 4, 1, 1}};
+  for (size_t k = 0; k < sizeof sequences / sizeof sequences[0]; ++k) {
+    check_sequence_float(sequences[k]);
+    check_sequence_double(sequences[k]);
+  }
   printf("cpu_passes_check (seed %llu): %ld values compared, %ld mismatches; largest error "
-         "%.1f (float) and %.1f (double) roundings of the terms, %.0f allowed\n",
-         (unsigned long long)seed, checked, failures, worst[0], worst[1], TOLERANCE_ROUNDINGS);
+         "%.1f (float) and %.1f (double) roundings of the terms, %.0f allowed; sequences' "
+         "largest relative error %.2g (float) and %.2g (double)\n",
+         (unsigned long long)seed, checked, failures, worst[0], worst[1], TOLERANCE_ROUNDINGS,
+         worst_sequence[0], worst_sequence[1]);
   return failures ? 1 : 0;
 }
