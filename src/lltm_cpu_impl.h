@@ -290,13 +290,18 @@ static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, con
 }
 
 /* The transpose (columns, rows) of a (rows, columns) matrix with row
- * stride `stride`, in memory of its own (NULL where none can be had). */
+ * stride `stride`, in memory of its own (NULL where none can be had). Rows
+ * go in blocks of 16, so that each column's writes fill whole cache lines
+ * while the block's rows stay in cache. */
 static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const SCALAR* matrix,
                                       int64_t stride) {
   SCALAR* result = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
   if (!result) return NULL;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t k = 0; k < columns; ++k) result[k * rows + r] = matrix[r * stride + k];
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t r1 = r0 + 16 < rows ? r0 + 16 : rows;
+    for (int64_t k = 0; k < columns; ++k) {
+      for (int64_t r = r0; r < r1; ++r) result[k * rows + r] = matrix[r * stride + k];
+    }
   }
   return result;
 }
