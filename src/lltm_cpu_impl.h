@@ -232,16 +232,22 @@ static void LLTM_NAME(tile_rows_)(const SCALAR* a, int64_t a_row_stride, struct 
   }
 }
 
-/* The columns of b (depth rows, row stride b_stride) from `first` on, fewer
- * than a tile's, zero-padded to a tile's width in memory of their own (NULL
- * where none can be had): so that every tile runs the same code. */
-static SCALAR* LLTM_NAME(padded_columns_)(int64_t depth, const SCALAR* b, int64_t b_stride,
-                                          int64_t first, int64_t count) {
-  SCALAR* padded = (SCALAR*)calloc((size_t)(depth * LLTM_TILE_COLUMNS + 1), sizeof(SCALAR));
+/* The `count` columns of b (depth rows, row stride b_stride) from `first`
+ * on, fewer than a tile's, zero-padded to a tile's width in memory of their
+ * own (NULL where none can be had): so that every tile runs the same code.
+ * `panels` such copies one after another, copy p from b + p * panel_offset
+ * (the forward pass's three gates). */
+static SCALAR* LLTM_NAME(padded_columns_)(int panels, int64_t panel_offset, int64_t depth,
+                                          const SCALAR* b, int64_t b_stride, int64_t first,
+                                          int64_t count) {
+  SCALAR* padded =
+      (SCALAR*)calloc((size_t)(panels * depth * LLTM_TILE_COLUMNS + 1), sizeof(SCALAR));
   if (!padded) return NULL;
-  for (int64_t k = 0; k < depth; ++k) {
-    memcpy(padded + k * LLTM_TILE_COLUMNS, b + k * b_stride + first,
-           sizeof(SCALAR) * (size_t)count);
+  for (int p = 0; p < panels; ++p) {
+    for (int64_t k = 0; k < depth; ++k) {
+      memcpy(padded + (p * depth + k) * LLTM_TILE_COLUMNS,
+             b + p * panel_offset + k * b_stride + first, sizeof(SCALAR) * (size_t)count);
+    }
   }
   return padded;
 }
@@ -265,7 +271,8 @@ static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, con
   const int64_t full_columns = columns - columns % LLTM_TILE_COLUMNS;
   SCALAR* padded = NULL;
   if (full_columns < columns) {
-    padded = LLTM_NAME(padded_columns_)(depth, b, b_stride, full_columns, columns - full_columns);
+    padded = LLTM_NAME(padded_columns_)(1, 0, depth, b, b_stride, full_columns,
+                                        columns - full_columns);
     if (!padded) return LLTM_ERROR_NO_MEMORY;
   }
   int64_t done = 0;
@@ -353,18 +360,13 @@ static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64
   const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
   SCALAR* transposed = LLTM_NAME(transposed_)(gates_size, state_size + input_features, weights,
                                               state_size + input_features);
-  SCALAR* last_columns = NULL;
-  if (transposed && full_states < state_size) {
-    /* padded_columns_ of each gate's hidden weights, one after another. */
-    last_columns = (SCALAR*)calloc((size_t)(3 * state_size * LLTM_TILE_COLUMNS + 1),
-                                   sizeof(SCALAR));
-    for (int64_t k = 0; last_columns && k < 3 * state_size; ++k) {
-      memcpy(last_columns + k * LLTM_TILE_COLUMNS,
-             transposed + k % state_size * gates_size + k / state_size * state_size + full_states,
-             sizeof(SCALAR) * (size_t)(state_size - full_states));
-    }
-  }
-  if (!transposed || (full_states < state_size && !last_columns)) {
+  const int needs_last_columns = full_states < state_size;
+  SCALAR* last_columns = transposed && needs_last_columns
+                             ? LLTM_NAME(padded_columns_)(3, state_size, state_size, transposed,
+                                                          gates_size, full_states,
+                                                          state_size - full_states)
+                             : NULL;
+  if (!transposed || (needs_last_columns && !last_columns)) {
     free(transposed);
     free(last_columns);
     return LLTM_ERROR_NO_MEMORY;
@@ -492,7 +494,7 @@ static int LLTM_NAME(sequence_backward_)(
   SCALAR* scratch =
       needs_scratch ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(2 * step + 1)) : NULL;
   SCALAR* last_columns = needs_last_columns
-                             ? LLTM_NAME(padded_columns_)(gates_size, weights, columns,
+                             ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weights, columns,
                                                           full_states, state_size - full_states)
                              : NULL;
   if ((needs_scratch && !scratch) || (needs_last_columns && !last_columns)) {

@@ -197,6 +197,12 @@ struct sequence_shape {
   int state_grads;   /* whether d_h0 and d_c0 are asked for (always past one step) */
 };
 
+static double* zeros(int64_t count) {
+  double* values = allocate(count, sizeof(double));
+  for (int64_t i = 0; i < count; ++i) values[i] = 0.0;
+  return values;
+}
+
 static double* uniform_values(int64_t count, double scale) {
   double* values = allocate(count, sizeof(double));
   for (int64_t i = 0; i < count; ++i) values[i] = (uniform() * 2.0 - 1.0) * scale;
@@ -218,13 +224,12 @@ static struct sequence_reference reference_sequence(
   r.outputs = allocate(T * B * S, sizeof(double));
   r.cells = allocate(T * B * S, sizeof(double));
   r.d_inputs = allocate(T * B * F, sizeof(double));
-  r.d_weights = calloc((size_t)(3 * S * columns + 1), sizeof(double));
-  r.d_bias = calloc((size_t)(3 * S + 1), sizeof(double));
-  r.d_h0 = calloc((size_t)(B * S + 1), sizeof(double));
-  r.d_c0 = calloc((size_t)(B * S + 1), sizeof(double));
+  r.d_weights = zeros(3 * S * columns);
+  r.d_bias = zeros(3 * S);
+  r.d_h0 = zeros(B * S);
+  r.d_c0 = zeros(B * S);
   double* gates = allocate(T * B * 3 * S, sizeof(double));
   double* d_gates = allocate(B * 3 * S, sizeof(double));
-  if (!r.d_weights || !r.d_bias || !r.d_h0 || !r.d_c0) exit(2);
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t b = 0; b < B; ++b) {
       const double* h = t ? r.outputs + ((t - 1) * B + b) * S : h0 + b * S;
