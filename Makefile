@@ -14,7 +14,8 @@ export LLTM_CUDA := $(CUDA)
 export LLTM_CUDA_ARCH := $(CUDA_ARCH)
 export NVCC
 
-HEADERS := $(wildcard include/*.h) $(wildcard src/*.h)
+HEADERS := $(wildcard include/*.h) $(wildcard src/*.h) $(wildcard lltm_ffi/ops/*/*.h) \
+           $(wildcard tests/c/*.h)
 
 .PHONY: all test deps demo-deps demo clean
 
@@ -38,10 +39,10 @@ demo-deps:
 test: deps all
 	$(PYTHON) test.py
 	$(MAKE) --no-print-directory asan pip-check
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q
 
 demo: demo-deps all
-	$(PYTHON) -m lltm_ffi.demo
+	$(PYTHON) -m examples.demo
 
 clean:
 	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so lltm_ffi/_lltm_ffi*.so.*
@@ -58,11 +59,12 @@ pip-check:
 # Sanitizers ------------------------------------------------------------------
 # `make test` runs asan; the others are run by hand. Each exits non-zero on
 # any report.
-#   make asan       the CPU passes (src/lltm_cpu.c) under AddressSanitizer and
-#                   UBSan, driven by tests/c/cpu_passes_check.c over odd sizes
-#                   and gradient layouts, the cell's passes and the sequence's,
-#                   against a double-precision reference, every buffer of
-#                   exact size (seconds)
+#   make asan       every op's CPU passes under AddressSanitizer and UBSan,
+#                   driven by the C checks of the op folders (test_*.c), which
+#                   tests/c/run_checks.c runs, failing for any registered CPU
+#                   pass that no check calls; odd sizes and layouts against
+#                   double-precision references, every buffer of exact size
+#                   (seconds)
 #   make valgrind   the same driver, unsanitised, under valgrind (about 20 s)
 #   make memcheck   the CUDA tests under compute-sanitizer (needs a GPU); also
 #   make racecheck  and make initcheck
@@ -72,7 +74,9 @@ pip-check:
 # allocation.
 SANITIZER_CFLAGS ?= -O3 -g -fno-omit-frame-pointer -Wall -Wextra -fopenmp
 ASAN_FLAGS ?= -fsanitize=address,undefined -fno-sanitize-recover=all
-CPU_CHECK_SOURCES := tests/c/cpu_passes_check.c src/lltm_cpu.c
+# The shim, every op's C sources (its CPU passes and its test_*.c checks),
+# and the driver: no CUDA.
+CPU_CHECK_SOURCES := tests/c/run_checks.c $(wildcard src/*.c) $(wildcard lltm_ffi/ops/*/*.c)
 COMPUTE_SANITIZER ?= compute-sanitizer
 SANITIZER_KERNELS ?= --kernel-name kns=lltm_
 SANITIZER_FLAGS ?= $(SANITIZER_KERNELS) --report-api-errors no --error-exitcode 1
@@ -95,18 +99,18 @@ initcheck: SANITIZER_FLAGS += --check-api-memory-access no
 
 .PHONY: asan valgrind memcheck racecheck initcheck
 
-$(BUILD)/cpu_passes_check_asan: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
+$(BUILD)/run_checks_asan: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
 	@mkdir -p $(BUILD)
-	$(CC) $(SANITIZER_CFLAGS) $(ASAN_FLAGS) -Iinclude $(CPU_CHECK_SOURCES) -lm -o $@
+	$(CC) $(SANITIZER_CFLAGS) $(ASAN_FLAGS) -Iinclude -Itests/c $(CPU_CHECK_SOURCES) -lm -o $@
 
-$(BUILD)/cpu_passes_check: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
+$(BUILD)/run_checks: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
 	@mkdir -p $(BUILD)
-	$(CC) $(SANITIZER_CFLAGS) -Iinclude $(CPU_CHECK_SOURCES) -lm -o $@
+	$(CC) $(SANITIZER_CFLAGS) -Iinclude -Itests/c $(CPU_CHECK_SOURCES) -lm -o $@
 
-asan: $(BUILD)/cpu_passes_check_asan
+asan: $(BUILD)/run_checks_asan
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $<
 
-valgrind: $(BUILD)/cpu_passes_check
+valgrind: $(BUILD)/run_checks
 	valgrind -q --error-exitcode=1 $<
 
 memcheck racecheck initcheck: deps all

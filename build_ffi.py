@@ -1,21 +1,26 @@
-"""Builds lltm_ffi/_lltm_ffi*.so with cffi in out-of-line API mode: the C shim
-and CPU passes, plus the CUDA kernels (src/*.cu, compiled with nvcc) when nvcc
-is found. The one place that finds nvcc and CUDA and holds the nvcc flags and
-architectures; `make` and pip both come here.
+"""Builds lltm_ffi/_lltm_ffi*.so with cffi in out-of-line API mode: the C
+shim (src/) and every op's C passes (lltm_ffi/ops/<op>/*.c), plus the CUDA
+kernels (*.cu, compiled with nvcc) when nvcc is found. The sources are found,
+not listed (lltm_ffi/_build_info.py says where). The one place that finds
+nvcc and CUDA and holds the compilers' flags and architectures; `make` and
+pip both come here.
 
-- `make` runs `python build_ffi.py`, which rebuilds whatever is missing,
-  damaged or out of date (kernel objects, then the module) and nothing else,
-  one build at a time per tree, each file renamed into place whole;
+- `make` runs `python build_ffi.py`, which compiles each source whose
+  object is missing or out of date (by the compiler's own list of what the
+  source includes), several at once, then relinks the module if anything
+  changed; one build at a time per tree, each file renamed into place whole;
 - `pip install .` reaches `ffibuilder` through setuptools' cffi_modules
-  (setup.py), whose build step calls compile_kernels() first.
+  (setup.py), whose build step calls compile_objects() first.
 
 Settings, from the environment (make passes its variables of the same
 meaning): NVCC (nvcc to use; else PATH, else $CUDA_HOME/bin), LLTM_CUDA=0 (a
-CPU-only build), LLTM_CUDA_ARCH (nvcc -gencode flags instead of the default).
+CPU-only build), LLTM_CUDA_ARCH (nvcc -gencode flags instead of the default),
+CC (the C compiler; else cc).
 
     python build_ffi.py [-v]      build in place, as `make` does (-v: cffi's compile lines)
 """
 
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -33,14 +38,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 BUILD = ROOT / "build"
 
-# Turing to Blackwell as machine code, and PTX of the newest for GPUs after it
-# (CUDA 13 builds nothing older than sm_75).
-MACHINE_CODE_ARCHS = (75, 80, 86, 89, 90, 100, 120)
-DEFAULT_CUDA_ARCH = " ".join(
-    [f"-gencode arch=compute_{sm},code=sm_{sm}" for sm in MACHINE_CODE_ARCHS]
-    + [f"-gencode arch=compute_{MACHINE_CODE_ARCHS[-1]},code=compute_{MACHINE_CODE_ARCHS[-1]}"])
+# Machine code for Turing to Blackwell. nvcc's front end runs once for each
+# virtual architecture: compute_75 serves sm_75 to sm_89, whose code needs
+# nothing newer, and compute_90 serves sm_90 and newer and is the PTX the
+# driver compiles for GPUs after them. CUDA 13 builds nothing older than sm_75.
+DEFAULT_CUDA_ARCH = ("-gencode arch=compute_75,code=[sm_75,sm_80,sm_86,sm_89] "
+                     "-gencode arch=compute_90,code=[sm_90,sm_100,sm_120,compute_90]")
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC")
-C_SOURCES = ("src/lltm_shim.c", "src/lltm_cpu.c", "src/round_cpu.c", "src/lltm_cublas.c")
+# Python's own release flags for extension modules, and OpenMP for the
+# passes' parallel loops.
+C_FLAGS = ("-O3", "-DNDEBUG", "-fwrapv", "-fPIC", "-fopenmp", "-Wall")
 
 
 def _load_from_package(name):
@@ -63,7 +70,7 @@ def cuda_arch():
 
 def arch_names(flags):
     """What nvcc `flags` put into the kernels, as the module reports it:
-    'sm_75 sm_80 ... compute_120' (sm_: machine code, compute_: PTX)."""
+    'sm_75 sm_80 ... compute_90' (sm_: machine code, compute_: PTX)."""
     codes = (re.findall(r"code=\[?([\w,]+)", flags)
              or re.findall(r"(?:-arch|--gpu-architecture)[= ](\w+)", flags))
     names = []
@@ -100,8 +107,18 @@ def cuda_home_of(nvcc):
 
 
 def kernel_command(nvcc, source, output):
-    """The nvcc command line for one .cu file (run in ROOT)."""
-    return [nvcc, *NVCC_FLAGS, *shlex.split(cuda_arch()), "-Iinclude", "-c", source, "-o", output]
+    """The nvcc command line for one .cu file (run in ROOT); it also writes
+    the headers the file includes to output.d."""
+    return [nvcc, *NVCC_FLAGS, *shlex.split(cuda_arch()), "-Iinclude", "-MMD", "-MF",
+            output + ".d", "-c", source, "-o", output]
+
+
+def c_command(compiler, source, output, cuda_home=None):
+    """The C compiler's command line for one .c file (run in ROOT); with
+    `cuda_home`, for a module with CUDA (the shim switches devices)."""
+    cuda = ["-DLLTM_WITH_CUDA", "-isystem", os.path.join(cuda_home, "include")] if cuda_home else []
+    return [compiler, *C_FLAGS, *cuda, "-Iinclude", "-MMD", "-MF", output + ".d", "-c", source,
+            "-o", output]
 
 
 def _digest(*parts):
@@ -109,7 +126,7 @@ def _digest(*parts):
     for part in parts:
         digest.update(part if isinstance(part, bytes) else str(part).encode())
         digest.update(b"\0")
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
 
 
 def _install(data, destination):
@@ -131,52 +148,122 @@ def _install(data, destination):
         raise
 
 
-def compile_kernels(build_dir):
-    """Compiles every src/*.cu into build_dir when nvcc is found, each object
-    named by a hash of its command and of every source it can include, so
-    an object is reused only when it is exactly what a compile would make;
-    returns the objects to link ([] for a CPU-only build)."""
-    nvcc = find_nvcc()
-    if nvcc is None:
-        return []
+def _dependencies(depfile):
+    """The files a make-style dependency file (the compiler's -MMD output)
+    says its object was made from, as paths relative to ROOT; files outside
+    the checkout (the compilers' own headers) are left out."""
+    text = Path(depfile).read_text().replace("\\\n", " ")
+    _, _, listed = text.partition(": ")
+    # Spaces inside a name are escaped with a backslash.
+    names = [name.replace("\0", " ") for name in listed.replace("\\ ", "\0").split()]
+    files = set()
+    for name in names:
+        path = (ROOT / name).resolve()
+        if path.is_relative_to(ROOT):
+            files.add(path.relative_to(ROOT).as_posix())
+    return sorted(files)
+
+
+def _input_hashes(files):
+    """{file: digest of its contents} for files relative to ROOT; None when
+    one of them is gone."""
+    try:
+        return {name: _digest((ROOT / name).read_bytes()) for name in files}
+    except FileNotFoundError:
+        return None
+
+
+class _Object:
+    """One object file of the module under `build_dir` and its record:
+    the command that made it and the digest of every file it was made from
+    (the source and what the compiler said it includes). It is up to date
+    while the command and every one of those files are unchanged."""
+
+    def __init__(self, build_dir, source, command_for):
+        relative = source.relative_to(ROOT).as_posix()
+        self.source = relative
+        self.path = build_dir / (relative.replace("/", "__") + ".o")
+        self.record = self.path.with_name(self.path.name + ".json")
+        self.command = command_for(relative, str(self.path))
+
+    def up_to_date(self):
+        try:
+            record = json.loads(self.record.read_text())
+        except (OSError, ValueError):
+            return False
+        return (self.path.is_file() and record.get("command") == self.command
+                and _input_hashes(record.get("inputs", {})) == record.get("inputs"))
+
+    def compile(self):
+        """Compiles into a scratch name, then renames the object and writes
+        its record; raises SystemExit with the compiler's verdict on failure."""
+        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        command = [str(staging) if part == str(self.path) else part for part in self.command]
+        command = [str(staging) + ".d" if part == str(self.path) + ".d" else part
+                   for part in command]
+        print(shlex.join(self.command), flush=True)
+        try:
+            if subprocess.run(command, cwd=ROOT).returncode != 0:
+                raise SystemExit(f"build_ffi.py: compiling {self.source} failed (the compiler's "
+                                 "messages are above)")
+            inputs = _input_hashes(_dependencies(str(staging) + ".d"))
+            os.replace(staging, self.path)
+        finally:
+            for leftover in (staging, Path(str(staging) + ".d")):
+                if leftover.exists():
+                    leftover.unlink()
+        _install(json.dumps({"command": self.command, "inputs": inputs}, indent=1).encode(),
+                 self.record)
+
+
+def compile_objects(build_dir):
+    """Compiles every C source and, when nvcc is found, every CUDA source of
+    the module into build_dir, those that are not up to date only, several
+    at once (one per processor, the longest first); returns the objects to
+    link."""
     build_dir = Path(build_dir).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
-    headers = [path.read_bytes() for path in sorted((ROOT / "include").glob("*.h"))]
-    objects = []
-    for source in sorted((ROOT / "src").glob("*.cu")):
-        relative = source.relative_to(ROOT).as_posix()
-        command = kernel_command(nvcc, relative, "OUTPUT")
-        output = build_dir / f"{source.stem}-{_digest(*command, source.read_bytes(), *headers)}.o"
-        if not output.is_file():
-            with tempfile.TemporaryDirectory(dir=build_dir) as scratch:
-                command[-1] = str(Path(scratch) / output.name)
-                print(shlex.join(command), flush=True)
-                subprocess.run(command, cwd=ROOT, check=True)
-                os.replace(command[-1], output)
-        objects.append(str(output))
-    return objects
+    nvcc = find_nvcc()
+    cuda_home = cuda_home_of(nvcc) if nvcc else None
+    compiler = os.environ.get("CC", "cc")
+    objects = [_Object(build_dir, source,
+                       lambda source, output: c_command(compiler, source, output, cuda_home))
+               for source in build_info.module_sources(ROOT, ".c")]
+    if nvcc:
+        objects += [_Object(build_dir, source,
+                            lambda source, output: kernel_command(nvcc, source, output))
+                    for source in build_info.module_sources(ROOT, ".cu")]
+    stale = [item for item in objects if not item.up_to_date()]
+    # The biggest sources take the longest: start them first.
+    stale.sort(key=lambda item: -(ROOT / item.source).stat().st_size)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for future in [pool.submit(item.compile) for item in stale]:
+            future.result()
+    return [str(item.path) for item in objects]
 
 
-def make_ffibuilder(kernel_objects=(), for_setuptools=False):
-    """The cffi builder of lltm_ffi._lltm_ffi; with CUDA when kernel_objects
-    are given (setuptools adds them later, in setup.py) or, for setuptools,
-    when nvcc is found. Sources are named from ROOT for setuptools, which runs
-    there and refuses absolute paths, and absolutely for ffibuilder.compile(),
-    which changes directory."""
+# The build facts the module reports, compiled into cffi's own source.
+_BUILD_FACTS = """
+const char* lltm_source_hash(void) { return LLTM_SOURCE_HASH; }
+const char* lltm_package_version(void) { return LLTM_PACKAGE_VERSION; }
+const char* lltm_cuda_archs(void) { return LLTM_CUDA_ARCHS; }
+"""
+
+
+def make_ffibuilder(objects=(), for_setuptools=False):
+    """The cffi builder of lltm_ffi._lltm_ffi, linking `objects`
+    (compile_objects'; setuptools adds them later, in setup.py); with CUDA
+    when nvcc is found."""
     import cffi
 
     nvcc = find_nvcc()
-    with_cuda = bool(kernel_objects) or (for_setuptools and nvcc is not None)
+    archs = arch_names(cuda_arch()) if nvcc else ""
     define_macros = [("LLTM_SOURCE_HASH", '"%s"' % build_info.source_hash(ROOT)),
-                     ("LLTM_PACKAGE_VERSION", '"%s"' % build_info.VERSION)]
-    include_dirs = [str(ROOT / "include")]
+                     ("LLTM_PACKAGE_VERSION", '"%s"' % build_info.VERSION),
+                     ("LLTM_CUDA_ARCHS", '"%s"' % archs)]
     library_dirs, libraries = [], []
-    if with_cuda:
-        cuda_home = cuda_home_of(nvcc)
-        define_macros += [("LLTM_WITH_CUDA", "1"),
-                          ("LLTM_CUDA_ARCHS", '"%s"' % arch_names(cuda_arch()))]
-        include_dirs.append(os.path.join(cuda_home, "include"))
-        library_dirs.append(os.path.join(cuda_home, "lib64"))
+    if nvcc:
+        library_dirs.append(os.path.join(cuda_home_of(nvcc), "lib64"))
         # The static runtime keeps the module independent of whichever
         # libcudart torch happens to ship.
         libraries += ["cudart_static", "stdc++", "rt", "pthread", "dl"]
@@ -185,14 +272,13 @@ def make_ffibuilder(kernel_objects=(), for_setuptools=False):
     ffibuilder.cdef((ROOT / "include" / "lltm_ffi.h").read_text())
     ffibuilder.set_source(
         "lltm_ffi._lltm_ffi",
-        '#include <stdint.h>\n#include "lltm_ffi.h"\n',
-        sources=[name if for_setuptools else str(ROOT / name) for name in C_SOURCES],
-        include_dirs=include_dirs,
+        '#include <stdint.h>\n#include "lltm_ffi.h"\n' + _BUILD_FACTS,
+        include_dirs=["include" if for_setuptools else str(ROOT / "include")],
         define_macros=define_macros,
-        extra_objects=list(kernel_objects),
+        extra_objects=list(objects),
         library_dirs=library_dirs,
         libraries=libraries,
-        extra_compile_args=["-O3", "-fopenmp", "-Wall"],
+        extra_compile_args=["-O3"],
         extra_link_args=["-fopenmp"],
         # The file name make writes (_lltm_ffi.cpython-*.so), not .abi3.so,
         # so that an editable pip build replaces make's module instead of
@@ -258,11 +344,11 @@ def build(verbose=False):
     into place whole."""
     BUILD.mkdir(exist_ok=True)
     with _build_lock():
-        kernel_objects = compile_kernels(BUILD / "kernels")
+        objects = compile_objects(BUILD / "objects")
         installed = ROOT / "lltm_ffi" / module_file.installed_name()
         stamp = BUILD / f"module-{sys.implementation.cache_tag}.json"
         recipe = {"sources": build_info.source_hash(ROOT),
-                  "kernels": [Path(path).name for path in kernel_objects]}
+                  "objects": {Path(path).name: _sha256(path) for path in objects}}
         recorded = _read_stamp(stamp)
         reason = _rebuild_reason(installed, recorded, recipe)
         if reason is None:
@@ -271,13 +357,13 @@ def build(verbose=False):
         if recorded:
             print(f"{reason}: rebuilding", flush=True)
         with tempfile.TemporaryDirectory(dir=BUILD) as scratch:
-            built = make_ffibuilder(kernel_objects).compile(tmpdir=scratch, verbose=verbose)
+            built = make_ffibuilder(objects).compile(tmpdir=scratch, verbose=verbose)
             data = Path(built).read_bytes()
         _install(data, installed)
         _install(json.dumps(dict(recipe, module_sha256=hashlib.sha256(data).hexdigest()),
                             indent=1).encode(), stamp)
         print("built %s (CUDA: %s)" % (installed.relative_to(ROOT),
-                                       "yes" if kernel_objects else "no"))
+                                       "yes" if find_nvcc() else "no"))
 
 
 if __name__ == "__main__":

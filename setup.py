@@ -1,6 +1,7 @@
 """pip's way in (see pyproject.toml): setuptools builds lltm_ffi._lltm_ffi from
-build_ffi.py's ffibuilder, and compiles src/*.cu first when build_ffi.py finds
-nvcc. `make` is the other way in, and the primary one.
+build_ffi.py's ffibuilder, after build_ffi.py has compiled the C sources and
+(when it finds nvcc) the CUDA sources. `make` is the other way in, and the
+primary one.
 
 A wheel or an editable install without the compiled module would install
 "successfully" and fail at the first call, so the build refuses instead: it
@@ -51,9 +52,9 @@ class BuildPyRequiringTheModule(build_py):
 class BuildExtWithKernels(build_ext):
     def pre_run(self, ext, ffi):
         # cffi calls this just before it writes the module's C source; the
-        # kernels compile here rather than when setup.py is read, which pip
+        # sources compile here rather than when setup.py is read, which pip
         # does several times (metadata, then the build).
-        ext.extra_objects += _load_build_ffi().compile_kernels(Path(self.build_temp) / "kernels")
+        ext.extra_objects += _load_build_ffi().compile_objects(Path(self.build_temp) / "objects")
 
     def run(self):
         _require_extension(self.distribution)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import lltm_ffi
-from lltm_ffi import ops
+from lltm_ffi.ops.lltm.cell import forward_pass
 
 from . import harness
 from .harness import Size
@@ -31,7 +31,7 @@ def pieces(size, device):
     return {
         "bf16 matrix product (F.linear)": lambda: F.linear(X16, weights16, bias16),
         "gates bf16 -> float32 (the cast)": lambda: gates16.float(),
-        "float32 forward pass": lambda: ops.forward(gates32, cell),
+        "float32 forward pass": lambda: forward_pass.run(gates32, cell),
         "whole forward under autocast": under_autocast,
         "whole forward, float32": lambda: lltm_ffi.lltm(input, weights, bias, h, cell),
     }

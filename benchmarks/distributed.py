@@ -8,7 +8,7 @@ Weak scaling: each process trains on a batch of its own, so N processes
 train N times the sequences in a step. The scaling efficiency is the
 sequences per second of N processes over N times those of one process
 without DDP. Each process count is a fresh spawn of that many processes,
-which join their group as torchrun's would (lltm_ffi.distributed.start);
+which join their group as torchrun's would (examples/distributed.py's start);
 a step's time is the slowest process's.
 """
 
@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from lltm_ffi import demo, distributed as training
+from examples import distributed, training
 
 from . import harness
 
@@ -44,8 +44,8 @@ class Workload:
 
 WORKLOADS = {
     "cuda": (Workload("compute-bound", 50, 256, 256, 1024),
-             Workload("the demo's", demo.SEQUENCE_STEPS, demo.BATCH_SIZE,
-                      demo.INPUT_FEATURES, demo.STATE_SIZE)),
+             Workload("the demo's", training.SEQUENCE_STEPS, training.BATCH_SIZE,
+                      training.INPUT_FEATURES, training.STATE_SIZE)),
     "cpu": (Workload("tiny (smoke run)", 4, 8, 5, 7),),
 }
 CPU_PROCESSES = 2
@@ -70,7 +70,7 @@ def free_port():
 
 def steps_per_second(workload, wrapped, device, dtype, warmup, runs):
     """Training steps per second of the slowest process, median of REPEATS rounds."""
-    model = demo.SequenceRegressor(workload.features, workload.state, batch_first=True,
+    model = training.SequenceRegressor(workload.features, workload.state, batch_first=True,
                                    device=device, dtype=dtype)
     if wrapped:
         model = DistributedDataParallel(
@@ -81,7 +81,7 @@ def steps_per_second(workload, wrapped, device, dtype, warmup, runs):
     targets = torch.randn(workload.batch, device=device, dtype=dtype)
 
     def step():
-        demo.training_step(model, optimizer, sequences, targets)
+        training.training_step(model, optimizer, sequences, targets)
 
     synchronize = harness.synchronizer(device)
     harness.warm_up(step, warmup)
@@ -102,7 +102,7 @@ def worker(rank, world_size, port, device_type, dtype, workloads, warmup, runs, 
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device_type == "cpu":
         torch.set_num_threads(1)
-    rank, world_size, device = training.start(device_type)
+    rank, world_size, device = distributed.start(device_type)
     torch.manual_seed(0)
     results = [(workload.name, wrapped,
                 steps_per_second(workload, wrapped, device, dtype, warmup, runs))
@@ -110,7 +110,7 @@ def worker(rank, world_size, port, device_type, dtype, workloads, warmup, runs, 
                for wrapped in ((False, True) if world_size == 1 else (True,))]
     if rank == 0:
         torch.save(results, result_path)
-    training.finish()
+    distributed.finish()
 
 
 def measure(device_type, dtype, workloads, runs):

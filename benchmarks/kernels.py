@@ -1,13 +1,14 @@
-"""--kernels: the two fused CUDA passes alone (lltm_ffi.ops.forward and
-backward, the calls the eager cell makes), as GB/s of the bytes each must move, next to a device-to-device
-copy timed in the same run."""
+"""--kernels: the two fused CUDA passes alone (the cell's forward_pass and
+backward_pass, called directly as the eager cell calls them), as GB/s of
+the bytes each must move, next to a device-to-device copy timed in the same
+run."""
 
 import itertools
 import math
 
 import torch
 
-from lltm_ffi import ops
+from lltm_ffi.ops.lltm.cell import backward_pass, forward_pass
 
 from . import harness
 
@@ -24,8 +25,8 @@ def kernel_steps(batch, state, dtype, device):
         for columns in (3 * state, state, state, state, state))
     copy_source = torch.randn(5 * batch * state, dtype=dtype, device=device)
     copy_target = torch.empty_like(copy_source)
-    return {"forward": lambda: ops.forward(gates, old_cell),
-            "backward": lambda: ops.backward(grad_h, grad_cell, new_cell, gates),
+    return {"forward": lambda: forward_pass.run(gates, old_cell),
+            "backward": lambda: backward_pass.run(grad_h, grad_cell, new_cell, gates),
             "copy": lambda: copy_target.copy_(copy_source)}
 
 
@@ -93,7 +94,7 @@ def run(args, device, dtype):
         "enough sets, used in turn, that each is out of L2 when it comes back",
     ]
     print(harness.report(
-        "LLTM fused passes alone (lltm_ffi.ops.forward / backward)", device,
+        "LLTM fused passes alone (forward_pass / backward_pass, called directly)", device,
         dtype, harness.markdown_table(["batch x state", "step", "MB moved", "median (us)",
                                        "GB/s", "% of copy"], rows, text_columns=2),
         notes=notes))

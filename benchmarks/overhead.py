@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import lltm_ffi
-from lltm_ffi import ops, reference
+from lltm_ffi import reference
+from lltm_ffi.ops.lltm.cell import backward_pass, forward_pass
 
 from . import harness
 
@@ -67,7 +68,7 @@ def back_to_back(inputs):
         "torch.cat((old_h, input))": lambda: torch.cat((h, input), dim=1),
         "F.linear(X, weights, bias) (addmm)": lambda: F.linear(X, weights, bias),
         "2 x torch.empty_like (outputs)": lambda: (torch.empty_like(cell), torch.empty_like(cell)),
-        "lltm_ffi.ops.forward (allocate, cast, call C)": lambda: ops.forward(gates, cell),
+        "forward_pass.run (allocate, call C)": lambda: forward_pass.run(gates, cell),
         "torch.ops.lltm_ffi.forward_pass (registered op)":
             lambda: torch.ops.lltm_ffi.forward_pass(gates, cell),
         "autograd.Function.apply of a no-op": forward(NoOpFunction.apply),
@@ -75,8 +76,8 @@ def back_to_back(inputs):
         "reference forward": forward(reference.lltm),
         "forward through torch.ops.lltm_ffi.forward_pass (cat, F.linear, op)":
             forward(through_operator),
-        "lltm_ffi.ops.backward (allocate, cast, call C)":
-            lambda: ops.backward(grad_h, grad_cell, new_cell, gates),
+        "backward_pass.run (allocate, call C)":
+            lambda: backward_pass.run(grad_h, grad_cell, new_cell, gates),
         "torch.ops.lltm_ffi.backward_pass (registered op)":
             lambda: torch.ops.lltm_ffi.backward_pass(grad_h, grad_cell, new_cell, gates),
         "lltm_ffi backward (torch.autograd.grad of the loss)": backward(lltm_ffi.lltm),

@@ -6,13 +6,12 @@ behind a cffi shim, used from PyTorch through data_ptr() and the current stream.
     rnn = lltm_ffi.LLTM(input_features, state_size)
 """
 
-from . import _extension, reference
+from . import _extension, op, ops, reference
 from ._build_info import VERSION as __version__
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
-from .function import LLTMFunction, lltm
-from .module import LLTM, LLTMSequence
-from .round_ste import round_ste
-from .sequence import lltm_sequence
+# Each op's public names: one line an op.
+from .ops.lltm import LLTM, LLTMFunction, LLTMSequence, lltm, lltm_sequence
+from .ops.round_ste import round_ste
 
 
 def __getattr__(name):
@@ -22,5 +21,7 @@ def __getattr__(name):
         return _extension.cuda_compiled()
     raise AttributeError(f"module 'lltm_ffi' has no attribute {name!r}")
 
+
 __all__ = ["CUDA_COMPILED", "LLTM", "LLTMBuildError", "LLTMBuildWarning", "LLTMError",
-           "LLTMFunction", "LLTMSequence", "lltm", "lltm_sequence", "reference", "round_ste"]
+           "LLTMFunction", "LLTMSequence", "lltm", "lltm_sequence", "op", "reference",
+           "round_ste"]

@@ -1,9 +1,12 @@
 """What the compiled module is built from.
 
-build_ffi.py compiles the version and the source hash into the module; at
-import the package recomputes them and refuses a module built from other
-sources. This file imports nothing from the package, so build_ffi.py can load
-it before the module exists.
+The module's sources are found, never listed: every C and CUDA file of the
+framework (src/) and of each op folder (lltm_ffi/ops/<op>/), but an op's C
+tests (test_*.c, which `make asan` builds). build_ffi.py compiles the
+version and the hash of these sources into the module; at import the
+package recomputes them and refuses a module built from other sources.
+This file imports nothing from the package, so build_ffi.py can load it
+before the module exists.
 """
 
 import hashlib
@@ -11,13 +14,31 @@ from pathlib import Path
 
 VERSION = "0.1.0"
 
-# Everything that changes the compiled module when it changes.
-SOURCE_PATTERNS = ("build_ffi.py", "Makefile", "include/*.h", "src/*.c", "src/*.h", "src/*.cu")
+# The folders whose .c and .cu files make the module, and those that hold
+# the headers they include.
+SOURCE_FOLDERS = ("src", "lltm_ffi/ops/*")
+HEADER_FOLDERS = ("include", "src", "lltm_ffi/ops/*")
+C_TEST_PREFIX = "test_"
+# Everything else that changes the module when it changes.
+BUILD_FILES = ("build_ffi.py",)
+
+
+def module_sources(root, suffix):
+    """The module's sources ending in `suffix` (".c" or ".cu"), sorted, as
+    paths under `root`."""
+    root = Path(root)
+    return sorted(path for folder in SOURCE_FOLDERS for path in root.glob(f"{folder}/*{suffix}")
+                  if not path.name.startswith(C_TEST_PREFIX))
 
 
 def source_files(root):
+    """Every file whose change changes the compiled module."""
     root = Path(root)
-    return sorted({path for pattern in SOURCE_PATTERNS for path in root.glob(pattern)})
+    headers = {path for folder in HEADER_FOLDERS for pattern in ("*.h", "*.cuh")
+               for path in root.glob(f"{folder}/{pattern}")}
+    build_files = {root / name for name in BUILD_FILES if (root / name).is_file()}
+    return sorted({*module_sources(root, ".c"), *module_sources(root, ".cu"), *headers,
+                   *build_files})
 
 
 def source_hash(root):

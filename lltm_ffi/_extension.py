@@ -1,8 +1,8 @@
 """The binding to the compiled cffi module: loading it (and refusing a stale
-or damaged build), one call-and-check helper for every C entry point, the
-helper that puts a tensor in the form C reads, and torch's thread count in a
-forked child. The op modules (ops.py, sequence.py, round_ste.py) check
-their arguments before anything here sees them.
+or damaged build), the one call into C (lltm_run) for every pass of every
+op, the helper that puts a tensor in the form C reads, and torch's thread
+count in a forked child. The ops' declarations (lltm_ffi/op.py) check their
+arguments before anything here sees them.
 
 A missing, unloadable or stale module is detected when the package is
 imported, which warns (LLTMBuildWarning); the error itself (LLTMBuildError)
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import _build_info, _module_file
+from . import _build_info, _module_file, _torch_internals
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,42 +115,89 @@ def check_cuda_compiled(function):
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
 _DTYPE_CODES = ({torch.float32: lib.LLTM_FLOAT32, torch.float64: lib.LLTM_FLOAT64}
                 if lib is not None else {})
-_NULL = ffi.NULL if ffi is not None else None
-_cast = ffi.cast if ffi is not None else None
-
-# A raw cudaStream_t as an int, without building a torch.cuda.Stream object.
-_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
-    lambda index: torch.cuda.current_stream(index).cuda_stream)
-
+_current_raw_stream = _torch_internals.current_raw_stream
 
 # The types whose instances are plain tensors with storage of their own
 # (nn.Parameter is plain to everything but nn.Module).
 PLAIN_TENSOR_TYPES = {torch.Tensor, torch.nn.Parameter}
 
 
-def call(function, reference, sizes, tensors):
-    """Runs the C entry point lib.<function>(dtype, device, stream, *sizes,
-    *addresses of tensors) for `reference`'s dtype and device, on that
-    device's current CUDA stream; raises LLTMError with the shim's message for
-    a non-zero code. A tensor given as None (an optional argument) or with no
-    elements is passed as NULL. The tensors stay referenced until the call
-    returns, so the casts (which own nothing) stay valid."""
-    entry = getattr(require(), function)
-    if reference.is_cuda:
-        index = reference.get_device()
-        stream = _cast("void *", _current_raw_stream(index))
-    else:
-        index, stream = lib.LLTM_CPU, _NULL
-    pointers = []
-    for tensor in tensors:
-        if tensor is None:
-            pointers.append(_NULL)
-            continue
-        address = tensor.data_ptr()
-        if not address or type(tensor) not in PLAIN_TENSOR_TYPES:
-            address = _checked_address(function, tensor, address)
-        pointers.append(_cast("void *", address) if address else _NULL)
-    check(function, entry(_DTYPE_CODES[reference.dtype], index, stream, *sizes, *pointers))
+def _registry():
+    """{name: (id, device types)} of every pass the compiled module
+    registered, read once: the checks consult it on every call, also while
+    torch.compile traces them, which a call into C would stop."""
+    passes = {}
+    for index in range(lib.lltm_pass_count()):
+        bits = lib.lltm_pass_devices(index)
+        passes[ffi.string(lib.lltm_pass_name(index)).decode()] = (index, tuple(
+            device for device, bit in (("cpu", lib.LLTM_ON_CPU), ("cuda", lib.LLTM_ON_CUDA))
+            if bits & bit))
+    return passes
+
+
+PASSES = _registry() if lib is not None else {}
+
+
+def pass_devices(name):
+    """The device types the compiled module runs the pass `name` on ("cpu",
+    "cuda"); LLTMBuildError where it has no such pass. Reads only PASSES
+    when the pass is there, so that torch.compile traces it."""
+    if name in PASSES:
+        return PASSES[name][1]
+    require()
+    conflict = lib.lltm_pass_conflict()
+    why = (f"; the module also refused a second registration of "
+           f"{ffi.string(conflict).decode()!r}" if conflict != ffi.NULL else "")
+    raise LLTMBuildError(
+        f"lltm_ffi's compiled module has no pass {name!r}: no C or CUDA source of an op "
+        f"folder registers it with LLTM_CPU_PASS or LLTM_CUDA_PASS{why}; check the name "
+        f"there, then rebuild with `make` in {ROOT}")
+
+
+class CPass:
+    """The C pass registered as `name` (include/lltm_op.h), called through
+    lltm_run."""
+
+    __slots__ = ("name", "_id")
+
+    def __init__(self, name):
+        self.name = name
+        self._id = None
+
+    def __call__(self, sizes, tensors, scalars=()):
+        """Runs the pass with `sizes` (ints), `scalars` (floats) and the
+        addresses of `tensors`, for the dtype and device of the first of
+        them, on that device's current CUDA stream; raises LLTMError with
+        the shim's message for a non-zero code. A tensor given as None (left
+        out) or with no elements is passed as NULL. The tensors stay
+        referenced until the call returns, so their addresses stay valid."""
+        if self._id is None:
+            pass_devices(self.name)  # LLTMBuildError where the module lacks the pass
+            self._id = PASSES[self.name][0]
+        pass_id = self._id
+        reference = tensors[0]
+        if reference.is_cuda:
+            index = reference.get_device()
+            stream = _current_raw_stream(index)
+        else:
+            index, stream = lib.LLTM_CPU, 0
+        addresses = []
+        for tensor in tensors:
+            if tensor is None:
+                addresses.append(0)
+                continue
+            address = tensor.data_ptr()
+            if not address or type(tensor) not in PLAIN_TENSOR_TYPES:
+                address = _checked_address(self.name, tensor, address)
+            addresses.append(address)
+        check(self.name, lib.lltm_run(pass_id, _DTYPE_CODES[reference.dtype], index, stream,
+                                      sizes, scalars, addresses))
+
+
+def check(function, code):
+    """LLTMError naming `function`, with the shim's message, for a non-zero code."""
+    if code:
+        raise LLTMError(function, code, error_message(code))
 
 
 def _checked_address(function, tensor, address):
@@ -170,12 +217,6 @@ def _checked_address(function, tensor, address):
                     "lltm_ffi's C passes take tensors with real storage, and lltm_ffi's "
                     "public functions route such tensors through the torch.library "
                     "operators")
-
-
-def check(function, code):
-    """LLTMError naming `function`, with the shim's message, for a non-zero code."""
-    if code:
-        raise LLTMError(function, code, error_message(code))
 
 
 def dense(tensor):

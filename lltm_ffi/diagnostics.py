@@ -3,9 +3,10 @@
 Prints the lltm_ffi, Python, torch and cffi versions, the GPUs torch sees,
 where the compiled module lives, what it was built with (CUDA or not, for
 which architectures, against which CUDA runtime) and whether it is usable
-(present, loads, not stale); then checks lltm and round_ste against their
-torch references on every device there is, in float32 and float64. Exits 1
-when the module is unusable or a check fails, else 0.
+(present, loads, not stale), and the passes it registered against those the
+ops declare; then runs every op's self-check (lltm_ffi.op.self_check) on
+every device there is, in float32 and float64. Exits 1 when the module is
+unusable, a declared pass is missing or a check fails, else 0.
 
 A missing or stale module is reported, never raised: importing lltm_ffi only
 warns about it (see _extension), so this runs in exactly the situations a
@@ -139,20 +140,34 @@ def _describe_gpus(report, torch, lib, ffi):
     return devices
 
 
-def _self_check(device, dtype):
-    """None when lltm and round_ste agree with torch on `device`, else what went wrong."""
-    import torch
+def _describe_passes(report, extension, op):
+    """A row of the passes the module registered, each with its devices,
+    and a problem for every pass an op declares that the module lacks on a
+    device it was built for."""
+    registered = extension.PASSES
+    report.row("passes", ", ".join(f"{name} ({'+'.join(devices)})"
+                                   for name, (_, devices) in registered.items()))
+    built_for = ("cpu", "cuda") if extension.cuda_compiled() else ("cpu",)
+    missing = [f"{name} on {device}" for name, declared in op.PASSES.items()
+               for device in declared.devices
+               if device in built_for and device not in registered.get(name, (None, ()))[1]]
+    if missing:
+        report.problem(f"the compiled module lacks passes the ops declare ({', '.join(missing)})"
+                       ": no C or CUDA source registers them under those names; check the "
+                       "LLTM_CPU_PASS and LLTM_CUDA_PASS lines, then rebuild with `make`")
 
-    import lltm_ffi
-    from . import selfcheck
 
-    failure = selfcheck.disagreement(*CHECK_SHAPE, dtype, device)
-    if failure:
-        return f"lltm: {failure}"
-    values = torch.tensor([-1.0, 0.0, 0.25, 0.5, 0.75, 1.0, 2.0], dtype=dtype, device=device)
-    if not torch.equal(lltm_ffi.round_ste(values), (values >= 0.5).to(dtype)):
-        return "round_ste: forward differs from (x >= 0.5)"
-    return None
+def _self_check(checks, device, dtype):
+    """None when every op's self-check passes on `device`, else what went wrong."""
+    failures = []
+    for name, check in checks.items():
+        try:
+            failure = check(device, dtype)
+        except Exception as error:  # a CUDA error, say: report it, check the rest
+            failure = "".join(traceback.format_exception_only(error)).strip()
+        if failure is not None:
+            failures.append(f"{name}: {failure}")
+    return "; ".join(failures) or None
 
 
 def main():
@@ -177,13 +192,14 @@ def main():
     if lib is None:
         report.row("self-check", "not run: the compiled module is not usable")
     else:
+        from . import op
+
+        _describe_passes(report, _extension, op)
+        report.row("self-checks", ", ".join(op.SELF_CHECKS))
         for device in devices:
             for dtype in (torch.float32, torch.float64):
                 label = f"check {device} {str(dtype).replace('torch.', '')}"
-                try:
-                    failure = _self_check(device, dtype)
-                except Exception as error:  # a CUDA error, say: report it, check the rest
-                    failure = "".join(traceback.format_exception_only(error)).strip()
+                failure = _self_check(op.SELF_CHECKS, device, dtype)
                 report.row(label, "pass" if failure is None else f"FAIL: {failure}")
                 if failure is not None:
                     report.problem(f"{label}: {failure}")

@@ -61,7 +61,7 @@ def check_installed():
     import torch
 
     import lltm_ffi
-    from lltm_ffi import _extension, selfcheck
+    from lltm_ffi import _extension, op
 
     package = Path(lltm_ffi.__file__).resolve().parent
     if package == CHECKOUT / "lltm_ffi":
@@ -72,18 +72,22 @@ def check_installed():
         return f"pip-check: the compiled module {_extension.MODULE_PATH} is not the installed one"
     if lltm_ffi.CUDA_COMPILED:
         return "pip-check: LLTM_CUDA=0 should have built a CPU-only module"
-    lib, null = _extension.lib, _extension.ffi.NULL
-    if lib.lltm_round_forward(lib.LLTM_FLOAT32, 0, null, 4, null, null) != lib.LLTM_ERROR_NO_CUDA:
-        return "pip-check: a CPU-only module's CUDA entry point did not refuse"
-    for dtype in (torch.float32, torch.float64):
-        failure = selfcheck.disagreement(3, 5, 7, dtype, "cpu")
-        if failure:
-            return f"pip-check: lltm: {failure}"
-    x = torch.tensor([0.2, 0.5, 0.7])
-    if not torch.equal(lltm_ffi.round_ste(x), torch.tensor([0.0, 1.0, 1.0])):
-        return "pip-check: round_ste gave the wrong values"
+    lib = _extension.lib
+    on_cpu = {name for name, declared in op.PASSES.items() if "cpu" in declared.devices}
+    if set(_extension.PASSES) != on_cpu:
+        return (f"pip-check: the module registers {sorted(_extension.PASSES)}, the ops "
+                f"declare {sorted(on_cpu)} for the CPU")
+    pass_id, _ = _extension.PASSES["round_forward"]
+    if lib.lltm_run(pass_id, lib.LLTM_FLOAT32, 0, 0, [4], [], [0, 0]) != lib.LLTM_ERROR_NO_CUDA:
+        return "pip-check: a CPU-only module's pass did not refuse a CUDA device"
+    for name, check in op.SELF_CHECKS.items():
+        for dtype in (torch.float32, torch.float64):
+            failure = check("cpu", dtype)
+            if failure:
+                return f"pip-check: {name}: {failure}"
     print(f"pip-check ok: lltm_ffi {lltm_ffi.__version__} from {package}, "
-          f"module {Path(_extension.MODULE_PATH).name} (CPU-only)")
+          f"module {Path(_extension.MODULE_PATH).name} (CPU-only), self-checks of "
+          f"{', '.join(op.SELF_CHECKS)} passed")
     return 0
 
 

@@ -6,7 +6,9 @@ child process in child_cases.py.
 
 Every test draws fresh random inputs. Tests that take the `seed` (or
 `generator`) fixture print the seed in their failure report; setting
-LLTM_TEST_SEED to it replays the same inputs.
+LLTM_TEST_SEED to it replays the same inputs. Those fixtures, the devices
+and dtypes and the markers they set come from lltm_ffi.testing, which op
+folders' tests share.
 """
 
 import os
@@ -24,18 +26,15 @@ if str(REPO_ROOT) not in sys.path:
 
 import lltm_ffi  # noqa: E402
 from lltm_ffi import reference, selfcheck  # noqa: E402
+from lltm_ffi.testing import (NO_GPU, SEED_VARIABLE, cuda_device, device, dtype,  # noqa: E402,F401
+                              generator, pytest_collection_modifyitems,
+                              pytest_runtest_makereport, seed, skip_without_gpu,
+                              skip_without_two_gpus)
 
 ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 RESULT_NAMES = selfcheck.OUTPUT_NAMES + selfcheck.GRADIENT_NAMES
 # What the fused passes return: forward_pass, then backward_pass.
 PASS_NAMES = ("new_h", "new_cell", "d_old_cell", "d_gates")
-SEED_VARIABLE = "LLTM_TEST_SEED"
-NO_GPU = "no CUDA device: torch.cuda.is_available() is False"
-
-
-def skip_without_gpu():
-    if not torch.cuda.is_available():
-        pytest.skip(NO_GPU)
 
 
 @pytest.fixture(autouse=True)
@@ -50,49 +49,6 @@ def strict_float32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = settings[:2]
     torch.set_float32_matmul_precision(settings[2])
     assert left == settings, f"the test changed the float32 precision settings {settings} to {left}"
-
-
-@pytest.fixture(params=["cpu", "cuda"])
-def device(request):
-    """Each device lltm_ffi runs on; the cuda case skips where there is no GPU."""
-    if request.param == "cuda":
-        skip_without_gpu()
-    return torch.device(request.param)
-
-
-@pytest.fixture
-def cuda_device():
-    """The GPU, for tests that need one whatever else they run on."""
-    skip_without_gpu()
-    return torch.device("cuda")
-
-
-@pytest.fixture(params=[torch.float32, torch.float64], ids=["float32", "float64"])
-def dtype(request):
-    return request.param
-
-
-@pytest.fixture
-def seed(request):
-    """A fresh random seed (or $LLTM_TEST_SEED), shown in the report if the test fails."""
-    replay = os.environ.get(SEED_VARIABLE)
-    value = int(replay) if replay else torch.Generator().seed()
-    request.node.lltm_seed = value
-    return value
-
-
-@pytest.fixture
-def generator(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
-    value = getattr(item, "lltm_seed", None)
-    if report.failed and value is not None:
-        report.sections.append(("random inputs", f"replay with {SEED_VARIABLE}={value}"))
-    return report
 
 
 @pytest.fixture(scope="session")

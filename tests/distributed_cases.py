@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 import conftest  # noqa: F401
 
 import lltm_ffi  # noqa: E402
-from lltm_ffi import demo, distributed  # noqa: E402
+from examples import demo, distributed  # noqa: E402
 
 INPUT_FEATURES, STATE_SIZE, SEQUENCE_STEPS = 5, 7, 4
 FSDP_STEPS = 3

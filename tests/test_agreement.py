@@ -19,7 +19,8 @@ import lltm_ffi
 from builders import random_grad_outputs, random_inputs, random_like
 from conftest import (ARGUMENT_NAMES, PASS_NAMES, RESULT_NAMES, allowed_error,
                       assert_cell_agrees, cell_disagreements, outputs_and_gradients, shape_id)
-from lltm_ffi import ops, reference, selfcheck
+from lltm_ffi import reference, selfcheck
+from lltm_ffi.ops.lltm import cell
 
 # (batch, input_features, state_size)
 SHAPES = [
@@ -115,14 +116,14 @@ def test_edge_shapes_agree_with_reference(shape, dtype, device, seed):
 
 # On a GPU an eager step runs as a sequence of length 1 in lltm_ffi's own
 # kernels (src/step_kernel.cu) while its gate product takes at most
-# LLTM_STEP_MULTIPLY_ADDS multiply-adds, in torch's products past that;
+# cell.STEP_MULTIPLY_ADDS multiply-adds, in torch's products past that;
 # which kernels a backward pass launches depends on the gradients wanted,
 # and the product kernel's tiles (64 or 32 rows) on the sizes.
 STEP_SHAPES = [
     (3, 7, 512),       # the weights' gradient in tiles of 64 rows
     (1300, 30, 200),   # the gate product in tiles of 64 rows, 1300 rows not a multiple of 64
     (300, 20, 100),    # every product in tiles of 32 rows
-    (1100, 256, 512),  # past LLTM_STEP_MULTIPLY_ADDS: torch's products
+    (1100, 256, 512),  # past cell.STEP_MULTIPLY_ADDS: torch's products
 ]
 WANTED = [("input", "weights", "bias", "old_h", "old_cell"), ("weights", "bias"), ("weights",),
           ("bias",), ("input",), ("old_h",), ("old_cell",), ("input", "old_cell")]
@@ -143,7 +144,7 @@ def _assert_step_results_agree(values, expected, dtype):
 @pytest.mark.parametrize("wanted", WANTED, ids="+".join)
 @pytest.mark.parametrize("shape", STEP_SHAPES, ids=shape_id)
 def test_gpu_step_paths_agree_with_reference(shape, wanted, dtype, cuda_device, generator):
-    assert lltm_ffi.sequence.fused_step(*shape) == (shape != STEP_SHAPES[-1])
+    assert cell.uses_step_kernels(*shape) == (shape != STEP_SHAPES[-1])
     inputs = random_inputs(generator, shape, dtype, cuda_device)
     grads = random_grad_outputs(inputs, generator)
     outputs, gradients = outputs_and_gradients(inputs, grads, requires_grad=wanted)
@@ -153,22 +154,21 @@ def test_gpu_step_paths_agree_with_reference(shape, wanted, dtype, cuda_device, 
     _assert_step_results_agree(outputs + gradients, expected_outputs + expected_gradients, dtype)
 
 
-# The step passes themselves run on the CPU too (the C loop with one step),
-# which the cell does not call there: sizes with no element (every gradient
+# The step passes called directly: sizes with no element (every gradient
 # zeros) and an output gradient broadcast along the batch.
 STEP_PASS_SHAPES = [(1, 4, 3), (5, 0, 9), (37, 13, 33), (0, 3, 4), (4, 3, 0)]
 
 
 @pytest.mark.parametrize("wanted", WANTED[:3] + WANTED[4:], ids="+".join)
 @pytest.mark.parametrize("shape", STEP_PASS_SHAPES, ids=shape_id)
-def test_step_passes_agree_with_reference(shape, wanted, dtype, device, generator):
-    inputs = random_inputs(generator, shape, dtype, device)
+def test_step_passes_agree_with_reference(shape, wanted, dtype, cuda_device, generator):
+    inputs = random_inputs(generator, shape, dtype, cuda_device)
     grad_h, grad_cell = random_grad_outputs(inputs, generator)
     grad_h = grad_h[:1].expand_as(grad_h)
-    new_h, new_cell, gates = lltm_ffi.sequence.step_forward(*inputs)
-    gradients = lltm_ffi.sequence.step_backward(
-        tuple(name in wanted for name in ARGUMENT_NAMES), *inputs[:4], new_cell, gates, grad_h,
-        grad_cell)
+    new_h, new_cell, gates = cell.step_forward(*inputs)
+    gradients = cell.step_backward.run(
+        *inputs[:4], new_cell, gates, grad_h, grad_cell,
+        wanted=tuple(name in wanted for name in ARGUMENT_NAMES))
     expected_outputs, expected_gradients = outputs_and_gradients(
         [tensor.double() for tensor in inputs], [grad_h.double(), grad_cell.double()],
         function=reference.lltm, requires_grad=wanted)
@@ -193,8 +193,8 @@ def test_fused_passes_are_accurate_over_a_wide_range_of_gates(dtype, device, gen
     gates[:, ::17] *= 30  # deep in saturation, past where exp overflows in float32
     old_cell, grad_h, grad_cell = (normal(batch_size, state_size, scale=2.0) for _ in range(3))
 
-    new_h, new_cell = ops.forward(gates, old_cell)
-    d_old_cell, d_gates = ops.backward(grad_h, grad_cell, new_cell, gates)
+    new_h, new_cell = cell.forward_pass.run(gates, old_cell)
+    d_old_cell, d_gates = cell.backward_pass.run(grad_h, grad_cell, new_cell, gates)
 
     gates64, old_cell64 = (tensor.double().requires_grad_(True) for tensor in (gates, old_cell))
     expected_h, expected_cell = reference.pointwise(gates64, old_cell64)

@@ -82,7 +82,7 @@ def test_report_without_a_built_module(tmp_path):
 def test_report_on_a_stale_module(tmp_path):
     directory = copy_sources(tmp_path / "lltm")
     make_cpu_only(directory)
-    edit_after_build(directory, directory / "src" / "round_cpu.c")
+    edit_after_build(directory, directory / "lltm_ffi" / "ops" / "round_ste" / "round_cpu.c")
     result = run_diagnostics(directory)
     assert_reports_environment_and_problem(result, "stale", "`make`")
     # What the stale module was built with is still shown.

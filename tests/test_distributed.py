@@ -27,7 +27,7 @@ import torch
 import distributed_cases as cases
 from checkouts import output_within
 from conftest import REPO_ROOT, SEED_VARIABLE
-from lltm_ffi import demo, distributed
+from examples import demo, distributed
 
 PROCESSES = 2
 LAUNCH_TIMEOUT_S = 600  # the compile cases compile in both processes at once on two cores
@@ -175,7 +175,7 @@ def demo_device(request):
 def run_demo(device_type, *arguments):
     """The demo's --distributed run on 300 sequences (150 a process, so two
     steps an epoch at batch 64): its output, after asserting it succeeded."""
-    code, output = torchrun(["-m", "lltm_ffi.demo", "--distributed", "--device", device_type,
+    code, output = torchrun(["-m", "examples.demo", "--distributed", "--device", device_type,
                              "--samples", "300", *arguments], device_type, DEMO_TIMEOUT_S)
     assert code == 0, f"exit status {code}:\n{output}"
     return output
@@ -277,7 +277,7 @@ FINISH_SCRIPT = """
 import gc, weakref
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from lltm_ffi import distributed
+from examples import distributed
 gc.disable()
 distributed.start("cpu")
 model = DistributedDataParallel(torch.nn.Linear(3, 2))

@@ -63,7 +63,7 @@ def test_the_makefile_leaves_nvcc_and_its_flags_to_build_ffi():
 
 
 @pytest.mark.parametrize("flags, names", [
-    (None, "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_120"),
+    (None, "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_90"),
     ("-gencode arch=compute_90,code=sm_90", "sm_90"),
     ("-gencode arch=compute_90,code=[sm_90,compute_90]", "sm_90 compute_90"),
     ("-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90a,code=sm_90a", "sm_90a"),

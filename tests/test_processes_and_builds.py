@@ -42,12 +42,13 @@ BUILD_WARNING_TEXT = "lltm_ffi's compiled module is stale; rebuild with `make`"
 
 
 def _c_error():
-    """An LLTMError from the C shim itself: lltm_forward refuses an unknown
+    """An LLTMError from the C shim itself: lltm_run refuses an unknown
     element type with LLTM_ERROR_DTYPE (no tensor is read)."""
-    lib, null = _extension.require(), _extension.ffi.NULL
-    _extension.check("lltm_forward", lib.lltm_forward(99, lib.LLTM_CPU, null, 1, 1,
-                                                      null, null, null, null))
-    raise AssertionError("lltm_forward accepted dtype 99")
+    lib = _extension.require()
+    pass_id, _ = _extension.PASSES["forward_pass"]
+    _extension.check("forward_pass", lib.lltm_run(pass_id, 99, lib.LLTM_CPU, 0, [1, 1], [],
+                                                  [0] * 4))
+    raise AssertionError("lltm_run accepted dtype 99")
 
 
 def _exceptions():
@@ -95,9 +96,9 @@ def test_lltm_error_from_c_has_the_shims_fields():
     with pytest.raises(lltm_ffi.LLTMError) as caught:
         _c_error()
     error = caught.value
-    assert (error.function, error.code) == ("lltm_forward", _extension.lib.LLTM_ERROR_DTYPE)
+    assert (error.function, error.code) == ("forward_pass", _extension.lib.LLTM_ERROR_DTYPE)
     assert error.message == _extension.error_message(error.code)
-    assert str(error) == f"lltm_forward failed: {error.message} (error code {error.code})"
+    assert str(error) == f"forward_pass failed: {error.message} (error code {error.code})"
 
 
 # Pool workers: module-level functions, so that spawn can find them by name.
@@ -169,11 +170,12 @@ def run_scenario(code, timeout=SCENARIO_TIMEOUT_S):
         import os, sys, time
         import torch
         import lltm_ffi
-        from lltm_ffi import ops, reference, selfcheck
+        from lltm_ffi import reference, selfcheck
+        from lltm_ffi.ops.lltm.cell import backward_pass, forward_pass
 
         # Two threads even on one core: OpenMP's pool then has a thread to lose.
         torch.set_num_threads(2)
-        BIG = (256, 16, 256)  # batch * state = 65536, past LLTM_CPU_PARALLEL_MIN
+        BIG = (256, 16, 256)  # batch * state = 65536, past LLTM_PARALLEL_MIN_ELEMENTS
         SMALL = (3, 5, 7)
 
         def make_case(shape, dtype):
@@ -200,8 +202,8 @@ def run_scenario(code, timeout=SCENARIO_TIMEOUT_S):
             problems = []
             for dtype in (torch.float32, torch.float64):
                 (gates, old_cell, grad_h, grad_cell), expected = CASES[shape, dtype]
-                new_h, new_cell = ops.forward(gates, old_cell)
-                results = (new_h, new_cell, *ops.backward(grad_h, grad_cell, new_cell, gates))
+                new_h, new_cell = forward_pass.run(gates, old_cell)
+                results = (new_h, new_cell, *backward_pass.run(grad_h, grad_cell, new_cell, gates))
                 for name, value, reference_value in zip(PASS_NAMES, results, expected):
                     error = selfcheck.relative_error(value, reference_value)
                     if not error <= selfcheck.TOLERANCES[dtype]:
@@ -272,15 +274,15 @@ def test_forked_child_c_passes_stay_off_openmp_even_with_torch_threads_restored(
         old_cell, grad_h, grad_cell = (
             torch.randn(batch, state, generator=generator, dtype=torch.float64)
             for _ in range(3))
-        forward = ops.forward(gates, old_cell)
-        backward = ops.backward(grad_h, grad_cell, forward[1], gates)
+        forward = forward_pass.run(gates, old_cell)
+        backward = backward_pass.run(grad_h, grad_cell, forward[1], gates)
         expected = [tensor.numpy().tobytes() for tensor in (*forward, *backward)]
         pid = os.fork()
         if pid == 0:
             torch.set_num_threads(2)
             for _ in range(3):
-                forward = ops.forward(gates, old_cell)
-                backward = ops.backward(grad_h, grad_cell, forward[1], gates)
+                forward = forward_pass.run(gates, old_cell)
+                backward = backward_pass.run(grad_h, grad_cell, forward[1], gates)
                 results = [tensor.numpy().tobytes() for tensor in (*forward, *backward)]
                 if results != expected:
                     os._exit(1)

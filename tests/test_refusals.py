@@ -278,29 +278,31 @@ def test_module_call_with_wrong_state_shape_is_a_value_error(generator):
 
 
 def test_cpu_only_build_refuses_cuda_through_the_c_shim(cpu_only_build):
+    """Every pass the module registers, and every pass an op declares (none
+    missing), answers a CUDA device with LLTM_ERROR_NO_CUDA."""
     result = run_python(cpu_only_build, f"""
         from pathlib import Path
         import lltm_ffi
-        from lltm_ffi import _extension
+        from lltm_ffi import _extension, op
         package = Path(lltm_ffi.__file__).resolve().parent
         assert package == Path({str(cpu_only_build)!r}).resolve() / "lltm_ffi", package
         assert lltm_ffi.CUDA_COMPILED is False
-        ffi, lib = _extension.ffi, _extension.lib
+        lib = _extension.lib
         assert lib.lltm_cuda_compiled() == 0
-        null = ffi.NULL
-        for dtype in (lib.LLTM_FLOAT32, lib.LLTM_FLOAT64):
-            codes = [lib.lltm_forward(dtype, 0, null, 2, 3, null, null, null, null),
-                     lib.lltm_backward(dtype, 0, null, 2, 3, 3, 1, 3, 1, *[null] * 6),
-                     lib.lltm_sequence_forward(dtype, 0, null, 2, 2, 3, 3, 0, *[null] * 8),
-                     lib.lltm_sequence_backward(dtype, 0, null, 2, 2, 3, 3, 0, *[null] * 15),
-                     lib.lltm_round_forward(dtype, 0, null, 4, null, null)]
-            assert codes == [lib.LLTM_ERROR_NO_CUDA] * 5, codes
+        on_cpu = {{name for name, declared in op.PASSES.items() if "cpu" in declared.devices}}
+        assert set(_extension.PASSES) == on_cpu, (on_cpu, _extension.PASSES)
+        for name, (pass_id, devices) in _extension.PASSES.items():
+            assert devices == ("cpu",), (name, devices)
+            for dtype in (lib.LLTM_FLOAT32, lib.LLTM_FLOAT64):
+                code = lib.lltm_run(pass_id, dtype, 0, 0, [2] * 16, [0.5] * 4, [0] * 32)
+                assert code == lib.LLTM_ERROR_NO_CUDA, (name, code)
         message = _extension.error_message(lib.LLTM_ERROR_NO_CUDA)
         assert "without CUDA" in message and "make" in message, message
-        print("ok")
+        print("ok", len(_extension.PASSES))
     """)
     assert_succeeded(result)
-    assert result.stdout.strip() == "ok"
+    on_cpu = [name for name, declared in lltm_ffi.op.PASSES.items() if "cpu" in declared.devices]
+    assert result.stdout.strip() == f"ok {len(on_cpu)}"
 
 
 def test_cpu_only_build_given_cuda_tensors_raises_lltm_error(cpu_only_build, cuda_device):

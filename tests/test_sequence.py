@@ -12,6 +12,7 @@ import torch
 from torch.library import opcheck
 
 import lltm_ffi
+from lltm_ffi.ops.lltm import cell
 from builders import slow_stream_inputs
 from checkouts import REPO_ROOT
 from conftest import raises_with, reference_sequence, skip_without_gpu
@@ -98,14 +99,15 @@ def test_own_kernels_agree_with_a_loop_of_the_cell(shape, dtype, cuda_device, ge
 @pytest.mark.parametrize("kernels", ["default", "own"])
 def test_one_step_without_state_gradients(kernels, dtype, device, generator, monkeypatch):
     """One step whose h0 and c0 do not require grad: C is given no d_h0 or
-    d_c0. On a GPU at a size past LLTM_STEP_MULTIPLY_ADDS, which the general
+    d_c0. On a GPU at a size past cell.STEP_MULTIPLY_ADDS, which the general
     paths take (cuBLAS's, or with LLTM_CUBLAS=0 the step-by-step kernels)."""
     if kernels == "own":
         if device.type == "cpu":
             pytest.skip("LLTM_CUBLAS=0 changes nothing on the CPU")
         monkeypatch.setenv("LLTM_CUBLAS", "0")
     shape = (1, 1100, 256, 512) if device.type == "cuda" else (1, 5, 4, 7)
-    assert lltm_ffi.sequence.fused_step(*shape[1:]) == (device.type == "cpu")
+    if device.type == "cuda":
+        assert not cell.uses_step_kernels(*shape[1:])
     arguments = random_arguments(shape, dtype, device, generator)
     grad = torch.randn(shape[0], shape[1], shape[3], generator=generator, dtype=dtype).to(device)
     got, expected = [], []
@@ -123,14 +125,17 @@ def test_one_step_without_state_gradients(kernels, dtype, device, generator, mon
         assert error <= TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
 
 
-def test_backward_of_several_steps_needs_the_state_gradients():
+def test_backward_of_several_steps_needs_the_state_gradients(device):
     """d_h0 and d_c0 carry the gradients from step to step: the C backward
-    pass refuses to go without them (lltm_ffi.h), before reading anything."""
-    lib = lltm_ffi._extension.lib
-    code = lib.lltm_sequence_backward(lib.LLTM_FLOAT32, lib.LLTM_CPU, lltm_ffi._extension.ffi.NULL,
-                                      2, 1, 1, 1, 0, [0] * 6, *[lltm_ffi._extension.ffi.NULL] * 14)
-    assert code == lib.LLTM_ERROR_STATE_GRADIENTS
-    assert "needs d_h0 and d_c0" in lltm_ffi._extension.error_message(code)
+    pass refuses to go without them, before reading anything."""
+    extension = lltm_ffi._extension
+    lib = extension.lib
+    stream = torch.cuda.current_stream().cuda_stream if device.type == "cuda" else 0
+    code = lib.lltm_run(extension.PASSES["sequence_backward"][0], lib.LLTM_FLOAT32,
+                        lib.LLTM_CPU if device.type == "cpu" else torch.cuda.current_device(),
+                        stream, [2, 1, 1, 1, 0, 0] + [0] * 6, [], [0] * 14)
+    assert code == lib.LLTM_ERROR_ARGUMENTS
+    assert "cannot take" in extension.error_message(code)
 
 
 def test_passes_on_the_same_tensors_again_read_what_they_hold_now(cuda_device, generator):

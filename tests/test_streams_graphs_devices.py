@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import lltm_ffi
+from lltm_ffi.ops.lltm import cell
 from builders import slow_stream_inputs
 from conftest import assert_all_close
 from lltm_ffi import reference, selfcheck
@@ -50,7 +51,7 @@ def test_inputs_handed_over_from_another_stream(cuda_device, generator):
 
 # Captured, a cell runs in lltm_ffi's step kernels only up to 2^20
 # multiply-adds (32x16x96: 1032192), in torch's products past that
-# (function._CAPTURED_STEP_MULTIPLY_ADDS).
+# (cell._CAPTURED_STEP_MULTIPLY_ADDS).
 @pytest.mark.parametrize("shape, step_kernels", [((32, 16, 96), True), ((64, 64, 256), False)],
                          ids=["step-kernels", "torch-products"])
 def test_cuda_graph_capture_and_replay(shape, step_kernels, cuda_device, generator, monkeypatch):
@@ -76,9 +77,9 @@ def test_cuda_graph_capture_and_replay(shape, step_kernels, cuda_device, generat
     graph = torch.cuda.CUDAGraph()
     model.zero_grad(set_to_none=False)
     captured_steps = []
-    step_forward = lltm_ffi.sequence.step_forward
-    monkeypatch.setattr(lltm_ffi.sequence, "step_forward",
-                        lambda *arguments: captured_steps.append(1) or step_forward(*arguments))
+    run = cell.step_forward.run
+    monkeypatch.setattr(cell.step_forward, "run",
+                        lambda *arguments: captured_steps.append(1) or run(*arguments))
     with torch.cuda.graph(graph):
         static_new_h, static_new_cell = step()
     assert bool(captured_steps) == step_kernels

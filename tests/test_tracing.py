@@ -28,8 +28,9 @@ import lltm_ffi
 from builders import random_grad_outputs, random_inputs, sequence_arguments
 from conftest import (as_leaves, assert_all_close, outputs_and_gradients, raises_with,
                       reference_sequence)
-from lltm_ffi import function, ops, reference, selfcheck, sequence
-from lltm_ffi.round_ste import round_forward
+from lltm_ffi import reference, selfcheck
+from lltm_ffi.ops.lltm import cell as lltm_cell, sequence
+from lltm_ffi.ops.round_ste.round_ste import round_forward
 
 SHAPE = (3, 5, 7)
 SEQUENCE_SHAPE = (4, 3, 5, 7)
@@ -159,16 +160,16 @@ def _jit_trace_module(device, generator):
 def _storage_less_refused_before_c(device, generator):
     """Called past the public functions, the C passes refuse what has no memory."""
     inputs = random_inputs(generator, SHAPE, torch.float64, device)
-    # On a GPU the cell at this size is a sequence of length 1 in C.
-    cell_pass = "lltm_forward" if torch.device(device).type == "cpu" else "lltm_sequence_forward"
+    # On a GPU the cell at this size runs in its step kernels.
+    cell_pass = "forward_pass" if torch.device(device).type == "cpu" else "step_forward"
     with raises_with(TypeError, cell_pass, "TwoTensor", "without memory of its own"):
-        function.LLTMFunction.apply(*(TwoTensor(tensor, tensor) for tensor in inputs))
+        lltm_cell.LLTMFunction.apply(*(TwoTensor(tensor, tensor) for tensor in inputs))
     with FakeTensorMode() as mode:
         gates = mode.from_tensor(torch.randn(3, 21, dtype=torch.float64))
-        with raises_with(TypeError, "lltm_forward", "FakeTensor", "without memory of its own"):
-            ops.forward(gates, torch.empty_like(gates[:, :7]))
-    with raises_with(TypeError, "lltm_round_forward", "TwoTensor", "without memory of its own"):
-        round_forward(TwoTensor(inputs[0], inputs[0]))
+        with raises_with(TypeError, "forward_pass", "FakeTensor", "without memory of its own"):
+            lltm_cell.forward_pass.run(gates, torch.empty_like(gates[:, :7]))
+    with raises_with(TypeError, "round_forward", "TwoTensor", "without memory of its own"):
+        round_forward.run(TwoTensor(inputs[0], inputs[0]))
 
 
 def _nested_and_sparse_refused(device, generator):
@@ -232,8 +233,8 @@ def test_plain_tensors_and_parameters_take_the_eager_path(monkeypatch, device, g
     def refuse(*arguments):
         raise AssertionError("a plain call went through the operators")
 
-    monkeypatch.setattr(function, "_traceable_lltm", refuse)
-    monkeypatch.setattr(sequence, "sequence_forward", refuse)
+    monkeypatch.setattr(lltm_cell, "_traced_lltm", refuse)
+    monkeypatch.setattr(sequence.sequence_forward, "operator", refuse)
     cell = lltm_ffi.LLTM(5, 7, device=device, dtype=torch.float64)
     input, _, _, h, c = random_inputs(generator, SHAPE, torch.float64, device)
     expected = reference.lltm(input, cell.weights, cell.bias, h, c)

@@ -7,10 +7,8 @@
 // instead of reading them back, which moves fewer bytes than saving them.
 
 #include "caffe_cuda_macro.h"
-#include "lltm_dtype.h"
-#include "lltm_ffi.h"
 #include "lltm_cell.h"
-#include "lltm_kernel.h"
+#include "lltm_op.h"
 
 // The kernels move Pack<Dtype, kWidth>: kWidth consecutive elements of a row
 // in one access, 16 bytes when the row length and every pointer allow it
@@ -122,13 +120,6 @@ static cudaError_t launch_forward(int64_t batch_size, int64_t state_size, const 
   return cudaSuccess;
 }
 
-extern "C" cudaError_t lltm_launch_forward(int dtype, int64_t batch_size, int64_t state_size,
-                                           const void* gates, const void* old_cell, void* new_h,
-                                           void* new_cell, cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_forward, batch_size, state_size, gates, old_cell, new_h,
-                         new_cell, stream);
-}
-
 // grad_h and grad_cell are read through (row, column) strides, in units of P:
 // autograd often hands over broadcast views (stride 0) that need no copy.
 template <typename Dtype, int kWidth, typename Index>
@@ -205,11 +196,9 @@ static cudaError_t launch_backward(int64_t batch_size, int64_t state_size,
   return cudaSuccess;
 }
 
-extern "C" cudaError_t lltm_launch_backward(int dtype, int64_t batch_size, int64_t state_size,
-                                            const int64_t grad_strides[4], const void* grad_h,
-                                            const void* grad_cell, const void* new_cell,
-                                            const void* gates, void* d_old_cell, void* d_gates,
-                                            cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_backward, batch_size, state_size, grad_strides, grad_h,
-                         grad_cell, new_cell, gates, d_old_cell, d_gates, stream);
-}
+// The passes, in the argument order of their declarations in cell.py.
+LLTM_CUDA_PASS(forward_pass, launch_forward, args->sizes[0], args->sizes[1], args->tensors[0],
+               args->tensors[1], args->tensors[2], args->tensors[3], stream)
+LLTM_CUDA_PASS(backward_pass, launch_backward, args->sizes[0], args->sizes[1], args->sizes + 2,
+               args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
+               args->tensors[4], args->tensors[5], stream)

@@ -1,10 +1,11 @@
-"""The LLTM cell as an nn.Module, with the tutorial's parameters and call."""
+"""The LLTM as nn.Modules: the cell, with the tutorial's parameters and call,
+and the whole sequence, called like nn.GRU."""
 
 import math
 
 import torch
 
-from .function import lltm
+from .cell import lltm
 from .sequence import lltm_sequence
 
 

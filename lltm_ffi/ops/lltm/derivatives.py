@@ -16,14 +16,16 @@ passes do. Elu's derivative at 0 is taken as 1, as in C.
 import torch
 import torch.nn.functional as F
 
+from ... import _torch_internals
+
 
 def in_torch_ops(*gradients):
     """True where a backward given `gradients` must run in torch ops rather
     than C: while autograd records it (create_graph=True), or inside vmap,
     whose batched tensors C cannot read (torch.func's transforms; the
     autograd.grad(is_grads_batched=True) behind jacobian(vectorize=True))."""
-    return (torch.is_grad_enabled() or torch._C._are_functorch_transforms_active()
-            or any(gradient is not None and torch._C._functorch.is_legacy_batchedtensor(gradient)
+    return (torch.is_grad_enabled() or _torch_internals.functorch_transforms_active()
+            or any(gradient is not None and _torch_internals.is_legacy_batched(gradient)
                    for gradient in gradients))
 
 

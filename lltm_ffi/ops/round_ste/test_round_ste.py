@@ -8,16 +8,12 @@ finite differences are 0 away from 0.5 and huge across it; backward is the
 identity). So backward is checked directly: it must return the upstream
 gradient unchanged."""
 
-import importlib
-
 import pytest
 import torch
 
 import lltm_ffi
-from conftest import skip_without_gpu
-
-# lltm_ffi.round_ste is the function; its module is reached by name.
-round_ste_module = importlib.import_module("lltm_ffi.round_ste")
+from lltm_ffi.ops.round_ste.round_ste import round_forward
+from lltm_ffi.testing import skip_without_two_gpus
 
 
 def expected_round(x):
@@ -85,7 +81,7 @@ def test_empty_input_gives_empty_output_without_a_launch(dtype, device, monkeypa
     def no_call(*arguments):
         raise AssertionError("round_ste called C for an empty input")
 
-    monkeypatch.setattr(round_ste_module._extension, "call", no_call)
+    monkeypatch.setattr(round_forward, "c", no_call)
     x = torch.empty(0, 3, dtype=dtype, device=device, requires_grad=True)
     result = lltm_ffi.round_ste(x)
     assert result.shape == (0, 3) and result.dtype == dtype
@@ -144,10 +140,9 @@ def test_runs_on_the_current_side_stream(cuda_device, generator):
     assert torch.equal(result, expected)
 
 
+@pytest.mark.multi_gpu
 def test_runs_on_a_second_gpu_while_the_first_is_current(generator):
-    skip_without_gpu()
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs")
+    skip_without_two_gpus()
     x = torch.rand(1000, generator=generator).to("cuda:1")
     with torch.cuda.device(0):
         result = lltm_ffi.round_ste(x)

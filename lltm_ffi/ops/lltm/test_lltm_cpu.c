@@ -1,18 +1,15 @@
-/* Checks the CPU passes of src/lltm_cpu.c on their own, for `make asan` and
- * `make valgrind`: lltm_cpu_forward and lltm_cpu_backward, in float and
- * double, on random inputs over many odd sizes
+/* Checks the LLTM's CPU passes (lltm_cpu.c) on their own, for `make asan`
+ * and `make valgrind` (tests/c/run_checks.c): forward_pass and
+ * backward_pass, in float and double, on random inputs over many odd sizes
  * (batch 1..7 and state 1..67, so that every vector tail length occurs, plus
  * sizes past the OpenMP threshold), with the output gradients in several
  * layouts (dense, broadcast rows, one broadcast value, column-major, every
- * other element); and lltm_cpu_sequence_forward and _backward over sizes
+ * other element); and sequence_forward and sequence_backward over sizes
  * short of and past their products' tiles and depth blocks. Each tensor
  * lives in its own malloc'd buffer of exactly the bytes its elements span,
  * so that the tool catches any read or write past either end. Results are
- * compared with a plain double-precision reference.
- *
- *   cc -Iinclude tests/c/cpu_passes_check.c src/lltm_cpu.c -fopenmp -lm
- *   ./a.out [seed]      exit status 0: all agree; 1: a mismatch (the first ones are printed)
- */
+ * compared with a plain double-precision reference; the first mismatches are
+ * printed. */
 #include <stdint.h>
 
 #include <math.h>
@@ -20,8 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lltm_cpu.h"
-#include "lltm_ffi.h"
+#include "lltm_check.h"
 
 static uint64_t rng_state;
 
@@ -133,15 +129,19 @@ static void compare(const char* what, const char* type, const char* layout, int6
       grad_h[i] = (SCALAR)draw();                                                             \
       grad_cell[i] = (SCALAR)draw();                                                          \
     }                                                                                         \
-    const int64_t grad_strides[4] = {row_stride, column_stride, row_stride, column_stride};   \
-    if (lltm_cpu_forward(DTYPE, batch, state, gates, old_cell, new_h, new_cell) !=            \
+    const int64_t sizes[6] = {batch, state, row_stride, column_stride, row_stride,            \
+                              column_stride};                                                 \
+    void* const forward_tensors[4] = {gates, old_cell, new_h, new_cell};                      \
+    void* const backward_tensors[6] = {grad_h, grad_cell, new_cell, gates, d_old_cell,        \
+                                       d_gates};                                              \
+    if (lltm_check_pass("forward_pass", DTYPE, sizes, NULL, forward_tensors) !=               \
         LLTM_SUCCESS) {                                                                       \
-      fprintf(stderr, "lltm_cpu_forward (" #SCALAR ") returned an error\n");                  \
+      fprintf(stderr, "forward_pass (" #SCALAR ") returned an error\n");                      \
       ++failures;                                                                             \
     }                                                                                         \
-    if (lltm_cpu_backward(DTYPE, batch, state, grad_strides, grad_h, grad_cell, new_cell,     \
-                          gates, d_old_cell, d_gates) != LLTM_SUCCESS) {                      \
-      fprintf(stderr, "lltm_cpu_backward (" #SCALAR ") returned an error\n");                 \
+    if (lltm_check_pass("backward_pass", DTYPE, sizes, NULL, backward_tensors) !=             \
+        LLTM_SUCCESS) {                                                                       \
+      fprintf(stderr, "backward_pass (" #SCALAR ") returned an error\n");                     \
       ++failures;                                                                             \
     }                                                                                         \
     for (int64_t row = 0; row < batch; ++row) {                                               \
@@ -360,13 +360,18 @@ static void compare_norms(const char* what, const char* type, struct sequence_sh
     SCALAR* d_bias = allocate(3 * S, sizeof(SCALAR));                                           \
     SCALAR* d_h0 = shape.state_grads ? allocate(step, sizeof(SCALAR)) : NULL;                   \
     SCALAR* d_c0 = shape.state_grads ? allocate(step, sizeof(SCALAR)) : NULL;                   \
-    if (lltm_cpu_sequence_forward(DTYPE, T, B, F, S, arguments[0], arguments[1], arguments[2],  \
-                                  arguments[3], arguments[4], outputs, cells, gates) !=         \
+    const int64_t sizes[12] = {T, B, F, S, 0, 0, grad_strides[0], grad_strides[1],             \
+                               grad_strides[2], grad_strides[3], grad_strides[4],               \
+                               grad_strides[5]};                                                \
+    void* const forward_tensors[8] = {arguments[0], arguments[1], arguments[2], arguments[3],   \
+                                      arguments[4], outputs, cells, gates};                     \
+    void* const backward_tensors[14] = {arguments[0], arguments[1], arguments[3], outputs,      \
+                                        cells, gates, arguments[5], arguments[6], d_gates,      \
+                                        d_inputs, d_weights, d_bias, d_h0, d_c0};               \
+    if (lltm_check_pass("sequence_forward", DTYPE, sizes, NULL, forward_tensors) !=             \
             LLTM_SUCCESS ||                                                                     \
-        lltm_cpu_sequence_backward(DTYPE, T, B, F, S, grad_strides, arguments[0], arguments[1], \
-                                   arguments[3], outputs, cells, gates, arguments[5],           \
-                                   arguments[6], d_gates, d_inputs, d_weights, d_bias, d_h0,    \
-                                   d_c0) != LLTM_SUCCESS) {                                     \
+        lltm_check_pass("sequence_backward", DTYPE, sizes, NULL, backward_tensors) !=           \
+            LLTM_SUCCESS) {                                                                     \
       fprintf(stderr, "a sequence pass (" #SCALAR ") returned an error\n");                     \
       ++failures;                                                                               \
     }                                                                                           \
@@ -401,8 +406,7 @@ static void check_both(int64_t batch, int64_t state, int layout) {
   check_double(batch, state, layout);
 }
 
-int main(int argc, char** argv) {
-  const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 20240531u;
+LLTM_CHECK(lltm_cpu_passes) {
   rng_state = seed ? seed : 1;
   /* Every tail length of every vector width, batch 1 included. */
   for (int64_t batch = 1; batch <= 7; ++batch) {
@@ -416,7 +420,7 @@ int main(int argc, char** argv) {
     check_both(3, 0, layout);
     check_both(0, 0, layout);
   }
-  /* Past LLTM_CPU_PARALLEL_MIN elements: the OpenMP-parallel row loop. */
+  /* Past LLTM_PARALLEL_MIN_ELEMENTS elements: the OpenMP-parallel row loop. */
   static const int64_t large[][2] = {{129, 257}, {3, 11001}, {200, 167}};
   for (size_t k = 0; k < sizeof large / sizeof large[0]; ++k) {
     check_both(large[k][0], large[k][1], DENSE);
@@ -435,10 +439,10 @@ int main(int argc, char** argv) {
     check_sequence_float(sequences[k]);
     check_sequence_double(sequences[k]);
   }
-  printf("cpu_passes_check (seed %llu): %ld values compared, %ld mismatches; largest error "
-         "%.1f (float) and %.1f (double) roundings of the terms, %.0f allowed; sequences' "
-         "largest relative error %.2g (float) and %.2g (double)\n",
-         (unsigned long long)seed, checked, failures, worst[0], worst[1], TOLERANCE_ROUNDINGS,
-         worst_sequence[0], worst_sequence[1]);
-  return failures ? 1 : 0;
+  printf("lltm_cpu_passes: %ld values compared, %ld mismatches; largest error %.1f (float) "
+         "and %.1f (double) roundings of the terms, %.0f allowed; sequences' largest relative "
+         "error %.2g (float) and %.2g (double)\n",
+         checked, failures, worst[0], worst[1], TOLERANCE_ROUNDINGS, worst_sequence[0],
+         worst_sequence[1]);
+  return failures;
 }

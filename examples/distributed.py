@@ -2,7 +2,7 @@
 one process a device, a DistributedSampler over a synthetic data set, and a
 checkpoint that a later run resumes from.
 
-    torchrun --nproc-per-node N -m lltm_ffi.demo --distributed [--steps 300]
+    torchrun --nproc-per-node N -m examples.demo --distributed [--steps 300]
              [--checkpoint PATH [--resume]] [--device cuda|cpu]
 
 Each process joins the group torchrun describes in its environment: on GPUs
@@ -23,10 +23,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from . import selfcheck
-from ._build_info import VERSION
-from .demo import (BATCH_SIZE, INPUT_FEATURES, SEQUENCE_STEPS, STATE_SIZE, Progress,
-                   SequenceRegressor, mean_losses, save_plot, task_targets, training_step)
+import lltm_ffi
+from lltm_ffi import selfcheck
+
+from .training import (BATCH_SIZE, INPUT_FEATURES, SEQUENCE_STEPS, STATE_SIZE, Progress,
+                       SequenceRegressor, mean_losses, save_plot, task_targets, training_step)
 
 # What torchrun (and any launcher of torch.distributed) sets for each process.
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -39,7 +40,7 @@ def launch_problem(device_type):
     if missing:
         return (f"--distributed needs the environment torchrun gives each process "
                 f"({', '.join(missing)} not set): launch it as "
-                f"`torchrun --nproc-per-node N -m lltm_ffi.demo --distributed`")
+                f"`torchrun --nproc-per-node N -m examples.demo --distributed`")
     local_rank = int(os.environ["LOCAL_RANK"])
     if device_type == "cuda" and local_rank >= torch.cuda.device_count():
         return (f"LOCAL_RANK is {local_rank} but torch sees {torch.cuda.device_count()} GPU(s): "
@@ -142,7 +143,7 @@ def run(args):
 def train(args, rank, world_size, device):
     say = print if rank == 0 else (lambda *_: None)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    say(f"lltm_ffi {VERSION} on {world_size} process(es), {device.type} ({name}) through "
+    say(f"lltm_ffi {lltm_ffi.__version__} on {world_size} process(es), {device.type} ({name}) through "
         f"{dist.get_backend()}, torch {torch.__version__}")
     failure = all_agree(device)
     say("agreement with the PyTorch reference on every process (16x32x128, float32, outputs "

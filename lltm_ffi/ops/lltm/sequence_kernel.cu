@@ -18,9 +18,8 @@
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
 #include "lltm_cublas.h"
-#include "lltm_dtype.h"
-#include "lltm_ffi.h"
-#include "lltm_kernel.h"
+#include "lltm_kernels.h"
+#include "lltm_op.h"
 
 // The whole-sequence layer: one launch a time step each way, from a loop in
 // the launcher. A step's recurrent matrix product and its gate math are one
@@ -245,11 +244,6 @@ __global__ void lltm_product_kernel(const int64_t m, const int64_t n, const int6
 }
 
 template <typename Dtype>
-static int dtype_code() {
-  return sizeof(Dtype) == sizeof(double) ? LLTM_FLOAT64 : LLTM_FLOAT32;
-}
-
-template <typename Dtype>
 static int product(bool cublas, cudaStream_t stream, int64_t m, int64_t n, int64_t k,
                    const Dtype* a, int64_t lda, bool a_transposed, const Dtype* b, int64_t ldb,
                    bool b_transposed, bool accumulate, Dtype* c, int64_t ldc) {
@@ -257,7 +251,7 @@ static int product(bool cublas, cudaStream_t stream, int64_t m, int64_t n, int64
   const int64_t largest = m > n ? (m > k ? m : k) : (n > k ? n : k);
   if (cublas && k > 0 && largest <= INT32_MAX && lda <= INT32_MAX && ldb <= INT32_MAX &&
       ldc <= INT32_MAX) {
-    return lltm_cublas_gemm(dtype_code<Dtype>(), b_transposed, a_transposed, n, m, k, b, ldb, a,
+    return lltm_cublas_gemm(lltm_dtype_of<Dtype>(), b_transposed, a_transposed, n, m, k, b, ldb, a,
                             lda, accumulate, c, ldc);
   }
   lltm_product_kernel<Dtype><<<CAFFE_GET_BLOCKS(m * n), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
@@ -889,11 +883,7 @@ static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t in
                                    const void* c0, void* outputs, void* cells, void* gates,
                                    cudaStream_t stream) {
   if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
-  if (steps == 1 && lltm_step_fits(batch_size, input_features, state_size)) {
-    return lltm_launch_step_forward(dtype_code<Dtype>(), batch_size, input_features, state_size,
-                                    inputs, weights, bias, h0, c0, outputs, cells, gates, stream);
-  }
-  const lltm_pass_key key = {{1, dtype_code<Dtype>(), steps, batch_size, input_features,
+  const lltm_pass_key key = {{1, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
                               state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
                               address(weights), address(bias), address(h0), address(c0),
                               address(outputs), address(cells), address(gates)}};
@@ -915,21 +905,12 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
                                     const void* grad_outputs, const void* grad_cells,
                                     void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
                                     void* d_h0, void* d_c0, cudaStream_t stream) {
+  // Past one step d_h0 and d_c0 carry the gradients between steps.
+  if (steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
   if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
   const GradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
                                {grad_strides[3], grad_strides[4], grad_strides[5]}};
-  if (steps == 1 && lltm_step_fits(batch_size, input_features, state_size)) {
-    // The cell's backward pass, then the step kernels' products.
-    const cudaError_t status = launch_gates_backward<Dtype>(
-        batch_size * state_size, state_size, NULL, as<Dtype>(grad_outputs),
-        as<Dtype>(grad_cells), strides, as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(d_c0),
-        as<Dtype>(d_gates), stream);
-    if (status != cudaSuccess) return status;
-    return lltm_launch_step_gradients(dtype_code<Dtype>(), batch_size, input_features,
-                                      state_size, inputs, weights, h0, d_gates, d_inputs,
-                                      d_weights, d_bias, d_h0, stream);
-  }
-  const lltm_pass_key key = {{2, dtype_code<Dtype>(), steps, batch_size, input_features,
+  const lltm_pass_key key = {{2, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
                               state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
                               address(weights), address(h0), address(outputs), address(cells),
                               address(gates), address(grad_outputs), address(grad_cells),
@@ -947,25 +928,42 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
   });
 }
 
-extern "C" int lltm_launch_sequence_forward(int dtype, int64_t steps, int64_t batch_size,
-                                            int64_t input_features, int64_t state_size,
-                                            int options, const void* inputs, const void* weights,
-                                            const void* bias, const void* h0, const void* c0,
-                                            void* outputs, void* cells, void* gates,
-                                            cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_sequence_forward, steps, batch_size, input_features,
-                         state_size, options, inputs, weights, bias, h0, c0, outputs, cells,
-                         gates, stream);
+// A single step's cell backward pass, for step_kernel.cu (lltm_kernels.h).
+template <typename Dtype>
+static cudaError_t step_gates_backward(int64_t batch_size, int64_t state_size,
+                                       const int64_t* grad_strides, const void* grad_h,
+                                       const void* grad_cell, const void* new_cell,
+                                       const void* gates, void* d_old_cell, void* d_gates,
+                                       cudaStream_t stream) {
+  const GradStrides strides = {{0, grad_strides[1], grad_strides[2]},
+                               {0, grad_strides[4], grad_strides[5]}};
+  return launch_gates_backward<Dtype>(batch_size * state_size, state_size, NULL,
+                                      as<Dtype>(grad_h), as<Dtype>(grad_cell), strides,
+                                      as<Dtype>(new_cell), as<Dtype>(gates),
+                                      as<Dtype>(d_old_cell), as<Dtype>(d_gates), stream);
 }
 
-extern "C" int lltm_launch_sequence_backward(
-    int dtype, int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
-    int options, const int64_t grad_strides[6], const void* inputs, const void* weights,
-    const void* h0, const void* outputs, const void* cells, const void* gates,
-    const void* grad_outputs, const void* grad_cells, void* d_gates, void* d_inputs,
-    void* d_weights, void* d_bias, void* d_h0, void* d_c0, cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_sequence_backward, steps, batch_size, input_features,
-                         state_size, options, grad_strides, inputs, weights, h0, outputs, cells,
-                         gates, grad_outputs, grad_cells, d_gates, d_inputs, d_weights, d_bias,
-                         d_h0, d_c0, stream);
+extern "C" cudaError_t lltm_launch_step_gates_backward(
+    int dtype, int64_t batch_size, int64_t state_size, const int64_t* grad_strides,
+    const void* grad_h, const void* grad_cell, const void* new_cell, const void* gates,
+    void* d_old_cell, void* d_gates, cudaStream_t stream) {
+  return LLTM_TYPED_CALL(dtype, step_gates_backward, batch_size, state_size, grad_strides, grad_h,
+                         grad_cell, new_cell, gates, d_old_cell, d_gates, stream);
 }
+
+// The options of a pass whose sizes hold tf32 and own_kernels at `flags`.
+static int options_at(const int64_t* flags) {
+  return (flags[0] ? LLTM_SEQUENCE_TF32 : 0) | (flags[1] ? LLTM_SEQUENCE_OWN_KERNELS : 0);
+}
+
+// The passes, in the argument order of their declarations in sequence.py.
+LLTM_CUDA_PASS(sequence_forward, launch_sequence_forward, args->sizes[0], args->sizes[1],
+               args->sizes[2], args->sizes[3], options_at(args->sizes + 4), args->tensors[0],
+               args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
+               args->tensors[5], args->tensors[6], args->tensors[7], stream)
+LLTM_CUDA_PASS(sequence_backward, launch_sequence_backward, args->sizes[0], args->sizes[1],
+               args->sizes[2], args->sizes[3], options_at(args->sizes + 4), args->sizes + 6,
+               args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
+               args->tensors[4], args->tensors[5], args->tensors[6], args->tensors[7],
+               args->tensors[8], args->tensors[9], args->tensors[10], args->tensors[11],
+               args->tensors[12], args->tensors[13], stream)

@@ -1,11 +1,9 @@
 /* The differentiable round's forward pass on the CPU: the same rule and
- * argument order as the launcher in round_kernel.cu, in plain C. The loop
- * has no branch the compiler cannot turn into a select, so it vectorises. */
+ * arguments as round_kernel.cu's, in plain C. The loop has no branch the
+ * compiler cannot turn into a select, so it vectorises. */
 #include <stdint.h>
 
-#include "lltm_cpu.h"
-#include "lltm_dtype.h"
-#include "lltm_ffi.h"
+#include "lltm_op.h"
 
 static int round_forward_float(int64_t count, const float* input, float* output) {
   for (int64_t i = 0; i < count; ++i) output[i] = input[i] >= 0.5f ? 1.0f : 0.0f;
@@ -17,6 +15,4 @@ static int round_forward_double(int64_t count, const double* input, double* outp
   return LLTM_SUCCESS;
 }
 
-int lltm_cpu_round_forward(int dtype, int64_t count, const void* input, void* output) {
-  return LLTM_TYPED_CALL(dtype, round_forward, count, input, output);
-}
+LLTM_CPU_PASS(round_forward, round_forward, args->sizes[0], args->tensors[0], args->tensors[1])

@@ -1,12 +1,10 @@
 // The forward pass of the differentiable round (the legacy round_cuda
 // example), Caffe style: values at or above 0.5 become 1, all others 0 (NaN
 // included, as in torch's `x >= 0.5`). The backward pass is the identity (a
-// straight-through estimator), so it needs no kernel: see lltm_ffi/round_ste.py.
+// straight-through estimator), so it needs no kernel: see round_ste.py.
 
 #include "caffe_cuda_macro.h"
-#include "lltm_dtype.h"
-#include "lltm_ffi.h"
-#include "lltm_kernel.h"
+#include "lltm_op.h"
 
 template <typename Dtype>
 __global__ void lltm_round_forward_kernel(const int64_t count,
@@ -18,8 +16,8 @@ __global__ void lltm_round_forward_kernel(const int64_t count,
 }
 
 template <typename Dtype>
-static cudaError_t launch_round_forward(int64_t count, const void* input, void* output,
-                                        cudaStream_t stream) {
+static cudaError_t round_forward(int64_t count, const void* input, void* output,
+                                 cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   lltm_round_forward_kernel<Dtype><<<CAFFE_GET_BLOCKS(count), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
       count, static_cast<const Dtype*>(input), static_cast<Dtype*>(output));
@@ -27,7 +25,5 @@ static cudaError_t launch_round_forward(int64_t count, const void* input, void* 
   return cudaSuccess;
 }
 
-extern "C" cudaError_t lltm_launch_round_forward(int dtype, int64_t count, const void* input,
-                                                 void* output, cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_round_forward, count, input, output, stream);
-}
+LLTM_CUDA_PASS(round_forward, round_forward, args->sizes[0], args->tensors[0], args->tensors[1],
+               stream)

@@ -1,6 +1,6 @@
-// One step of the cell in lltm_ffi's own kernels, Caffe style: how a
-// sequence of length 1 runs on a GPU while its gate product is small
-// (lltm_step_fits), which is lltm_ffi.lltm's eager call at such sizes. There
+// One step of the cell in lltm_ffi's own kernels, Caffe style: how
+// lltm_ffi.lltm's eager call (and lltm_sequence's of one step) runs on a
+// GPU while its gate product is small (cell.py's step_kernels_fit). There
 // a step's time is the host's launches more than the GPU's arithmetic, so
 // the forward pass is one kernel (the gate product, the cell its epilogue)
 // and the backward pass two (the cell's backward, sequence_kernel.cu's, then
@@ -13,16 +13,15 @@
 // Layout as in sequence_kernel.cu: input (batch, input_features), old_h,
 // old_cell, new_h, new_cell (batch, state), gates and d_gates (batch,
 // 3 * state), weights (3 * state, state + input_features) with the columns
-// of old_h first, all dense. Indices are ints: lltm_step_fits bounds every
-// tensor of a step by LLTM_STEP_MULTIPLY_ADDS (2^30) elements, and 64-bit
-// index arithmetic would cost the products a large share of their
+// of old_h first, all dense. Indices are ints: the passes take no tensor of
+// more than kMaxElements (2^30) elements, as cell.py's rule keeps them, and
+// 64-bit index arithmetic would cost the products a large share of their
 // instructions.
 
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
-#include "lltm_dtype.h"
-#include "lltm_ffi.h"
-#include "lltm_kernel.h"
+#include "lltm_kernels.h"
+#include "lltm_op.h"
 
 // The product kernel: a block of kThreads computes a tile of C = A B, each
 // thread kRows x kColumns of it, over slices kDepth deep staged in shared
@@ -337,30 +336,41 @@ static cudaError_t launch_step_gradients(int batch_size, int input_features, int
   return status;
 }
 
-extern "C" int lltm_step_fits(int64_t batch_size, int64_t input_features, int64_t state_size) {
-  return batch_size > 0 &&
-         3 * state_size * (state_size + input_features) <= LLTM_STEP_MULTIPLY_ADDS / batch_size;
+// The largest tensor of a step the passes take: every index fits an int.
+static const int64_t kMaxElements = int64_t(1) << 30;
+
+static bool step_fits(int64_t batch_size, int64_t input_features, int64_t state_size) {
+  const int64_t row_length = state_size + input_features, gates_size = 3 * state_size;
+  return batch_size * row_length <= kMaxElements && batch_size * gates_size <= kMaxElements &&
+         gates_size * row_length <= kMaxElements;
 }
 
-extern "C" cudaError_t lltm_launch_step_forward(int dtype, int64_t batch_size,
-                                                int64_t input_features, int64_t state_size,
-                                                const void* input, const void* weights,
-                                                const void* bias, const void* old_h,
-                                                const void* old_cell, void* new_h,
-                                                void* new_cell, void* gates,
-                                                cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_step_forward, (int)batch_size, (int)input_features,
-                         (int)state_size, input, weights, bias, old_h, old_cell, new_h, new_cell,
-                         gates, stream);
+template <typename Dtype>
+static int step_forward(int64_t batch_size, int64_t input_features, int64_t state_size,
+                        void* const* tensors, cudaStream_t stream) {
+  if (!step_fits(batch_size, input_features, state_size)) return LLTM_ERROR_ARGUMENTS;
+  return launch_step_forward<Dtype>((int)batch_size, (int)input_features, (int)state_size,
+                                    tensors[0], tensors[1], tensors[2], tensors[3], tensors[4],
+                                    tensors[5], tensors[6], tensors[7], stream);
 }
 
-extern "C" cudaError_t lltm_launch_step_gradients(int dtype, int64_t batch_size,
-                                                  int64_t input_features, int64_t state_size,
-                                                  const void* input, const void* weights,
-                                                  const void* old_h, const void* d_gates,
-                                                  void* d_input, void* d_weights, void* d_bias,
-                                                  void* d_old_h, cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, launch_step_gradients, (int)batch_size, (int)input_features,
-                         (int)state_size, input, weights, old_h, d_gates, d_input, d_weights,
-                         d_bias, d_old_h, stream);
+// The cell's backward pass (d_gates and d_old_cell), then the products.
+template <typename Dtype>
+static int step_backward(int64_t batch_size, int64_t input_features, int64_t state_size,
+                         const int64_t* grad_strides, void* const* tensors, cudaStream_t stream) {
+  if (!step_fits(batch_size, input_features, state_size)) return LLTM_ERROR_ARGUMENTS;
+  void* d_gates = tensors[7];
+  const cudaError_t status = lltm_launch_step_gates_backward(
+      lltm_dtype_of<Dtype>(), batch_size, state_size, grad_strides, tensors[5], tensors[6],
+      tensors[3], tensors[4], tensors[12], d_gates, stream);
+  if (status != cudaSuccess) return status;
+  return launch_step_gradients<Dtype>((int)batch_size, (int)input_features, (int)state_size,
+                                      tensors[0], tensors[1], tensors[2], d_gates, tensors[8],
+                                      tensors[9], tensors[10], tensors[11], stream);
 }
+
+// The passes, in the argument order of their declarations in cell.py.
+LLTM_CUDA_PASS(step_forward, step_forward, args->sizes[0], args->sizes[1], args->sizes[2],
+               args->tensors, stream)
+LLTM_CUDA_PASS(step_backward, step_backward, args->sizes[0], args->sizes[1], args->sizes[2],
+               args->sizes + 3, args->tensors, stream)

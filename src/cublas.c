@@ -10,8 +10,7 @@
 #include <string.h>
 
 #include "lltm_cublas.h"
-#include "lltm_dtype.h"
-#include "lltm_ffi.h"
+#include "lltm_op.h"
 
 /* cuBLAS's types, as its header declares them: enums are ints, the handle
  * a pointer. */

@@ -3,10 +3,6 @@
  * defining exp_SUFFIX, expm1_SUFFIX and tanh_SUFFIX for that type, so each
  * type computes in its own precision. */
 
-#define LLTM_CONCAT_(a, b) a##b
-#define LLTM_CONCAT(a, b) LLTM_CONCAT_(a, b)
-#define LLTM_NAME(name) LLTM_CONCAT(name, SUFFIX)
-
 static inline SCALAR LLTM_NAME(sigmoid_)(SCALAR z) {
   return (SCALAR)1 / ((SCALAR)1 + LLTM_NAME(exp_)(-z));
 }
@@ -39,7 +35,7 @@ static void LLTM_NAME(forward_row_)(int64_t columns, int64_t gate_stride, const 
 
 static int LLTM_NAME(forward_)(int64_t batch_size, int64_t state_size, const SCALAR* gates,
                               const SCALAR* old_cell, SCALAR* new_h, SCALAR* new_cell) {
-  LLTM_FOR_EACH_ROW(row, batch_size, batch_size * state_size, {
+  LLTM_FOR_EACH(row, batch_size, batch_size * state_size, {
     const int64_t offset = row * state_size;
     LLTM_NAME(forward_row_)(state_size, state_size, gates + 3 * offset, old_cell + offset,
                             new_h + offset, new_cell + offset);
@@ -100,7 +96,7 @@ static int LLTM_NAME(backward_)(int64_t batch_size, int64_t state_size,
                                const int64_t* grad_strides, const SCALAR* grad_h,
                                const SCALAR* grad_cell, const SCALAR* new_cell,
                                const SCALAR* gates, SCALAR* d_old_cell, SCALAR* d_gates) {
-  LLTM_FOR_EACH_ROW(row, batch_size, batch_size * state_size, {
+  LLTM_FOR_EACH(row, batch_size, batch_size * state_size, {
     const int64_t offset = row * state_size;
     LLTM_NAME(backward_row_)(state_size, state_size, grad_h + row * grad_strides[0],
                              grad_strides[1], grad_cell + row * grad_strides[2],
@@ -278,7 +274,7 @@ static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, con
   int64_t done = 0;
   do { /* once at least, so that depth 0 writes base */
     const int64_t block = depth - done < LLTM_DEPTH_BLOCK ? depth - done : LLTM_DEPTH_BLOCK;
-    LLTM_FOR_EACH_ROW(index, lltm_tile_count(rows, columns), rows * columns * block / 16, {
+    LLTM_FOR_EACH(index, lltm_tile_count(rows, columns), rows * columns * block / 16, {
       const struct lltm_tile tile = lltm_tile_at(index, rows, columns);
       const SCALAR* a_rows[LLTM_TILE_ROWS];
       LLTM_NAME(tile_rows_)(a + done * a_depth_stride, a_row_stride, tile, a_rows);
@@ -378,7 +374,7 @@ static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64
   for (int64_t t = 0; t < steps && status == LLTM_SUCCESS; ++t) {
     const SCALAR* old_h = t ? outputs + (t - 1) * step : h0;
     const SCALAR* old_cell = t ? cells + (t - 1) * step : c0;
-    LLTM_FOR_EACH_ROW(index, lltm_tile_count(batch_size, state_size),
+    LLTM_FOR_EACH(index, lltm_tile_count(batch_size, state_size),
                       step * gates_size / 16, {
       LLTM_NAME(forward_step_tile_)(state_size, lltm_tile_at(index, batch_size, state_size),
                                     transposed, last_columns, old_h, old_cell,
@@ -484,6 +480,8 @@ static int LLTM_NAME(sequence_backward_)(
     const SCALAR* outputs, const SCALAR* cells, const SCALAR* gates, const SCALAR* grad_outputs,
     const SCALAR* grad_cells, SCALAR* d_gates, SCALAR* d_inputs, SCALAR* d_weights,
     SCALAR* d_bias, SCALAR* d_h0, SCALAR* d_c0) {
+  /* Past one step d_h0 and d_c0 carry the gradients between steps. */
+  if (steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
   const int64_t step = batch_size * state_size, gates_size = 3 * state_size;
   const int64_t columns = state_size + input_features, rows = steps * batch_size;
   const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
@@ -508,7 +506,7 @@ static int LLTM_NAME(sequence_backward_)(
     const SCALAR* grad_output = grad_outputs ? grad_outputs + t * grad_strides[0] : NULL;
     const SCALAR* grad_cell = grad_cells ? grad_cells + t * grad_strides[3] : NULL;
     const SCALAR* next_d_gates = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
-    LLTM_FOR_EACH_ROW(index, lltm_tile_count(batch_size, state_size),
+    LLTM_FOR_EACH(index, lltm_tile_count(batch_size, state_size),
                       step * gates_size / 16, {
       LLTM_NAME(backward_step_tile_)(state_size, input_features,
                                      lltm_tile_at(index, batch_size, state_size), weights,
@@ -536,7 +534,3 @@ static int LLTM_NAME(sequence_backward_)(
   if (status == LLTM_SUCCESS && d_bias) LLTM_NAME(column_sums_)(rows, gates_size, d_gates, d_bias);
   return status;
 }
-
-#undef LLTM_NAME
-#undef LLTM_CONCAT
-#undef LLTM_CONCAT_

@@ -1,0 +1,2 @@
+"""Applications of lltm_ffi, apart from the library: the demo's training
+runs (`make demo`; `python -m examples.demo`, README)."""

@@ -1,0 +1,128 @@
+/* What an op's C and CUDA sources use: the one shape of a pass, its
+ * registration, float and double from one template, and a parallel loop
+ * that survives fork().
+ *
+ * A pass takes its arguments as three arrays that the op's Python
+ * declaration fills (lltm_ffi/op.py): sizes (int64_t: shapes, strides,
+ * integer options), scalars (double) and tensors (addresses; NULL for a
+ * tensor left out), each in the order that declaration passes them. A
+ * source file registers its passes by name, one line each:
+ *
+ *   LLTM_CPU_PASS(round_forward, round_forward, args->sizes[0],
+ *                 args->tensors[0], args->tensors[1])
+ *
+ * defines the CPU version of the pass `round_forward`: LLTM_TYPED_CALL of
+ * the family round_forward_float / round_forward_double with the arguments
+ * after the second, expressions of `args` (the call's lltm_args).
+ * LLTM_CUDA_PASS, in a .cu file, does the same for a CUDA launcher template
+ * (round_forward<Dtype>), with `stream` (the call's cudaStream_t) among
+ * the expressions, and defines the pass's extern "C" launcher
+ * lltm_cuda_<pass>. Both return the function's code: LLTM_SUCCESS, a
+ * cudaError_t, or an LLTM_ERROR code of lltm_ffi.h. Registration happens
+ * when the module loads; nothing lists the passes by hand. */
+#ifndef LLTM_OP_H
+#define LLTM_OP_H
+
+#include <stdint.h>
+
+#include "lltm_ffi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One call's arguments; tensors points at as many addresses as the pass
+ * takes, each the start of a tensor laid out as the op's declaration
+ * says (dense unless it says otherwise). */
+typedef struct {
+  const int64_t* sizes;
+  const double* scalars;
+  void* const* tensors;
+} lltm_args;
+
+/* A pass for one device. `stream` is the cudaStream_t of a CUDA pass (NULL
+ * for the CPU). */
+typedef int (*lltm_pass_function)(int dtype, const lltm_args* args, void* stream);
+
+/* Adds the version of the pass `name` for `devices` (LLTM_ON_CPU or
+ * LLTM_ON_CUDA); returns 1, or 0 where the name is registered for that
+ * device already or the registry is full (lltm_pass_id then reports it).
+ * Called by the two macros below, at load. */
+int lltm_register_pass(const char* name, int devices, lltm_pass_function function);
+
+/* Nonzero while this process may start threads in a CPU pass: false in
+ * a child forked from it (see LLTM_FOR_EACH_ROW). */
+extern int lltm_threads_allowed;
+
+#ifdef __cplusplus
+}
+#endif
+
+/* The one place the element types are instantiated: runs `function` for
+ * float or double by the lltm_dtype `dtype`. In C, `function` names a
+ * family function_float / function_double; in CUDA C++, a template
+ * function<Dtype>. lltm_run refuses any other dtype before a pass is
+ * reached. */
+#ifdef __cplusplus
+#define LLTM_TYPED_CALL(dtype, function, ...) \
+  ((dtype) == LLTM_FLOAT64 ? function<double>(__VA_ARGS__) : function<float>(__VA_ARGS__))
+#else
+#define LLTM_TYPED_CALL(dtype, function, ...) \
+  ((dtype) == LLTM_FLOAT64 ? function##_double(__VA_ARGS__) : function##_float(__VA_ARGS__))
+#endif
+
+#ifdef __cplusplus
+/* The lltm_dtype of a template's element type, for a call that takes one. */
+template <typename Dtype>
+constexpr int lltm_dtype_of() {
+  return sizeof(Dtype) == sizeof(double) ? LLTM_FLOAT64 : LLTM_FLOAT32;
+}
+#endif
+
+/* Writing a C family once for both types: define SCALAR (float or double)
+ * and SUFFIX (float or double), include a file whose functions are named
+ * LLTM_NAME(name_) (name_float, name_double), undefine both, repeat. */
+#define LLTM_CONCAT_(a, b) a##b
+#define LLTM_CONCAT(a, b) LLTM_CONCAT_(a, b)
+#define LLTM_NAME(name) LLTM_CONCAT(name, SUFFIX)
+
+#define LLTM_CPU_PASS(name, function, ...)                                              \
+  static int lltm_cpu_##name(int dtype, const lltm_args* args, void* stream) {          \
+    (void)stream;                                                                       \
+    return (int)LLTM_TYPED_CALL(dtype, function, __VA_ARGS__);                          \
+  }                                                                                     \
+  __attribute__((constructor)) static void lltm_register_cpu_##name(void) {             \
+    lltm_register_pass(#name, LLTM_ON_CPU, lltm_cpu_##name);                            \
+  }
+
+#ifdef __CUDACC__
+#define LLTM_CUDA_PASS(name, function, ...)                                             \
+  extern "C" int lltm_cuda_##name(int dtype, const lltm_args* args, void* raw_stream) { \
+    cudaStream_t stream = static_cast<cudaStream_t>(raw_stream);                        \
+    return (int)LLTM_TYPED_CALL(dtype, function, __VA_ARGS__);                          \
+  }                                                                                     \
+  static const int lltm_registered_cuda_##name =                                        \
+      lltm_register_pass(#name, LLTM_ON_CUDA, lltm_cuda_##name);
+#endif
+
+/* Below this many elements, waking threads costs more than a loop saves. */
+#define LLTM_PARALLEL_MIN_ELEMENTS 32768
+
+/* for (int64_t index = 0; index < count; ++index) body, across OpenMP
+ * threads when `elements` (the work's size) pays for them and this process
+ * may use them, else on the calling thread without entering OpenMP at all.
+ * GNU OpenMP's thread pool does not survive fork(): a child's first
+ * parallel region would wait forever for its parent's threads, so a forked
+ * child never enters one here (lltm_threads_allowed). Compile with
+ * -fopenmp. */
+#define LLTM_FOR_EACH(index, count, elements, ...)                             \
+  do {                                                                         \
+    if (lltm_threads_allowed && (elements) >= LLTM_PARALLEL_MIN_ELEMENTS) {    \
+      _Pragma("omp parallel for schedule(static)")                             \
+      for (int64_t index = 0; index < (count); ++index) __VA_ARGS__            \
+    } else {                                                                   \
+      for (int64_t index = 0; index < (count); ++index) __VA_ARGS__            \
+    }                                                                          \
+  } while (0)
+
+#endif /* LLTM_OP_H */

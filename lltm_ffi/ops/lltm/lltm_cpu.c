@@ -1,0 +1,114 @@
+/* The LLTM's passes on the CPU, the cell's and the whole sequence's: the
+ * same math, layout and arguments as the CUDA passes of cell_kernel.cu and
+ * sequence_kernel.cu, in plain C (the passes themselves: lltm_cpu_impl.h).
+ *
+ * float uses the branch-free exp/expm1/tanh below (Cephes' polynomials, within
+ * a few ulp of libm) so that each row loop vectorises; glibc's scalar calls
+ * run several times slower than ATen's vectorised ops. double keeps libm. */
+#include <math.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "lltm_op.h"
+
+/* One copy of each row loop per instruction set, picked at load time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LLTM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LLTM_VECTOR_CLONES
+#endif
+
+#if defined(__GNUC__)
+#define LLTM_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define LLTM_ALWAYS_INLINE inline
+#endif
+
+static inline float float_from_bits(int32_t bits) {
+  float value;
+  memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+static inline float exp_float(float x) {
+  /* Past these bounds the scaling below overflows to inf or underflows to 0,
+   * as exp does; NaN fails both comparisons and stays NaN. */
+  x = x > 89.0f ? 89.0f : x;
+  x = x < -104.0f ? -104.0f : x;
+  /* Round to nearest by the 1.5 * 2^23 trick, which vectorises everywhere. */
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  n = n == n ? n : 0.0f; /* keeps the int conversion defined for NaN */
+  /* 2^n in two factors, so that n down to -150 reaches the subnormals. */
+  const int32_t k = (int32_t)n;
+  const int32_t half = k >> 1;
+  return y * float_from_bits((half + 127) << 23) * float_from_bits((k - half + 127) << 23);
+}
+
+static inline float expm1_float(float x) {
+  /* Near zero exp(x) - 1 cancels; the series to x^8 is exact to rounding there. */
+  float p = 1.0f / 40320.0f;
+  p = p * x + 1.0f / 5040.0f;
+  p = p * x + 1.0f / 720.0f;
+  p = p * x + 1.0f / 120.0f;
+  p = p * x + 1.0f / 24.0f;
+  p = p * x + 1.0f / 6.0f;
+  p = p * x + 0.5f;
+  const float near_zero = p * x * x + x;
+  return fabsf(x) < 0.5f ? near_zero : exp_float(x) - 1.0f;
+}
+
+static inline float tanh_float(float x) {
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float near_zero = p * z * x + x;
+  const float magnitude = fabsf(x);
+  const float far = 1.0f - 2.0f / (exp_float(2.0f * magnitude) + 1.0f);
+  return magnitude < 0.625f ? near_zero : copysignf(far, x);
+}
+
+static inline double exp_double(double x) { return exp(x); }
+static inline double expm1_double(double x) { return expm1(x); }
+static inline double tanh_double(double x) { return tanh(x); }
+
+#define SCALAR float
+#define SUFFIX float
+#include "lltm_cpu_impl.h"
+#undef SCALAR
+#undef SUFFIX
+
+#define SCALAR double
+#define SUFFIX double
+#include "lltm_cpu_impl.h"
+#undef SCALAR
+#undef SUFFIX
+
+/* The passes, in the argument order of their declarations in cell.py and
+ * sequence.py. */
+LLTM_CPU_PASS(forward_pass, forward, args->sizes[0], args->sizes[1], args->tensors[0],
+              args->tensors[1], args->tensors[2], args->tensors[3])
+LLTM_CPU_PASS(backward_pass, backward, args->sizes[0], args->sizes[1], args->sizes + 2,
+              args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
+              args->tensors[4], args->tensors[5])
+LLTM_CPU_PASS(sequence_forward, sequence_forward, args->sizes[0], args->sizes[1],
+              args->sizes[2], args->sizes[3], args->tensors[0], args->tensors[1],
+              args->tensors[2], args->tensors[3], args->tensors[4], args->tensors[5],
+              args->tensors[6], args->tensors[7])
+LLTM_CPU_PASS(sequence_backward, sequence_backward, args->sizes[0], args->sizes[1],
+              args->sizes[2], args->sizes[3], args->sizes + 6, args->tensors[0],
+              args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
+              args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
+              args->tensors[9], args->tensors[10], args->tensors[11], args->tensors[12],
+              args->tensors[13])
