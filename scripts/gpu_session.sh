@@ -47,7 +47,7 @@ command_for() {
     sequence) echo "python3 benchmark.py --sequence -c" ;;
     sanitizers) echo "make memcheck && make racecheck && make initcheck" ;;
     demo)    echo "python3 -m examples.demo --plot $OUT/demo_loss.png" ;;
-    dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider tests -k 'distributed or second_gpu'" ;;
+    dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider -m multi_gpu" ;;
     dist-demo) echo "$torchrun -m examples.demo --distributed --steps 150 --checkpoint $OUT/dist_demo.pt --plot $OUT/dist_demo_first.png && $torchrun -m examples.demo --distributed --steps 300 --checkpoint $OUT/dist_demo.pt --resume --plot $OUT/dist_demo_loss.png" ;;
     dist-bench) echo "set -o pipefail; python3 benchmark.py --distributed -c | tee $OUT/dist_bench.md" ;;
     *)       echo "" ;;

@@ -131,6 +131,7 @@ def test_cuda_flag_without_a_gpu_says_so(capsys):
     assert "-c/--cuda: this torch" in capsys.readouterr().err
 
 
+@pytest.mark.gpu
 def test_kernels_report_their_bandwidth_next_to_the_copy(few_warmup_runs, monkeypatch, capsys):
     skip_without_gpu()
     monkeypatch.setattr(kernels, "KERNEL_SIZES", ((257, 129), (64, 256)))
@@ -161,6 +162,7 @@ def test_overhead_times_every_piece(device, monkeypatch, capsys):
         assert any(f"| {piece} |" in row for row in rows), piece
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("precision", [[], ["--tf32"]])
 def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkeypatch, capsys,
                                                          precision, tmp_path):
@@ -200,6 +202,7 @@ def test_sequence_on_the_cpu_compares_loops_lltm_sequence_lstm_and_gru(few_warmu
     assert "per-step kernels" not in output
 
 
+@pytest.mark.gpu
 def test_autocast_times_the_pieces(few_warmup_runs, monkeypatch, capsys):
     skip_without_gpu()
     monkeypatch.setattr(autocast, "AUTOCAST_SIZES", (harness.Size(3, 5, 7),))
@@ -207,6 +210,7 @@ def test_autocast_times_the_pieces(few_warmup_runs, monkeypatch, capsys):
     assert len(rows_of_numbers(capsys.readouterr().out, 1)) == 5
 
 
+@pytest.mark.slow
 def test_distributed_times_every_process_count_with_and_without_ddp(few_warmup_runs, device,
                                                                     monkeypatch, capsys):
     if device.type == "cuda" and torch.cuda.device_count() < 2:

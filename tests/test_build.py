@@ -23,6 +23,8 @@ import pytest
 from checkouts import (REPO_ROOT, assert_succeeded, copy_sources, edit_after_build, make_cpu_only,
                        output_within, run_diagnostics, run_python)
 
+pytestmark = pytest.mark.slow
+
 # A broken build warns at import; the reference still works; the first call
 # that needs the compiled module raises LLTMBuildError, printed for the test.
 IMPORT_FAILURE = """\

@@ -15,6 +15,8 @@ from checkouts import REPO_ROOT, copy_sources, edit_after_build, make_cpu_only
 from lltm_ffi import _extension
 from lltm_ffi.diagnostics import covering_arch
 
+pytestmark = pytest.mark.slow
+
 
 def run_diagnostics(directory):
     """`python -m lltm_ffi` in `directory`, whose lltm_ffi comes first on sys.path."""

@@ -21,6 +21,10 @@ from lltm_ffi import _extension, selfcheck
 BATCH, STATE = 3, 5
 
 
+# Every test here takes a GPU.
+pytestmark = pytest.mark.gpu
+
+
 @pytest.fixture
 def cuda_lib():
     """The compiled module's lib, where there is a GPU and the module has CUDA."""

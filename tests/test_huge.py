@@ -32,6 +32,8 @@ import lltm_ffi
 from conftest import skip_without_gpu
 from lltm_ffi import reference, selfcheck
 
+pytestmark = [pytest.mark.gpu, pytest.mark.huge]
+
 FEATURES = 16
 GiB = 2 ** 30
 MARGIN = 4 * GiB

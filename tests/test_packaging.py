@@ -32,6 +32,8 @@ import pytest
 
 from conftest import REPO_ROOT
 
+pytestmark = pytest.mark.slow
+
 
 def load(name, path):
     spec = importlib.util.spec_from_file_location(name, path)

@@ -135,6 +135,7 @@ def _raised(result):
     pytest.fail("the worker raised nothing")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_exceptions_raised_in_pool_workers_reach_the_parent(method):
     """Before LLTMError could be unpickled, the pool's result thread died on it
@@ -240,6 +241,7 @@ def run_scenario(code, timeout=SCENARIO_TIMEOUT_S):
     return output
 
 
+@pytest.mark.slow
 def test_os_fork_children_compute_after_the_parent_ran_big_passes():
     output = run_scenario("""
         start_openmp_threads()
@@ -262,6 +264,7 @@ def test_os_fork_children_compute_after_the_parent_ran_big_passes():
     assert output.splitlines()[-1] == "ok", output
 
 
+@pytest.mark.slow
 def test_forked_child_c_passes_stay_off_openmp_even_with_torch_threads_restored():
     """The C passes do not rely on torch's thread count: a child that sets it
     back to 2 (its own torch ops may then hang, torch's affair) still gets
@@ -293,6 +296,7 @@ def test_forked_child_c_passes_stay_off_openmp_even_with_torch_threads_restored(
     assert output.splitlines()[-1] == "ok", output
 
 
+@pytest.mark.slow
 def test_fork_pool_workers_compute_after_the_parent_ran_big_passes():
     output = run_scenario("""
         import multiprocessing
@@ -309,6 +313,7 @@ def test_fork_pool_workers_compute_after_the_parent_ran_big_passes():
     assert output.splitlines()[-1] == "ok", output
 
 
+@pytest.mark.slow
 def test_dataloader_fork_workers_compute_after_the_parent_ran_big_passes():
     output = run_scenario("""
         from torch.utils.data import DataLoader, Dataset
@@ -333,6 +338,7 @@ def test_dataloader_fork_workers_compute_after_the_parent_ran_big_passes():
     assert output.splitlines()[-1] == "ok", output
 
 
+@pytest.mark.slow
 def test_forked_child_runs_torch_on_one_thread():
     output = run_scenario("""
         start_openmp_threads()

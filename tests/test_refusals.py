@@ -14,7 +14,7 @@ import torch
 import lltm_ffi
 from builders import random_inputs
 from checkouts import assert_succeeded, run_python
-from conftest import ARGUMENT_NAMES, raises_with, replaced
+from conftest import ARGUMENT_NAMES, raises_with, replaced, skip_without_two_gpus
 
 SHAPE = (3, 5, 7)  # batch, input_features, state_size
 B, F, S = SHAPE
@@ -143,10 +143,11 @@ def test_one_argument_on_another_device(name, odd_one, cuda_device, generator):
         lltm_ffi.lltm(*replaced(inputs, name, value))
 
 
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
 @pytest.mark.parametrize("name", ARGUMENT_NAMES)
 def test_one_argument_on_a_second_gpu(name, generator):
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
+    skip_without_two_gpus()
     inputs = random_inputs(generator, SHAPE, torch.float32, "cuda:0")
     value = inputs[ARGUMENT_NAMES.index(name)].to("cuda:1")
     with raises_with(ValueError, name, "cuda:1", "cuda:0", "same device"):

@@ -324,7 +324,9 @@ DEVICE_PATHS = [((1, 16, 32, 128), "1"), ((5, 3, 4, 9), "1"), ((5, 33, 7, 520), 
                 ((5, 33, 7, 520), "0")]
 
 
-@pytest.mark.parametrize("index", [0, 1], ids=["first_gpu", "second_gpu"])
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", [pytest.param(0, id="first_gpu"),
+                                   pytest.param(1, id="second_gpu", marks=pytest.mark.multi_gpu)])
 @pytest.mark.parametrize("shape, cublas", DEVICE_PATHS,
                          ids=[f"{shape_id(shape)}-LLTM_CUBLAS={cublas}"
                               for shape, cublas in DEVICE_PATHS])

@@ -10,7 +10,7 @@ import torch
 import lltm_ffi
 from lltm_ffi.ops.lltm import cell
 from builders import slow_stream_inputs
-from conftest import assert_all_close
+from conftest import assert_all_close, skip_without_two_gpus
 from lltm_ffi import reference, selfcheck
 
 
@@ -101,9 +101,10 @@ def test_cuda_graph_capture_and_replay(shape, step_kernels, cuda_device, generat
         assert_all_close([model.weights.grad, model.bias.grad], [weights.grad, bias.grad], 1e-5)
 
 
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
 def test_second_gpu_while_the_first_is_current(generator):
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 GPUs, torch sees {torch.cuda.device_count()}")
+    skip_without_two_gpus()
     second = torch.device("cuda", 1)
     torch.cuda.set_device(0)
     inputs = selfcheck.random_inputs(8, 16, 300, torch.float64, "cpu", generator)

@@ -140,6 +140,7 @@ def test_runs_on_the_current_side_stream(cuda_device, generator):
     assert torch.equal(result, expected)
 
 
+@pytest.mark.gpu
 @pytest.mark.multi_gpu
 def test_runs_on_a_second_gpu_while_the_first_is_current(generator):
     skip_without_two_gpus()
