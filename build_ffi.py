@@ -184,7 +184,9 @@ class _Object:
         self.source = relative
         self.path = build_dir / (relative.replace("/", "__") + ".o")
         self.record = self.path.with_name(self.path.name + ".json")
-        self.command = command_for(relative, str(self.path))
+        # Paths in the command relative to ROOT, where it runs, so that a
+        # copy of the tree finds its objects up to date.
+        self.command = command_for(relative, os.path.relpath(self.path, ROOT))
 
     def up_to_date(self):
         try:
@@ -198,9 +200,9 @@ class _Object:
         """Compiles into a scratch name, then renames the object and writes
         its record; raises SystemExit with the compiler's verdict on failure."""
         staging = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        command = [str(staging) if part == str(self.path) else part for part in self.command]
-        command = [str(staging) + ".d" if part == str(self.path) + ".d" else part
-                   for part in command]
+        output = os.path.relpath(self.path, ROOT)
+        command = [str(staging) if part == output else part for part in self.command]
+        command = [str(staging) + ".d" if part == output + ".d" else part for part in command]
         print(shlex.join(self.command), flush=True)
         try:
             if subprocess.run(command, cwd=ROOT).returncode != 0:

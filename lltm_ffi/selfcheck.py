@@ -7,6 +7,7 @@ agreement check."""
 import torch
 
 from . import reference
+from .ops.lltm.cell import lltm
 
 OUTPUT_NAMES = ("new_h", "new_cell")
 GRADIENT_NAMES = ("d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell")
@@ -49,13 +50,10 @@ def _outputs_and_gradients(function, inputs, grad_h, grad_cell):
 
 
 def compare_with_reference(batch_size, input_features, state_size, dtype, device,
-                           seed=None, function=None):
+                           seed=None, function=lltm):
     """Runs `function` and the reference on the same random inputs and output
     gradients; returns {name: relative error} for both outputs and all five
-    gradients, plus the seed used (so a failure can be replayed). `function`
-    is lltm_ffi.lltm unless given."""
-    if function is None:
-        from .ops.lltm import lltm as function
+    gradients, plus the seed used (so a failure can be replayed)."""
     generator = torch.Generator()
     seed = generator.seed() if seed is None else generator.manual_seed(seed).initial_seed()
     inputs = random_inputs(batch_size, input_features, state_size, dtype, device, generator)
@@ -85,7 +83,7 @@ def worst(errors):
 
 
 def disagreement(batch_size, input_features, state_size, dtype, device, seed=None,
-                 function=None, tolerance=None):
+                 function=lltm, tolerance=None):
     """The one agreement check: None when `function` agrees with the reference
     on fresh random inputs (outputs and all five gradients within `tolerance`,
     TOLERANCES[dtype] by default); else a sentence naming the worst tensor, its

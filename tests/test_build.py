@@ -273,9 +273,38 @@ def test_make_rebuilds_a_module_that_is(change, built_copy):
 
 
 def test_make_rebuilds_after_a_source_edit(built_copy):
-    edit_after_build(built_copy, built_copy / "src" / "lltm_cpu.c")
+    edit_after_build(built_copy, built_copy / "lltm_ffi" / "ops" / "lltm" / "lltm_cpu.c")
     output = make_cpu_only(built_copy).stdout
     assert "built lltm_ffi/" in output and "up to date" not in output, output
+    assert_module_computes(built_copy)
+
+
+def _compiled(output):
+    """The sources a build's output shows compiled (one command line each)."""
+    return sorted(line.split(" -c ")[1].split()[0] for line in output.splitlines()
+                  if " -c " in line and " -o " in line)
+
+
+# An edit of a file recompiles exactly the sources that include it.
+EDITS = {
+    "round_cpu.c": ("lltm_ffi/ops/round_ste/round_cpu.c",
+                    ["lltm_ffi/ops/round_ste/round_cpu.c"]),
+    "an op's own header": ("lltm_ffi/ops/lltm/lltm_cpu_impl.h", ["lltm_ffi/ops/lltm/lltm_cpu.c"]),
+    # (src/cublas.c includes nothing in a build without CUDA.)
+    "a header every source includes": ("include/lltm_op.h", None),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_an_edit_recompiles_only_what_includes_the_file(edit, built_copy):
+    path, expected = EDITS[edit]
+    edit_after_build(built_copy, built_copy / path)
+    output = make_cpu_only(built_copy).stdout
+    every_c_source = sorted(path.relative_to(built_copy).as_posix() for path in (
+        *built_copy.glob("src/*.c"), *built_copy.glob("lltm_ffi/ops/*/*.c"))
+        if not path.name.startswith("test_") and path.name != "cublas.c")
+    assert _compiled(output) == (expected or every_c_source), output
+    assert "built lltm_ffi/" in output, output
     assert_module_computes(built_copy)
 
 

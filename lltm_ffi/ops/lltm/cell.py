@@ -62,39 +62,49 @@ def check_arguments(input, weights, bias, old_h, old_cell):
     The common, valid case costs one expression; the diagnosis runs only
     when it fails."""
     if not arguments_fit(input, 2, weights, bias, old_h, old_cell):
-        _diagnose(input, weights, bias, old_h, old_cell)
+        diagnose("lltm", _ARGUMENT_NAMES, 2, (input, weights, bias, old_h, old_cell))
     if not input.is_cpu:
         op.check_device("lltm", input.device)
 
 
-def _diagnose(input, weights, bias, old_h, old_cell):
-    tensors = (input, weights, bias, old_h, old_cell)
-    for name, tensor in zip(_ARGUMENT_NAMES, tensors):
-        op.check_tensor("lltm", name, tensor)
-    for name, tensor in zip(_ARGUMENT_NAMES[1:], tensors[1:]):
-        op.check_matches("lltm", name, tensor, "input", input)
-    for name, tensor in zip(_ARGUMENT_NAMES, tensors):
-        if tensor.dim() != 2 and not (name == "bias" and tensor.dim() == 1):
-            expected = "1 or 2 dimensions" if name == "bias" else "2 dimensions"
-            raise ValueError(f"lltm: {name} must have {expected}, got shape {_shape(tensor)}")
-    batch_size, input_features = input.shape
-    state_size = old_h.shape[1]
-    if old_h.shape[0] != batch_size:
-        raise ValueError(f"lltm: old_h has shape {_shape(old_h)} but input has shape "
+def diagnose(function, names, input_dims, tensors):
+    """The TypeError or ValueError, naming the argument, for arguments that
+    arguments_fit refused: `function` (lltm or lltm_sequence) called with
+    `tensors` (input, weights, bias, h, c) named `names`, its input of
+    `input_dims` dimensions (the last two batch and features)."""
+    input_name, _, _, h_name, c_name = names
+    for name, tensor in zip(names, tensors):
+        op.check_tensor(function, name, tensor)
+    for name, tensor in zip(names[1:], tensors[1:]):
+        op.check_matches(function, name, tensor, input_name, tensors[0])
+    input, weights, bias, h, c = tensors
+    if input.dim() != input_dims:
+        layout = "(steps, batch, input_features)" if input_dims == 3 else "(batch, input_features)"
+        raise ValueError(f"{function}: {input_name} must have {input_dims} dimensions {layout}, "
+                         f"got shape {_shape(input)}")
+    for name, tensor in zip(names[1:], tensors[1:]):
+        if tensor.dim() != 2 and not (tensor is bias and tensor.dim() == 1):
+            expected = "1 or 2 dimensions" if tensor is bias else "2 dimensions"
+            raise ValueError(f"{function}: {name} must have {expected}, got shape "
+                             f"{_shape(tensor)}")
+    batch_size, input_features = input.shape[-2:]
+    state_size = h.shape[1]
+    if h.shape[0] != batch_size:
+        raise ValueError(f"{function}: {h_name} has shape {_shape(h)} but {input_name} has shape "
                          f"{_shape(input)}; they must have the same batch size")
-    if old_cell.shape != old_h.shape:
-        raise ValueError(f"lltm: old_cell has shape {_shape(old_cell)} but old_h has shape "
-                         f"{_shape(old_h)}; they must match")
+    if c.shape != h.shape:
+        raise ValueError(f"{function}: {c_name} has shape {_shape(c)} but {h_name} has shape "
+                         f"{_shape(h)}; they must match")
     gates_size = 3 * state_size
     if weights.shape != (gates_size, state_size + input_features):
         raise ValueError(
-            f"lltm: weights has shape {_shape(weights)} but must be (3 * state_size, "
+            f"{function}: weights has shape {_shape(weights)} but must be (3 * state_size, "
             f"state_size + input_features) = {(gates_size, state_size + input_features)} "
-            f"for input of shape {_shape(input)} and old_h of shape {_shape(old_h)}")
+            f"for {input_name} of shape {_shape(input)} and {h_name} of shape {_shape(h)}")
     if bias.shape != (gates_size,) and bias.shape != (1, gates_size):
-        raise ValueError(f"lltm: bias has shape {_shape(bias)} but must be ({gates_size},) or "
-                         f"(1, {gates_size}) for weights of shape {_shape(weights)}")
-    raise AssertionError("check_arguments rejected arguments that _diagnose accepts")
+        raise ValueError(f"{function}: bias has shape {_shape(bias)} but must be ({gates_size},) "
+                         f"or (1, {gates_size}) for weights of shape {_shape(weights)}")
+    raise AssertionError("arguments_fit refused arguments that diagnose accepts")
 
 
 # The fused pointwise passes ---------------------------------------------------

@@ -29,47 +29,14 @@ from . import cell, derivatives
 _ARGUMENT_NAMES = ("inputs", "weights", "bias", "h0", "c0")
 
 
-def _shape(tensor):
-    return tuple(tensor.shape)
-
-
 def check_arguments(inputs, weights, bias, h0, c0):
     """TypeError or ValueError, naming the argument, for anything the C loop
     cannot take. The common, valid case costs one expression; the diagnosis
     runs only when it fails."""
     if not cell.arguments_fit(inputs, 3, weights, bias, h0, c0):
-        _diagnose(inputs, weights, bias, h0, c0)
+        cell.diagnose("lltm_sequence", _ARGUMENT_NAMES, 3, (inputs, weights, bias, h0, c0))
     if not inputs.is_cpu:
         op.check_device("lltm_sequence", inputs.device)
-
-
-def _diagnose(inputs, weights, bias, h0, c0):
-    tensors = (inputs, weights, bias, h0, c0)
-    for name, tensor in zip(_ARGUMENT_NAMES, tensors):
-        op.check_tensor("lltm_sequence", name, tensor)
-    for name, tensor in zip(_ARGUMENT_NAMES[1:], tensors[1:]):
-        op.check_matches("lltm_sequence", name, tensor, "inputs", inputs)
-    if inputs.dim() != 3:
-        raise ValueError(f"lltm_sequence: inputs must have 3 dimensions (steps, batch, "
-                         f"input_features), got shape {_shape(inputs)}")
-    for name, tensor in (("h0", h0), ("c0", c0), ("weights", weights)):
-        if tensor.dim() != 2:
-            raise ValueError(f"lltm_sequence: {name} must have 2 dimensions, got shape "
-                             f"{_shape(tensor)}")
-    steps, batch_size, input_features = inputs.shape
-    state_size = h0.shape[1]
-    if h0.shape[0] != batch_size or c0.shape != h0.shape:
-        raise ValueError(f"lltm_sequence: h0 and c0 must both have shape (batch, state_size) "
-                         f"with the batch of inputs {_shape(inputs)}; got {_shape(h0)} and "
-                         f"{_shape(c0)}")
-    expected = (3 * state_size, state_size + input_features)
-    if _shape(weights) != expected:
-        raise ValueError(f"lltm_sequence: weights has shape {_shape(weights)} but must be "
-                         f"(3 * state_size, state_size + input_features) = {expected}")
-    if _shape(bias) not in ((3 * state_size,), (1, 3 * state_size)):
-        raise ValueError(f"lltm_sequence: bias has shape {_shape(bias)} but must be "
-                         f"({3 * state_size},) or (1, {3 * state_size})")
-    raise AssertionError("check_arguments rejected arguments that _diagnose accepts")
 
 
 def _options():
