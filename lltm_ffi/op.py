@@ -43,6 +43,10 @@ from . import _extension, _torch_internals
 from ._extension import PLAIN_TENSOR_TYPES, SUPPORTED_DTYPES
 
 _SCALAR_SCHEMA = {int: "SymInt", float: "float", bool: "bool"}
+# What each scalar annotation accepts (a tracer's symbolic ints and floats
+# too); a bool is refused where an int or a float is asked.
+_SCALAR_TYPES = {int: (int, torch.SymInt), float: (float, int, torch.SymFloat, torch.SymInt),
+                 bool: (bool,)}
 # Op names of torch.library operators (and so of passes): their namespace.
 NAMESPACE = "lltm_ffi"
 
@@ -220,7 +224,8 @@ class Pass:
                     allowed = " or ".join(map(str, kind.dims))
                     raise ValueError(f"{op}: {name} must have {allowed} dimensions, got shape "
                                      f"{tuple(value.shape)}")
-            elif type(value) is not kind and not (kind is float and type(value) is int):
+            elif (not isinstance(value, _SCALAR_TYPES[kind])
+                  or (kind is not bool and isinstance(value, bool))):
                 raise TypeError(f"{op}: {name} must be {kind.__name__}, got "
                                 f"{type(value).__name__}")
         if first is not None:

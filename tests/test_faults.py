@@ -42,21 +42,23 @@ def _pass_tensors(device):
              state_shape, gates_shape)]
 
 
-def _pointers(tensors):
-    return [_extension.ffi.cast("void *", tensor.data_ptr()) for tensor in tensors]
+def _run(lib, name, sizes, tensors, device_index, stream):
+    """The pass `name` through lltm_run, as _extension calls it, on `device_index`."""
+    pass_id, _ = _extension.PASSES[name]
+    return lib.lltm_run(pass_id, lib.LLTM_FLOAT32, device_index, stream, sizes, [],
+                        [tensor.data_ptr() for tensor in tensors])
 
 
 def _forward(lib, tensors, device_index, stream):
     gates, old_cell, new_h, new_cell = tensors[:4]
-    return lib.lltm_forward(lib.LLTM_FLOAT32, device_index, stream, BATCH, STATE,
-                            *_pointers((gates, old_cell, new_h, new_cell)))
+    return _run(lib, "forward_pass", [BATCH, STATE], (gates, old_cell, new_h, new_cell),
+                device_index, stream)
 
 
 def _backward(lib, tensors, device_index, stream):
     gates, _, _, new_cell, grad_h, grad_cell, d_old_cell, d_gates = tensors
-    return lib.lltm_backward(lib.LLTM_FLOAT32, device_index, stream, BATCH, STATE,
-                             STATE, 1, STATE, 1,
-                             *_pointers((grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates)))
+    return _run(lib, "backward_pass", [BATCH, STATE, STATE, 1, STATE, 1],
+                (grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates), device_index, stream)
 
 
 def _assert_ordinary_path_works(device, seed, when):
@@ -78,10 +80,10 @@ def test_device_that_does_not_exist_is_an_lltm_error_with_cuda_message(cuda_lib,
     device = torch.device("cuda", torch.cuda.current_device())
     _assert_ordinary_path_works(device, seed, "before the fault")
     tensors = _pass_tensors(device)
-    stream = _extension.ffi.cast("void *", torch.cuda.current_stream(device).cuda_stream)
+    stream = torch.cuda.current_stream(device).cuda_stream
     missing = torch.cuda.device_count() + 7
 
-    for name, call in (("lltm_forward", _forward), ("lltm_backward", _backward)):
+    for name, call in (("forward_pass", _forward), ("backward_pass", _backward)):
         code = call(cuda_lib, tensors, missing, stream)
         assert code != 0, f"{name} on device {missing} of {torch.cuda.device_count()} returned 0"
         with pytest.raises(lltm_ffi.LLTMError) as raised:

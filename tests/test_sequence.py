@@ -419,7 +419,7 @@ def test_capture_before_any_call_on_the_device_is_refused_clearly(cuda_device):
     """)
     result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                             timeout=300, cwd=REPO_ROOT)
-    assert "refused: lltm_sequence_forward failed" in result.stdout and "before capturing" in result.stdout, (
+    assert "refused: sequence_forward failed" in result.stdout and "before capturing" in result.stdout, (
         result.stdout + result.stderr)
 
 
