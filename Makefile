@@ -26,7 +26,7 @@ all:
 
 # Installs what requirements.txt asks for and this Python lacks (torch as
 # torch==$(TORCH_VERSION)), saying what; installs nothing, so needs no network,
-# where all is present. README, "The two commands", says what and how big.
+# where all is present. docs/BUILDING.md says what and how big.
 deps:
 	@$(PYTHON) scripts/deps.py --torch $(TORCH_VERSION) requirements.txt
 

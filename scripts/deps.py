@@ -7,7 +7,7 @@ installs, and installs nothing (so needs no network) when all is present.
 torch is the exception: a missing or too old torch is replaced by exactly
 torch==<--torch>, the version tested, never by whatever the index has newest.
 Which build pip picks for it is pip's choice: on Linux x86-64 PyPI serves
-the CUDA build (see README, "The two commands"); a torch installed
+the CUDA build (see docs/BUILDING.md); a torch installed
 beforehand, such as the CPU-only build, is kept.
 
 The requirement files hold one `name` or `name>=version` a line (with `#`

@@ -1,8 +1,8 @@
-"""Accepted arguments at the edges give the reference cell's results (README
-"Errors", "Accepted"): batch, input_features and state_size 0 (in the child
-process of child_cases.py, as is input, old_h and old_cell being one
-tensor), some, all or none of the arguments requiring grad, one output
-unused, torch.inference_mode(), NaN and +-Inf in any argument (and where a
+"""Accepted arguments at the edges give the reference cell's results
+(docs/ERRORS.md, "What is accepted at the edges"): batch, input_features and
+state_size 0 (in the child process of child_cases.py, as is input, old_h and
+old_cell being one tensor), some, all or none of the arguments requiring
+grad, one output unused, torch.inference_mode(), NaN and +-Inf in any argument (and where a
 NaN spreads), and the negative bit on an argument or an output gradient."""
 
 import math
@@ -150,7 +150,7 @@ NAN_FOOTPRINTS = {
 @pytest.mark.parametrize("name, element", NAN_FOOTPRINTS,
                          ids=[f"{name}{list(element)}" for name, element in NAN_FOOTPRINTS])
 def test_nan_spreads_as_the_cell_says(name, element, device, generator):
-    """Where a NaN goes (README "Errors")."""
+    """Where a NaN goes (docs/ERRORS.md)."""
     inputs = random_inputs(generator, SHAPE, torch.float32, device)
     poisoned = inputs[ARGUMENT_NAMES.index(name)].clone()
     poisoned[element] = math.nan

@@ -1,6 +1,6 @@
 """The pip path beside make: one list of CUDA architectures and one nvcc
 command for both, the architecture names the module reports, and every
-install path the README documents, each started from a fresh `git clone`:
+install path docs/BUILDING.md documents, each from a fresh `git clone`:
 `pip install .`, `pip install -e .` (which passes the stale-build check after
 its build, fails it after a source edit, and passes again after a second
 `pip install -e .`), `pip install git+file://...` and `pip wheel --no-deps .`
@@ -222,13 +222,13 @@ def test_editable_install_passes_the_stale_check_until_a_source_changes(tmp_path
     output = import_and_check(python, tmp_path / "away")
     assert "stale" in output and "rebuild" in output, output
 
-    # The README's remedy: the editable install again rebuilds the module.
+    # docs/BUILDING.md's remedy: the editable install again rebuilds the module.
     pip(python, "install", "-q", *OFFLINE, "-e", ".", cwd=clone)
     assert_works_from(clone, import_and_check(python, tmp_path / "away"))
 
 
 def test_pip_wheel_with_build_isolation_installs_and_runs(tmp_path):
-    """The README's `pip wheel --no-deps .`, with build isolation: pip
+    """docs/BUILDING.md's `pip wheel --no-deps .`, with build isolation: pip
     installs setuptools and cffi into an isolated build environment from the
     configured index (this test's only download; nothing is installed
     outside tmp_path), builds the wheel, and the wheel, installed offline,

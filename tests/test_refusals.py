@@ -1,5 +1,5 @@
-"""Bad arguments are refused (README "Errors", "Refused"): in Python, before
-any pointer reaches C, with an exception whose message names the argument
+"""Bad arguments are refused (docs/ERRORS.md, "What is refused"): in Python,
+before any pointer reaches C, with an exception whose message names the argument
 and what is wrong with it; every row for each of the five arguments of
 lltm_ffi.lltm, and a module built without CUDA given CUDA tensors.
 
