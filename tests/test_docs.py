@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SNIPPET_DOCUMENTS = ("docs/PORTING.md", "README.md")
-PATH_DOCUMENTS = ("docs/PORTING.md", "README.md", "BENCHMARKS.md")
+SNIPPET_DOCUMENTS = ("docs/PORTING.md", "README.md", "docs/DISTRIBUTED.md")
+PATH_DOCUMENTS = ("docs/PORTING.md", "README.md", "BENCHMARKS.md", "docs/DISTRIBUTED.md")
 # The porting guide quotes the repository at every step; fewer marked
 # snippets than this means the markers were lost, not that the guide is short.
 MIN_PORTING_SNIPPETS = 20
