@@ -27,17 +27,28 @@ from .training import (BATCH_SIZE, INPUT_FEATURES, SEQUENCE_STEPS, STATE_SIZE, P
 DISTRIBUTED_SAMPLES = 65536
 
 
+def checkpoint_problem(args):
+    """Why --resume and --checkpoint cannot be used as given, or None."""
+    if args.resume and not args.checkpoint:
+        return "--resume needs --checkpoint PATH, the checkpoint to go on from"
+    if not args.checkpoint:
+        return None
+    directory = os.path.dirname(args.checkpoint) or "."
+    if os.path.isdir(args.checkpoint):
+        return f"--checkpoint {args.checkpoint} is a directory: name the file to write"
+    if not os.path.isdir(directory):
+        return f"--checkpoint {args.checkpoint}: there is no directory {directory} to write it in"
+    return None
+
+
 def run_distributed(parser, args, device):
     """parser.error for what cannot run, before any process group is joined."""
     from . import distributed
 
     args.device = device
-    if args.samples is None:
-        args.samples = DISTRIBUTED_SAMPLES
-    if args.resume and not args.checkpoint:
-        parser.error("--resume needs --checkpoint PATH, the checkpoint to go on from")
-    if args.resume and not os.path.isfile(args.checkpoint):
-        parser.error(f"--resume: no checkpoint at {args.checkpoint}")
+    problem = checkpoint_problem(args)
+    if problem:
+        parser.error(problem)
     if args.checkpoint_every < 1:
         parser.error("--checkpoint-every must be at least 1")
     if device == "cuda" and not lltm_ffi.CUDA_COMPILED:
@@ -46,10 +57,18 @@ def run_distributed(parser, args, device):
     if problem:
         parser.error(problem)
     world_size = int(os.environ["WORLD_SIZE"])
-    if args.samples < world_size * BATCH_SIZE:
-        parser.error(f"--samples {args.samples}: each of the {world_size} processes needs at "
-                     f"least a batch ({BATCH_SIZE})")
-    return distributed.run(args)
+    if args.resume and os.path.isfile(args.checkpoint):
+        checkpoint = distributed.load_checkpoint(args.checkpoint)
+        problem = distributed.resume_problem(checkpoint, args.checkpoint, args.samples, world_size)
+        if problem:
+            parser.error(problem)
+        return distributed.run(args, checkpoint["config"], checkpoint)
+    config = distributed.fresh_config(args.samples or DISTRIBUTED_SAMPLES, world_size)
+    if config["samples"] < config["global_batch"]:
+        parser.error(f"--samples {config['samples']}: fewer than one global batch of "
+                     f"{config['global_batch']} sequences ({BATCH_SIZE} for each of the "
+                     f"{world_size} processes)")
+    return distributed.run(args, config)
 
 
 def main(argv=None):
@@ -61,15 +80,16 @@ def main(argv=None):
                         help="where to save the loss curve when matplotlib is installed")
     parser.add_argument("--distributed", action="store_true",
                         help="train with DistributedDataParallel, one process a device; launch "
-                             "with torchrun (README, \"Training on several GPUs\")")
+                             "with torchrun (docs/DISTRIBUTED.md)")
     parser.add_argument("--checkpoint", help="--distributed: save the training state here")
     parser.add_argument("--checkpoint-every", type=int, default=100,
                         help="--distributed: steps between checkpoints (default 100), and one last")
     parser.add_argument("--resume", action="store_true",
-                        help="--distributed: go on from --checkpoint up to --steps in all")
+                        help="--distributed: go on from --checkpoint, where it exists, up to "
+                             "--steps in all (where it does not: start at step 0)")
     parser.add_argument("--samples", type=int, default=None,
-                        help=f"--distributed: sequences in the synthetic data set "
-                             f"(default {DISTRIBUTED_SAMPLES})")
+                        help=f"--distributed: sequences in the synthetic data set (default "
+                             f"{DISTRIBUTED_SAMPLES}; a resumed run: its checkpoint's)")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")

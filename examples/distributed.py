@@ -1,20 +1,29 @@
 """The demo's training run over several processes: DistributedDataParallel,
 one process a device, a DistributedSampler over a synthetic data set, and a
-checkpoint that a later run resumes from.
+checkpoint that a later run resumes from, on as many processes or on others.
 
     torchrun --nproc-per-node N -m examples.demo --distributed [--steps 300]
              [--checkpoint PATH [--resume]] [--device cuda|cpu]
 
 Each process joins the group torchrun describes in its environment: on GPUs
-process LOCAL_RANK drives cuda:LOCAL_RANK through NCCL, on the CPU the
-processes talk through gloo. lltm_ffi itself knows nothing of this: its
-operators see one device and one stream, and DDP averages the gradients of
-LLTMSequence's parameters like any others. Rank 0 reports, writes the
-checkpoint and draws the loss curve.
+process LOCAL_RANK drives cuda:LOCAL_RANK (of the GPUs CUDA_VISIBLE_DEVICES
+shows it) through NCCL, on the CPU the processes talk through gloo. lltm_ffi
+itself knows nothing of this: its operators see one device and one stream,
+and DDP averages the gradients of LLTMSequence's parameters like any others.
+Rank 0 reports, writes the checkpoint and draws the loss curve.
+
+A run trains on global batches: step k takes the k-th slice of
+`global_batch` sequences from its epoch's shuffle of the data set, whatever
+the number of processes, and each process takes an equal share of it. A
+fresh run's global batch is BATCH_SIZE a process; a resumed run keeps its
+checkpoint's, so a run resumed on another number of processes (one that
+divides the global batch) trains on the same batches, and differs from the
+uninterrupted run by the rounding of sums split differently only.
 """
 
 import gc
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -32,6 +41,13 @@ from .training import (BATCH_SIZE, INPUT_FEATURES, SEQUENCE_STEPS, STATE_SIZE, P
 # What torchrun (and any launcher of torch.distributed) sets for each process.
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 DATA_SEED = 1
+# A step number K: on torchrun's first attempt, the last rank kills itself
+# (SIGKILL) as it begins step K, as a crashed machine would; the tests of
+# torchrun's restarts (--max-restarts) set it.
+CRASH_VARIABLE = "LLTM_DEMO_CRASH_AT_STEP"
+CONFIG_KEYS = ("samples", "global_batch", "state_size")
+# In torchrun's environment, for restarts (--max-restarts) that rejoin reliably.
+UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
 
 
 def launch_problem(device_type):
@@ -45,7 +61,25 @@ def launch_problem(device_type):
     if device_type == "cuda" and local_rank >= torch.cuda.device_count():
         return (f"LOCAL_RANK is {local_rank} but torch sees {torch.cuda.device_count()} GPU(s): "
                 f"start at most one process a GPU (--nproc-per-node), or use --device cpu")
+    if restarts_share_the_agents_store():
+        return (f"torchrun --max-restarts {os.environ['TORCHELASTIC_MAX_RESTARTS']}: a restarted "
+                f"process group can fail or hang joining through the store torchrun's agent "
+                f"shares with its processes; launch torchrun with {UNSHARED_STORE} in its "
+                f"environment (and --standalone or --rdzv-backend c10d)")
+    crash_step = os.environ.get(CRASH_VARIABLE)
+    if crash_step is not None and not (crash_step.isdigit() and int(crash_step) >= 1):
+        return f"{CRASH_VARIABLE} is {crash_step!r}: a step number, 1 or more"
     return None
+
+
+def restarts_share_the_agents_store():
+    """Whether torchrun may restart this process's group while the processes
+    join it through the store of torchrun's agent: that store outlives an
+    attempt, and a restarted one can read the addresses the attempt before
+    it left there (pytorch/pytorch#135712). With a store of its own, each
+    attempt starts clean."""
+    return (int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
 
 
 def start(device_type):
@@ -78,6 +112,28 @@ def finish():
     dist.destroy_process_group()
 
 
+def fresh_config(samples, world_size):
+    """The settings of a run that starts at step 0: a batch of BATCH_SIZE a process."""
+    return {"samples": samples, "global_batch": BATCH_SIZE * world_size, "state_size": STATE_SIZE}
+
+
+def resume_problem(checkpoint, path, samples, world_size):
+    """Why `world_size` processes cannot go on from `checkpoint` (read from
+    `path`), or None. `samples` is --samples, None where not given."""
+    config = checkpoint["config"]
+    if sorted(config) != sorted(CONFIG_KEYS) or config["state_size"] != STATE_SIZE:
+        return (f"{path} holds a run with the settings {config}, not one of this demo's "
+                f"(state size {STATE_SIZE}, settings {', '.join(CONFIG_KEYS)})")
+    if samples is not None and samples != config["samples"]:
+        return (f"--samples {samples}: {path} is of a run on {config['samples']} sequences; "
+                f"leave --samples out to go on with it")
+    if config["global_batch"] % world_size:
+        return (f"{path} is of a run with a global batch of {config['global_batch']} sequences, "
+                f"which {world_size} processes cannot share equally: resume on a number of "
+                f"processes that divides {config['global_batch']}")
+    return None
+
+
 def synthetic_data(samples, seed=DATA_SEED):
     """The demo's task as a data set: `samples` random sequences and, for
     each, the squashed sum of its first feature. Every process draws the
@@ -87,10 +143,21 @@ def synthetic_data(samples, seed=DATA_SEED):
     return TensorDataset(sequences, task_targets(sequences, 1))
 
 
+def share_sampler(data, rank, world_size):
+    """Process `rank`'s share of each epoch's shuffle of `data`: every
+    world_size-th index from the rank-th. The shuffle itself is the same
+    for every world size."""
+    return DistributedSampler(data, num_replicas=world_size, rank=rank, seed=DATA_SEED,
+                              drop_last=True)
+
+
 def batches(sampler, batch_size, first_step):
     """(step, indices) for every step from `first_step` on: step k is batch
     k % per_epoch of epoch k // per_epoch of this process's share, so a
-    resumed run takes the batches the uninterrupted run would have."""
+    resumed run takes the batches the uninterrupted run would have. With
+    share_sampler's shares, the processes' batches of a step together are
+    the step's slice of batch_size x world_size indices of the epoch's
+    shuffle, whatever the world size."""
     per_epoch = len(sampler) // batch_size
     step = first_step
     while True:
@@ -112,12 +179,9 @@ def save_checkpoint(path, model, optimizer, step, losses, config):
     os.replace(partial, path)
 
 
-def load_checkpoint(path, device, config):
-    state = torch.load(path, map_location=device, weights_only=True)
-    if state["config"] != config:
-        raise ValueError(f"{path} was written by a run with {state['config']}, "
-                         f"this run has {config}: resume with the same --samples")
-    return state
+def load_checkpoint(path):
+    """The training state at `path`, on the CPU."""
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def all_agree(device):
@@ -131,16 +195,49 @@ def all_agree(device):
     return failure
 
 
-def run(args):
-    """The demo's training run in this process (args: the demo's options).
+def lowest_and_highest(value, device):
+    """(lowest, highest) of the integer `value` over the processes."""
+    negated_and_value = torch.tensor([-value, value], device=device)
+    dist.all_reduce(negated_and_value, op=dist.ReduceOp.MAX)
+    return -int(negated_and_value[0].item()), int(negated_and_value[1].item())
+
+
+def crash_step(rank, world_size):
+    """The step at which this process kills itself (CRASH_VARIABLE), or None."""
+    step = os.environ.get(CRASH_VARIABLE)
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if step is None or rank != world_size - 1 or not first_attempt:
+        return None
+    return int(step)
+
+
+def model_and_optimizer(device, checkpoint):
+    """The DDP-wrapped model, its Adam and the losses so far: fresh, or as
+    `checkpoint` left them."""
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        SequenceRegressor(INPUT_FEATURES, STATE_SIZE, batch_first=True, device=device),
+        device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    if checkpoint is None:
+        return model, optimizer, []
+    model.module.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    return model, optimizer, list(checkpoint["losses"])
+
+
+def run(args, config, checkpoint=None):
+    """The demo's training run in this process (args: the demo's options;
+    config: the run's settings; checkpoint: the state it resumes from).
     Returns the exit code."""
     rank, world_size, device = start(args.device)
-    code = train(args, rank, world_size, device)
+    code = train(args, config, checkpoint, rank, world_size, device)
     finish()
     return code
 
 
-def train(args, rank, world_size, device):
+def train(args, config, checkpoint, rank, world_size, device):
+    """Trains from step 0, or from `checkpoint`'s step, to --steps; returns the exit code."""
     say = print if rank == 0 else (lambda *_: None)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     say(f"lltm_ffi {lltm_ffi.__version__} on {world_size} process(es), {device.type} ({name}) through "
@@ -150,33 +247,38 @@ def train(args, rank, world_size, device):
         "and 5 gradients): " + (f"FAILED: {failure}" if failure else "ok"))
     if failure:
         return 1
+    # Each process reads the checkpoint itself: machines that do not share
+    # its storage can each find another one, or none.
+    first_step = checkpoint["step"] if checkpoint else 0
+    lowest, highest = lowest_and_highest(first_step, device)
+    if lowest != highest:
+        say(f"the processes found different checkpoints at {args.checkpoint} (from step {lowest} "
+            f"to {highest}; 0: none): on several machines it must be on storage they all share")
+        return 1
 
-    torch.manual_seed(0)
-    model = DistributedDataParallel(
-        SequenceRegressor(INPUT_FEATURES, STATE_SIZE, batch_first=True, device=device),
-        device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    data = synthetic_data(args.samples)
-    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, seed=DATA_SEED,
-                                 drop_last=True)
-    config = {"samples": args.samples, "batch_size": BATCH_SIZE, "state_size": STATE_SIZE}
-    checkpoint = Path(args.checkpoint) if args.checkpoint else None
-    first_step, losses = 0, []
-    if args.resume:
-        state = load_checkpoint(checkpoint, device, config)
-        model.module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        first_step, losses = state["step"], state["losses"]
-        say(f"resumed from {checkpoint} at step {first_step}")
-    say(f"{args.samples} synthetic sequences of {SEQUENCE_STEPS} steps, {world_size} process(es) "
-        f"x batch {BATCH_SIZE}, {len(sampler) // BATCH_SIZE} steps an epoch")
+    model, optimizer, losses = model_and_optimizer(device, checkpoint)
+    if checkpoint:
+        say(f"resumed from {args.checkpoint} at step {first_step}")
+    elif args.resume:
+        say(f"no checkpoint at {args.checkpoint} yet: starting at step 0")
+    data = synthetic_data(config["samples"])
+    sampler = share_sampler(data, rank, world_size)
+    batch_size = config["global_batch"] // world_size
+    batching = (f"a global batch of {config['global_batch']} ({batch_size} on each of "
+                f"{world_size} process(es))")
+    say(f"{config['samples']} synthetic sequences of {SEQUENCE_STEPS} steps, {batching}, "
+        f"{len(sampler) // batch_size} steps an epoch")
     if first_step >= args.steps:
         say(f"the checkpoint is at step {first_step}, --steps is {args.steps}: nothing to train")
         return 0
 
+    checkpoint_path = Path(args.checkpoint) if args.checkpoint else None
+    crash_at = crash_step(rank, world_size)
     progress = Progress(args.steps, start=first_step) if rank == 0 else None
     start_time = time.perf_counter()
-    for step, indices in batches(sampler, BATCH_SIZE, first_step):
+    for step, indices in batches(sampler, batch_size, first_step):
+        if step + 1 == crash_at:
+            os.kill(os.getpid(), signal.SIGKILL)
         sequences, targets = (tensor.to(device) for tensor in data[indices])
         loss = training_step(model, optimizer, sequences, targets).detach()
         dist.all_reduce(loss)
@@ -184,9 +286,9 @@ def train(args, rank, world_size, device):
         if progress:
             progress.update(losses[-1])
         done = step + 1
-        if checkpoint and (done % args.checkpoint_every == 0 or done == args.steps):
+        if checkpoint_path and (done % args.checkpoint_every == 0 or done == args.steps):
             if rank == 0:
-                save_checkpoint(checkpoint, model.module, optimizer, done, losses, config)
+                save_checkpoint(checkpoint_path, model.module, optimizer, done, losses, config)
             dist.barrier()
         if done == args.steps:
             break
@@ -197,12 +299,11 @@ def train(args, rank, world_size, device):
     trained = args.steps - first_step
     window, first, last = mean_losses(losses)
     say(f"trained steps {first_step + 1} to {args.steps} of a {SEQUENCE_STEPS}-step sequence, "
-        f"batch {BATCH_SIZE} on each of {world_size} process(es), "
-        f"{elapsed / trained * 1e3:.2f} ms per step")
+        f"{batching}, {elapsed / trained * 1e3:.2f} ms per step")
     say(f"mean loss of the first {window} steps {first:.4f} -> of the last {window} steps "
         f"{last:.4f} ({first / last:.1f}x lower)")
-    if checkpoint:
-        say(f"checkpoint written to {checkpoint} (step {args.steps})")
+    if checkpoint_path:
+        say(f"checkpoint written to {checkpoint_path} (step {args.steps})")
     if rank == 0:
         save_plot(losses, args.plot, resumed_at=first_step or None)
     return 0

@@ -3,7 +3,8 @@
 #
 #   scripts/gpu_session.sh [STEP...]   steps: build diag test pytest bench kernels overhead sequence
 #                                      demo sanitizers, and the distributed ones: dist-pytest
-#                                      dist-demo dist-bench (default: all but sanitizers and dist-*)
+#                                      dist-demo dist-multinode dist-bench (default: all but
+#                                      sanitizers and dist-*)
 #
 # Each step's full log goes to $OUT/STEP.log (OUT defaults to ./gpu_out); a
 # table of steps, results and times is printed last. Wheels in .whl/ (cffi and
@@ -49,6 +50,7 @@ command_for() {
     demo)    echo "python3 -m examples.demo --plot $OUT/demo_loss.png" ;;
     dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider -m multi_gpu" ;;
     dist-demo) echo "$torchrun -m examples.demo --distributed --steps 150 --checkpoint $OUT/dist_demo.pt --plot $OUT/dist_demo_first.png && $torchrun -m examples.demo --distributed --steps 300 --checkpoint $OUT/dist_demo.pt --resume --plot $OUT/dist_demo_loss.png" ;;
+    dist-multinode) echo "OUT=$OUT scripts/multinode_demo.sh" ;;
     dist-bench) echo "set -o pipefail; python3 benchmark.py --distributed -c | tee $OUT/dist_bench.md" ;;
     *)       echo "" ;;
   esac

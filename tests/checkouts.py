@@ -72,13 +72,29 @@ def assert_succeeded(result):
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
 
+# How long a stopped process group has to exit after each signal.
+STOP_GRACE_S = 30
+
+
 def output_within(process, timeout, what):
     """(return code, output) of a process started in its own session; past
-    `timeout` seconds its whole group is killed and the test fails."""
+    `timeout` seconds its whole group is stopped and the test fails."""
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"{what} ran past {timeout} s:\n{output}")
+        pytest.fail(f"{what} ran past {timeout} s:\n{output_after_stopping(process)}")
     return process.returncode, output
+
+
+def output_after_stopping(process):
+    """What the process wrote, once its group is stopped: SIGTERM first,
+    which torchrun passes on to its workers (they run in sessions of their
+    own, beyond the group's reach, and would hold the output open), then
+    SIGKILL."""
+    for stop in (signal.SIGTERM, signal.SIGKILL):
+        os.killpg(process.pid, stop)
+        try:
+            return process.communicate(timeout=STOP_GRACE_S)[0]
+        except subprocess.TimeoutExpired:
+            continue
+    return "(no output: a process outside the group still holds it open)"

@@ -4,17 +4,22 @@ LLTMSequence equal one process's on the whole batch; FSDP2 (fully_shard) of
 the LLTM parameters trains to the parameters one process reaches;
 torch.compile of the DDP-wrapped models gives the same outputs and
 gradients; the demo's --distributed run checkpoints and resumes where it
-stopped, and refuses a wrong launch; leaving the process group frees the
-DDP model first.
+stopped (on as many processes, on one, and as two torchrun nodes resumed by
+one node), goes on from its checkpoint when torchrun restarts it after a
+crash, and refuses a wrong launch; leaving the process group frees the DDP
+model first.
 
 Each variant runs with gloo on the CPU and, where there are two GPUs, with
 NCCL on cuda:0 and cuda:1 (NVLink multicast off: NCCL_NVLS_ENABLE=0). All the
 cases of a device run in one torchrun launch (tests/distributed_cases.py);
 every launch runs under a timeout, so that a hang fails the tests. torchrun
---standalone finds a free port itself.
+--standalone finds a free port itself, scripts/multinode_demo.sh one for its
+rendezvous. The launches of the demo are marked slow, their NCCL cases
+multi_gpu.
 """
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -55,15 +60,16 @@ def child_environment(**variables):
                             if path]), **variables)
 
 
-def torchrun(arguments, device_type, timeout):
-    """(return code, output) of `torchrun --standalone` with PROCESSES
-    processes, in a process group of its own that is killed past `timeout`."""
-    environment = child_environment()
+def torchrun(arguments, device_type, timeout, processes=PROCESSES, options=(), **variables):
+    """(return code, output) of `torchrun --standalone` with `processes`
+    processes and torchrun's `options`, in a process group of its own that
+    is killed past `timeout`; `variables` join the environment."""
+    environment = child_environment(**variables)
     if device_type == "cuda":
         environment.update(NVLINK_MULTICAST_OFF)
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc-per-node={PROCESSES}", *arguments],
+         f"--nproc-per-node={processes}", *options, *arguments],
         cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True)
     return output_within(process, timeout, f"torchrun {' '.join(arguments)}")
@@ -85,7 +91,8 @@ class Launch:
         return f"{case} on {self.device.type}, seed {self.seed} ({SEED_VARIABLE} replays it)"
 
 
-@pytest.fixture(scope="session", params=["cpu", "cuda"])
+@pytest.fixture(scope="session",
+                params=["cpu", pytest.param("cuda", marks=pytest.mark.multi_gpu)])
 def launch(request, tmp_path_factory):
     """Every case of distributed_cases.py, run once a device by one torchrun launch."""
     device_type = request.param
@@ -166,17 +173,28 @@ def test_fsdp2_trains_to_the_parameters_one_process_reaches(launch, case):
 
 # --- The demo's --distributed run ---------------------------------------------------------
 
-@pytest.fixture(params=["cpu", "cuda"])
+# 300 sequences: two steps an epoch at the global batch of 128 (64 a process).
+DEMO_SAMPLES = 300
+STOPPED_AT, STEPS = 7, 12
+MULTINODE_SCRIPT = REPO_ROOT / "scripts" / "multinode_demo.sh"
+
+
+@pytest.fixture(scope="module",
+                params=["cpu", pytest.param("cuda", marks=pytest.mark.multi_gpu)])
 def demo_device(request):
     skip_without_two_gpus(request.param)
     return request.param
 
 
-def run_demo(device_type, *arguments):
-    """The demo's --distributed run on 300 sequences (150 a process, so two
-    steps an epoch at batch 64): its output, after asserting it succeeded."""
-    code, output = torchrun(["-m", "examples.demo", "--distributed", "--device", device_type,
-                             "--samples", "300", *arguments], device_type, DEMO_TIMEOUT_S)
+def run_demo(device_type, checkpoint, steps, *arguments, processes=PROCESSES, options=(),
+             **variables):
+    """The demo's --distributed run on DEMO_SAMPLES sequences, checkpointing
+    to `checkpoint`: its output, after asserting it succeeded."""
+    code, output = torchrun(
+        ["-m", "examples.demo", "--distributed", "--device", device_type, "--samples",
+         str(DEMO_SAMPLES), "--steps", str(steps), "--checkpoint", str(checkpoint),
+         "--plot", str(checkpoint.with_suffix(".png")), *arguments],
+        device_type, DEMO_TIMEOUT_S, processes, options, **variables)
     assert code == 0, f"exit status {code}:\n{output}"
     return output
 
@@ -185,38 +203,178 @@ def load(path):
     return torch.load(path, weights_only=True)
 
 
-def test_demo_resumes_where_it_stopped(demo_device, tmp_path):
-    """7 steps, then a resumed run to 12, equal an uninterrupted run of 12:
-    the same losses (the step numbers go on) and the same parameters."""
-    stopped, whole = tmp_path / "stopped.pt", tmp_path / "whole.pt"
-    first = run_demo(demo_device, "--steps", "7", "--checkpoint", str(stopped),
-                     "--checkpoint-every", "3", "--plot", str(tmp_path / "first.png"))
-    assert f"checkpoint written to {stopped} (step 7)" in first
-    after_seven = load(stopped)
-    resumed = run_demo(demo_device, "--steps", "12", "--checkpoint", str(stopped), "--resume",
-                       "--plot", str(tmp_path / "resumed.png"))
-    run_demo(demo_device, "--steps", "12", "--checkpoint", str(whole), "--checkpoint-every", "5",
-             "--plot", str(tmp_path / "whole.png"))
+@pytest.fixture(scope="module")
+def uninterrupted(demo_device, tmp_path_factory):
+    """The checkpoint of a run of STEPS steps, never stopped."""
+    path = tmp_path_factory.mktemp(f"uninterrupted_{demo_device}") / "whole.pt"
+    run_demo(demo_device, path, STEPS, "--checkpoint-every", "5")
+    return load(path)
 
-    assert f"resumed from {stopped} at step 7" in resumed
-    assert "trained steps 8 to 12 of a 20-step sequence, batch 64 on each of 2 process" in resumed
+
+@pytest.fixture(scope="module")
+def stopped(demo_device, tmp_path_factory):
+    """The checkpoint of a run stopped at step STOPPED_AT (checkpoints at 3, 6
+    and 7): a test resumes from a copy of it."""
+    path = tmp_path_factory.mktemp(f"stopped_{demo_device}") / "stopped.pt"
+    output = run_demo(demo_device, path, STOPPED_AT, "--checkpoint-every", "3")
+    assert f"checkpoint written to {path} (step {STOPPED_AT})" in output
+    return path
+
+
+def copy_of(checkpoint, directory):
+    return Path(shutil.copy(checkpoint, directory / "resumed.pt"))
+
+
+def assert_same_training(result, reference, exact):
+    """The same steps, losses and parameters: bit for bit where `exact`,
+    else to float32's tolerance."""
+    assert result["step"] == reference["step"]
+    if exact:
+        assert result["losses"] == reference["losses"]
+        for name, value in reference["model"].items():
+            assert torch.equal(result["model"][name], value), name
+    else:
+        torch.testing.assert_close(torch.tensor(result["losses"]),
+                                   torch.tensor(reference["losses"]))
+        torch.testing.assert_close(result["model"], reference["model"])
+
+
+def same_processes_same_bits(device_type):
+    """Whether a resumed run on as many processes as before repeats the
+    uninterrupted run's numbers bit for bit: on the CPU the same kernels
+    take the same shares, gloo adds two processes' values, and the
+    checkpoint keeps every bit. On GPUs, allow for a library's rounding."""
+    return device_type == "cpu"
+
+
+@pytest.mark.slow
+def test_demo_resumes_where_it_stopped(demo_device, stopped, uninterrupted, tmp_path):
+    """A run stopped at step 7 and resumed to 12 equals an uninterrupted
+    run of 12: the same losses (the step numbers go on), the same parameters."""
+    resumed_path = copy_of(stopped, tmp_path)
+    resumed = run_demo(demo_device, resumed_path, STEPS, "--resume")
+
+    assert f"resumed from {resumed_path} at step {STOPPED_AT}" in resumed
+    assert ("trained steps 8 to 12 of a 20-step sequence, a global batch of 128 (64 on each of "
+            "2 process(es))") in resumed
     assert "  step 12/12  loss " in resumed
-    continued, uninterrupted = load(stopped), load(whole)
-    assert after_seven["step"] == 7 and len(after_seven["losses"]) == 7
-    assert continued["step"] == uninterrupted["step"] == 12
-    assert continued["losses"][:7] == after_seven["losses"]
-    # float32 training: the same computation, but allow for a GPU library's rounding.
-    torch.testing.assert_close(torch.tensor(continued["losses"]),
-                               torch.tensor(uninterrupted["losses"]))
-    torch.testing.assert_close(continued["model"], uninterrupted["model"])
+    continued = load(resumed_path)
+    assert continued["losses"][:STOPPED_AT] == load(stopped)["losses"]
+    assert_same_training(continued, uninterrupted, same_processes_same_bits(demo_device))
     assert not list(tmp_path.glob("*.partial"))
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         assert "matplotlib is not installed, so no loss curve was written" in resumed
     else:
-        assert f"loss curve written to {tmp_path / 'resumed.png'}" in resumed
-        assert (tmp_path / "resumed.png").stat().st_size > 0
+        assert f"loss curve written to {resumed_path.with_suffix('.png')}" in resumed
+        assert resumed_path.with_suffix(".png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_demo_resumed_on_one_process_trains_on_the_same_batches(demo_device, stopped,
+                                                                uninterrupted, tmp_path):
+    """The checkpoint of two processes, resumed by one: it keeps the global
+    batch (128, now all on one process), so it takes the uninterrupted run's
+    batches. One process sums each batch's gradients in another order than
+    two, so the losses after the stop equal that run's to float32's
+    tolerance, not bit for bit."""
+    resumed_path = copy_of(stopped, tmp_path)
+    resumed = run_demo(demo_device, resumed_path, STEPS, "--resume", processes=1)
+
+    assert "a global batch of 128 (128 on each of 1 process(es)), 2 steps an epoch" in resumed
+    continued = load(resumed_path)
+    assert continued["losses"][:STOPPED_AT] == uninterrupted["losses"][:STOPPED_AT]
+    assert_same_training(continued, uninterrupted, exact=False)
+
+
+@pytest.mark.slow
+def test_demo_on_two_nodes_resumed_on_one_node(demo_device, stopped, uninterrupted, tmp_path):
+    """scripts/multinode_demo.sh: two torchrun nodes of one process each (a
+    c10d rendezvous on this machine; with GPUs, one GPU a node) train to
+    step 7, and one node of two processes resumes to 12. Rank 0 alone
+    writes the checkpoint; the two phases equal one node's runs."""
+    environment = child_environment(DEVICE=demo_device, STOP=str(STOPPED_AT), STEPS=str(STEPS),
+                                    OUT=str(tmp_path), PYTHON=sys.executable,
+                                    LAUNCH_TIMEOUT=str(DEMO_TIMEOUT_S))
+    process = subprocess.Popen(
+        [str(MULTINODE_SCRIPT), "--samples", str(DEMO_SAMPLES), "--checkpoint-every", "3"],
+        cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
+    code, output = output_within(process, 3 * DEMO_TIMEOUT_S, MULTINODE_SCRIPT.name)
+    assert code == 0, f"exit status {code}:\n{output}"
+
+    assert "== 2 nodes x 1 process, steps 1-7" in output
+    assert "  step 7/7  loss " in output
+    assert f"resumed from {tmp_path / 'multinode.pt'} at step 7" in output
+    assert "  step 8/12  loss " in output
+    exact = same_processes_same_bits(demo_device)
+    assert_same_training(load(tmp_path / "multinode_stopped.pt"), load(stopped), exact)
+    assert_same_training(load(tmp_path / "multinode.pt"), uninterrupted, exact)
+    assert sorted(path.name for path in tmp_path.glob("*.pt")) == ["multinode.pt",
+                                                                   "multinode_stopped.pt"]
+
+
+@pytest.mark.slow
+def test_demo_restarted_by_torchrun_after_a_crash_goes_on_from_its_checkpoint(
+        demo_device, uninterrupted, tmp_path):
+    """--max-restarts 1 and --resume: rank 1 kills itself (SIGKILL) at step
+    5 of the first attempt, torchrun starts both processes again, and they
+    go on from the checkpoint of step 3 to the end. The result is the
+    uninterrupted run's; the restart left no partial checkpoint."""
+    path = tmp_path / "restarted.pt"
+    store_variable, unshared = distributed.UNSHARED_STORE.split("=")
+    output = run_demo(demo_device, path, STEPS, "--resume", "--checkpoint-every", "3",
+                      options=["--max-restarts", "1"],
+                      **{distributed.CRASH_VARIABLE: "5", store_variable: unshared})
+
+    assert f"no checkpoint at {path} yet: starting at step 0" in output
+    assert "exitcode: -9" in output  # torchrun's report of the killed process
+    assert f"resumed from {path} at step 3" in output
+    assert "trained steps 4 to 12 of a 20-step sequence" in output
+    assert_same_training(load(path), uninterrupted, same_processes_same_bits(demo_device))
+    assert [file.name for file in tmp_path.iterdir() if file.suffix != ".png"] == [path.name]
+
+
+@pytest.mark.parametrize("samples", [300, 1000, 1024])
+def test_a_steps_global_batch_is_the_same_for_every_number_of_processes(samples):
+    """Whatever the world size, the processes' batches of a step together
+    are the same global batch: a run resumed on another number of processes
+    takes the batches the uninterrupted run would have."""
+    global_batch, steps = 128, 20
+
+    def global_batches(world_size, first_step=0):
+        shares = [distributed.batches(distributed.share_sampler(range(samples), rank, world_size),
+                                      global_batch // world_size, first_step)
+                  for rank in range(world_size)]
+        return [sorted(index for share in shares for index in next(share)[1])
+                for _ in range(first_step, steps)]
+
+    two_processes = global_batches(2)
+    assert all(len(batch) == global_batch for batch in two_processes)
+    assert len({tuple(batch) for batch in two_processes}) == steps
+    for world_size in (1, 4, 8):
+        assert global_batches(world_size) == two_processes
+        assert global_batches(world_size, first_step=5) == two_processes[5:]
+
+
+def without_launch_environment(monkeypatch):
+    for name in distributed.ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+
+
+def launched_as(monkeypatch, rank, world_size, local_rank=0):
+    for name, value in zip(distributed.ENVIRONMENT,
+                           (rank, world_size, local_rank, "localhost", 1)):
+        monkeypatch.setenv(name, str(value))
+
+
+def refusal(arguments, capsys):
+    """The demo's parser.error message for `arguments` on the CPU."""
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--device", "cpu", *arguments])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -227,31 +385,44 @@ def test_demo_resumes_where_it_stopped(demo_device, tmp_path):
     (["--samples", "1000"], "--samples is for --distributed runs only"),
     (["--distributed", "--resume"], "--resume needs --checkpoint PATH"),
     (["--distributed", "--resume", "--checkpoint", "no/such.pt"],
-     "--resume: no checkpoint at no/such.pt"),
+     "--checkpoint no/such.pt: there is no directory no to write it in"),
+    (["--distributed", "--checkpoint", "tests"],
+     "--checkpoint tests is a directory: name the file to write"),
     (["--distributed", "--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
 ])
 def test_demo_refuses_a_wrong_launch_saying_why(arguments, message, monkeypatch, capsys):
-    for name in distributed.ENVIRONMENT:
-        monkeypatch.delenv(name, raising=False)
-    with pytest.raises(SystemExit) as exit_info:
-        demo.main(["--device", "cpu", *arguments])
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    monkeypatch.chdir(REPO_ROOT)
+    without_launch_environment(monkeypatch)
+    assert message in refusal(arguments, capsys)
 
 
 def test_demo_refuses_too_few_samples_for_the_processes(monkeypatch, capsys):
-    for name, value in zip(distributed.ENVIRONMENT, ("0", "2", "0", "localhost", "1")):
-        monkeypatch.setenv(name, value)
-    with pytest.raises(SystemExit) as exit_info:
-        demo.main(["--device", "cpu", "--distributed", "--samples", "127"])
-    assert exit_info.value.code == 2
-    assert ("--samples 127: each of the 2 processes needs at least a batch (64)"
-            in capsys.readouterr().err)
+    launched_as(monkeypatch, 0, 2)
+    assert ("--samples 127: fewer than one global batch of 128 sequences (64 for each of the 2 "
+            "processes)") in refusal(["--distributed", "--samples", "127"], capsys)
+
+
+def test_demo_refuses_a_step_to_crash_at_that_is_no_step(monkeypatch, capsys):
+    launched_as(monkeypatch, 0, 2)
+    monkeypatch.setenv(distributed.CRASH_VARIABLE, "0")
+    assert (f"{distributed.CRASH_VARIABLE} is '0': a step number, 1 or more"
+            in refusal(["--distributed"], capsys))
+
+
+def test_demo_refuses_restarts_through_the_agents_store(monkeypatch, capsys):
+    launched_as(monkeypatch, 0, 2)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert ("torchrun --max-restarts 1: a restarted process group can fail or hang joining "
+            "through the store torchrun's agent shares with its processes; launch torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment"
+            in refusal(["--distributed"], capsys))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    assert distributed.launch_problem("cpu") is None
 
 
 def test_more_processes_than_gpus_is_refused(monkeypatch):
-    for name, value in zip(distributed.ENVIRONMENT, ("0", "9", "8", "localhost", "1")):
-        monkeypatch.setenv(name, value)
+    launched_as(monkeypatch, 0, 9, local_rank=8)
     count = torch.cuda.device_count()
     assert distributed.launch_problem("cuda") == (
         f"LOCAL_RANK is 8 but torch sees {count} GPU(s): start at most one process a GPU "
@@ -259,15 +430,37 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
     assert distributed.launch_problem("cpu") is None
 
 
-def test_a_checkpoint_of_another_configuration_is_refused(tmp_path):
+def saved_checkpoint(path, config):
     model = demo.SequenceRegressor(3, 5)
-    optimizer = torch.optim.Adam(model.parameters())
+    distributed.save_checkpoint(path, model, torch.optim.Adam(model.parameters()), 4,
+                                [1.0, 0.5, 0.25, 0.125], config)
+    return path
+
+
+# Settings of a run the demo never makes.
+FOREIGN_CONFIG = {"samples": 9}
+
+
+@pytest.mark.parametrize("config, world_size, arguments, message", [
+    ("demo's", 3, [], "state.pt is of a run with a global batch of 128 sequences, which 3 "
+                      "processes cannot share equally: resume on a number of processes that "
+                      "divides 128"),
+    ("demo's", 2, ["--samples", "1000"], "--samples 1000: PATH is of a run on 300 sequences; "
+                                         "leave --samples out to go on with it"),
+    ("foreign", 2, [], "state.pt holds a run with the settings {'samples': 9}, not one of this "
+                       "demo's (state size 64, settings samples, global_batch, state_size)"),
+], ids=["unshared-global-batch", "other-samples", "foreign-settings"])
+def test_demo_refuses_to_resume_a_run_it_cannot_go_on_with(config, world_size, arguments, message,
+                                                           tmp_path, monkeypatch, capsys):
+    """Each process reads the checkpoint before joining the group: a run of
+    other settings, or a global batch the processes cannot share equally,
+    is refused there. The checkpoint is left as it was."""
     path = tmp_path / "state.pt"
-    distributed.save_checkpoint(path, model, optimizer, 4, [1.0, 0.5, 0.25, 0.125], {"samples": 9})
-    assert distributed.load_checkpoint(path, "cpu", {"samples": 9})["step"] == 4
-    with pytest.raises(ValueError, match=r"state.pt was written by a run with \{'samples': 9\}, "
-                                         r"this run has \{'samples': 8\}"):
-        distributed.load_checkpoint(path, "cpu", {"samples": 8})
+    saved_checkpoint(path, FOREIGN_CONFIG if config == "foreign"
+                     else distributed.fresh_config(DEMO_SAMPLES, 2))
+    launched_as(monkeypatch, 0, world_size)
+    error = refusal(["--distributed", "--resume", "--checkpoint", str(path), *arguments], capsys)
+    assert message.replace("PATH", str(path)) in error
     assert [file.name for file in tmp_path.iterdir()] == ["state.pt"]
 
 

@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # The porting guide first: its snippets are also checked for their count.
-GUIDES = ("docs/ARCHITECTURE.md", "docs/BUILDING.md", "docs/ERRORS.md")
+GUIDES = ("docs/ARCHITECTURE.md", "docs/BUILDING.md", "docs/ERRORS.md", "docs/DISTRIBUTED.md")
 SNIPPET_DOCUMENTS = ("docs/PORTING.md", "README.md", *GUIDES)
 PATH_DOCUMENTS = ("docs/PORTING.md", "README.md", "BENCHMARKS.md", *GUIDES)
 # The porting guide quotes the repository at every step; fewer marked
