@@ -1,6 +1,6 @@
 // One step of the cell in lltm_ffi's own kernels, Caffe style: how
 // lltm_ffi.lltm's eager call (and lltm_sequence's of one step) runs on a
-// GPU while its gate product is small (cell.py's step_kernels_fit). There
+// GPU while its gate product is small (cell.py's uses_step_kernels). There
 // a step's time is the host's launches more than the GPU's arithmetic, so
 // the forward pass is one kernel (the gate product, the cell its epilogue)
 // and the backward pass two (the cell's backward, sequence_kernel.cu's, then
