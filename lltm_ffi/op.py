@@ -220,7 +220,10 @@ class Pass:
                     allowed = " or ".join(map(str, kind.dims))
                     raise ValueError(f"{op}: {name} must have {allowed} dimensions, got shape "
                                      f"{tuple(value.shape)}")
-            elif type(value) is not kind and not (kind is float and type(value) is int):
+            # An int argument is a SymInt in the schema: under dynamic shapes
+            # (torch.compile, opcheck's aot_dispatch_dynamic) one comes as such.
+            elif not (type(value) is kind or (kind is float and type(value) is int)
+                      or (kind is int and isinstance(value, torch.SymInt))):
                 raise TypeError(f"{op}: {name} must be {kind.__name__}, got "
                                 f"{type(value).__name__}")
         if first is not None:
