@@ -57,6 +57,16 @@ def _load():
                 f"lltm_ffi's compiled module ({_lltm_ffi.__file__}) is stale: the C/CUDA "
                 f"sources changed since it was built (hash {built_hash}, now {current_hash}); "
                 f"rebuild with `make`")
+    conflict = lib.lltm_pass_conflict()
+    if conflict != ffi.NULL:
+        # The registry kept the first of two passes of one name for one device:
+        # one op would run another's pass, with arguments it does not take.
+        what = ffi.string(conflict).decode()
+        what = (what[1:-1] if what.startswith("(") else
+                f"two LLTM_CPU_PASS or two LLTM_CUDA_PASS lines register the pass {what!r}")
+        raise LLTMBuildError(f"lltm_ffi's compiled module ({_lltm_ffi.__file__}) refused a "
+                             f"pass registration: {what}; give each pass its own name, then "
+                             f"rebuild with `make` in {ROOT}")
     return ffi, lib, _lltm_ffi.__file__
 
 
@@ -145,13 +155,10 @@ def pass_devices(name):
     if name in PASSES:
         return PASSES[name][1]
     require()
-    conflict = lib.lltm_pass_conflict()
-    why = (f"; the module also refused a second registration of "
-           f"{ffi.string(conflict).decode()!r}" if conflict != ffi.NULL else "")
     raise LLTMBuildError(
         f"lltm_ffi's compiled module has no pass {name!r}: no C or CUDA source of an op "
-        f"folder registers it with LLTM_CPU_PASS or LLTM_CUDA_PASS{why}; check the name "
-        f"there, then rebuild with `make` in {ROOT}")
+        f"folder registers it with LLTM_CPU_PASS or LLTM_CUDA_PASS; check the name there, "
+        f"then rebuild with `make` in {ROOT}")
 
 
 class CPass:

@@ -155,6 +155,13 @@ class Pass:
     runs the pass, through its operator where use_operator says so."""
 
     def __init__(self, name, body, check=None, devices=("cpu", "cuda")):
+        if name in PASSES:
+            # torch.library would replace the operator: the first op's traced
+            # and compiled calls would run the second's.
+            first = PASSES[name].body
+            raise ValueError(f"{NAMESPACE}::{name} is declared twice, by "
+                             f"{first.__module__}.{first.__qualname__} and "
+                             f"{body.__module__}.{body.__qualname__}: give each pass its own name")
         self.name = name
         self.devices = devices
         self.label = f"{NAMESPACE}::{name}"

@@ -91,6 +91,33 @@ def test_report_on_a_stale_module(tmp_path):
     assert fields(result.stdout)["CUDA compiled in"] == "no (CPU-only build)"
 
 
+def test_report_on_a_pass_registered_twice(tmp_path):
+    """A second op's source registering a pass name already taken: the
+    registry keeps the first, so the module is refused (rather than have
+    one op run another's pass)."""
+    directory = copy_sources(tmp_path / "lltm")
+    source = directory / "lltm_ffi" / "ops" / "round_ste" / "round_cpu.c"
+    with open(source, "a") as file:
+        file.write("LLTM_CPU_PASS(forward_pass, round_forward, args->sizes[0], "
+                   "args->tensors[0], args->tensors[1])\n")
+    make_cpu_only(directory)
+    assert_reports_environment_and_problem(
+        run_diagnostics(directory), "refused a pass registration", "'forward_pass'", "`make`")
+
+
+def test_report_on_a_declared_pass_that_no_source_registers(tmp_path):
+    directory = copy_sources(tmp_path / "lltm")
+    source = directory / "lltm_ffi" / "ops" / "round_ste" / "round_cpu.c"
+    source.write_text(source.read_text().replace("LLTM_CPU_PASS(round_forward,",
+                                                 "LLTM_CPU_PASS(round_forwards,"))
+    make_cpu_only(directory)
+    result = run_diagnostics(directory)
+    assert result.returncode == 1, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert ("the compiled module lacks passes the ops declare (round_forward on cpu)"
+            in result.stdout), result.stdout
+    assert "round_ste: lltm_ffi.errors.LLTMBuildError" in fields(result.stdout)["check cpu float32"]
+
+
 ARCHS = "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_120"
 
 

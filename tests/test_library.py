@@ -109,3 +109,14 @@ def test_compiled_graph_calls_the_operator(generator):
     assert explanation.graph_break_count == 0
     graph_code = "\n".join(graph.code for graph in explanation.graphs)
     assert "lltm_ffi.forward_pass" in graph_code
+
+
+def test_a_pass_name_declared_twice_is_refused():
+    """A second declaration would replace the first's operator."""
+    with pytest.raises(ValueError, match=r"^lltm_ffi::round_forward is declared twice, by "
+                       r"lltm_ffi\.ops\.round_ste\.round_ste\.round_forward and "):
+        @lltm_ffi.op.c_pass("round_forward")
+        def round_forward(c, input: lltm_ffi.op.Tensor()) -> torch.Tensor:
+            return input
+    assert lltm_ffi.op.PASSES["round_forward"].body.__module__ == "lltm_ffi.ops.round_ste.round_ste"
+
