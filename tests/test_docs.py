@@ -279,3 +279,14 @@ def test_path_check_refuses_a_missing_file(tmp_path):
     assert path_problem("src/round_cpu.c", tmp_path) is None
     assert "does not exist" in path_problem("src/round_kernel.h", tmp_path)
     assert "nothing matches" in path_problem("src/*.cu", tmp_path)
+
+
+def test_the_readme_names_every_registered_op():
+    """Every op with a self-check (lltm_ffi.op.self_check) is in the README's
+    list of ops, as the function users call."""
+    import lltm_ffi
+
+    readme = (ROOT / "README.md").read_text()
+    ops = readme.split("### Ops")[1].split("\n## ")[0]
+    missing = [name for name in lltm_ffi.op.SELF_CHECKS if f"`lltm_ffi.{name}(" not in ops]
+    assert not missing, f"README.md's Ops list does not name {missing}"
