@@ -10,7 +10,7 @@ from . import _extension, op, ops, reference
 from ._build_info import VERSION as __version__
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 # Each op's public names: one line an op.
-from .ops.lltm import LLTM, LLTMFunction, LLTMSequence, lltm, lltm_sequence
+from .ops.lltm import LLTM, LLTMFunction, LLTMSequence, lltm, lltm_layers, lltm_sequence
 from .ops.round_ste import round_ste
 
 
@@ -23,5 +23,5 @@ def __getattr__(name):
 
 
 __all__ = ["CUDA_COMPILED", "LLTM", "LLTMBuildError", "LLTMBuildWarning", "LLTMError",
-           "LLTMFunction", "LLTMSequence", "lltm", "lltm_sequence", "op", "reference",
-           "round_ste"]
+           "LLTMFunction", "LLTMSequence", "lltm", "lltm_layers", "lltm_sequence", "op",
+           "reference", "round_ste"]

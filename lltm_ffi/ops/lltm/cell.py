@@ -30,18 +30,20 @@ def _shape(tensor):
     return tuple(tensor.shape)
 
 
-def arguments_fit(input, input_dims, weights, bias, h, c):
+def arguments_fit(input, input_dims, weights, bias, h, c, optional_bias=False):
     """True when input (input_dims dimensions, the last two batch and
-    features), weights, bias, h and c are usable together with the cell's
-    shapes, all of one supported dtype on one device: the valid case of the
-    cell and the sequence, in one expression; False, never an exception,
-    otherwise, for the caller's own diagnosis."""
+    features), weights, bias (or, where optional_bias, None), h and c are
+    usable together with the cell's shapes, all of one supported dtype on
+    one device: the valid case of the cell and the sequence, in one
+    expression; False, never an exception, otherwise, for the caller's own
+    diagnosis."""
     try:
         dtype, device = input.dtype, input.device
         if (input.dim() != input_dims or dtype not in op.SUPPORTED_DTYPES
                 or input.layout is not torch.strided):
             return False
-        for tensor in (weights, bias, h, c):
+        no_bias = bias is None and optional_bias
+        for tensor in (weights, h, c) if no_bias else (weights, bias, h, c):
             if (tensor.layout is not torch.strided or tensor.dtype is not dtype
                     or tensor.device != device):
                 return False
@@ -50,8 +52,8 @@ def arguments_fit(input, input_dims, weights, bias, h, c):
         state_size = h.shape[1]
         return (h.dim() == 2 and c.shape == h.shape and h.shape[0] == batch_size
                 and rows == 3 * state_size and columns == state_size + input_features
-                and bias.shape[-1] == rows and (bias.dim() == 1 or bias.shape[0] == 1)
-                and bias.dim() <= 2)
+                and (no_bias or (bias.shape[-1] == rows and (bias.dim() == 1 or bias.shape[0] == 1)
+                                 and bias.dim() <= 2)))
     except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
         return False
 
