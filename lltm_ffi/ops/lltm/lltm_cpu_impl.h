@@ -669,9 +669,7 @@ static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch
                                       SCALAR* outputs, SCALAR* cells, SCALAR* gates,
                                       SCALAR* final_h, SCALAR* final_cell) {
   lltm_walk walk;
-  if (!lltm_make_walk(batch_sizes, sizes[1], sizes[2], sizes[0], (int)sizes[5], &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
+  if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
   return LLTM_NAME(recurrence_forward_)(&walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
                                         outputs, cells, gates, final_h, final_cell);
 }
@@ -685,9 +683,7 @@ static int LLTM_NAME(packed_backward_)(
     const SCALAR* grad_final_h, const SCALAR* grad_final_cell, SCALAR* d_gates,
     SCALAR* d_inputs, SCALAR* d_weights, SCALAR* d_bias, SCALAR* d_h0, SCALAR* d_c0) {
   lltm_walk walk;
-  if (!lltm_make_walk(batch_sizes, sizes[1], sizes[2], sizes[0], (int)sizes[5], &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
+  if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
   const int64_t* row_strides = sizes + 8;
   const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
                                    sizes[2] * row_strides[2], row_strides[2], row_strides[3]};

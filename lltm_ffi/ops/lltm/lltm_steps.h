@@ -81,6 +81,13 @@ static inline int lltm_make_walk(const int64_t* batch_sizes, int64_t steps, int6
   return 1;
 }
 
+/* The walk of a packed pass (packed_forward, packed_backward), whose
+ * sizes start with rows, steps, batch, input_features, state, reverse. */
+static inline int lltm_packed_walk(const int64_t* sizes, const int64_t* batch_sizes,
+                                   lltm_walk* walk) {
+  return lltm_make_walk(batch_sizes, sizes[1], sizes[2], sizes[0], (int)sizes[5], walk);
+}
+
 /* The step at `order` in the walk, whose first row is `offset`. */
 static inline lltm_step lltm_step_at(const lltm_walk* walk, int64_t order, int64_t offset) {
   lltm_step step;

@@ -3,6 +3,7 @@ and whole sequences through stacked, optionally bidirectional layers, called
 like nn.GRU."""
 
 import math
+import warnings
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
@@ -99,6 +100,10 @@ class LLTMSequence(torch.nn.Module):
             raise ValueError(f"LLTMSequence: num_layers must be an int of at least 1, got "
                              f"{num_layers!r}")
         check_dropout("LLTMSequence", dropout)
+        if dropout > 0 and num_layers == 1:
+            warnings.warn("LLTMSequence: dropout applies to the outputs of every layer but the "
+                          f"last, so it needs num_layers > 1; got dropout={dropout} and "
+                          "num_layers=1", stacklevel=2)
         self.input_features = input_features
         self.state_size = state_size
         self.num_layers = num_layers

@@ -1176,10 +1176,7 @@ static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
                                  void* gates, void* final_h, void* final_cell,
                                  cudaStream_t stream) {
   lltm_walk walk;
-  if (!lltm_make_walk(as<int64_t>(batch_sizes), sizes[1], sizes[2], sizes[0], (int)sizes[5],
-                      &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
+  if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
   const int options = options_at(sizes + 6);
   lltm_pass_key key = {{0}};
   if (!walk.batch_sizes) {
@@ -1203,10 +1200,7 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
                                   void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
                                   void* d_h0, void* d_c0, cudaStream_t stream) {
   lltm_walk walk;
-  if (!lltm_make_walk(as<int64_t>(batch_sizes), sizes[1], sizes[2], sizes[0], (int)sizes[5],
-                      &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
+  if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
   const int options = options_at(sizes + 6);
   const int64_t* row_strides = sizes + 8;  // grad_outputs' (row, column), grad_cells'
   const GradStrides strides = {{sizes[2] * row_strides[0], row_strides[0], row_strides[1]},
