@@ -69,9 +69,12 @@ def packed(sequences, enforce_sorted):
 
 
 def assert_same_results(got, expected):
-    """Two (output, (h_n, c_n)) results equal to the bit, a PackedSequence
-    output by its data."""
+    """Two (output, (h_n, c_n)) results of the same computation, a
+    PackedSequence output by its data: equal to the bit on the CPU; on a GPU
+    within torch's tolerance, since a pass replayed from a recorded graph
+    may have cuBLAS sum in another order."""
     outputs = [output.data if isinstance(output, PackedSequence) else output
                for output in (got[0], expected[0])]
-    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
-    torch.testing.assert_close(got[1], expected[1], rtol=0, atol=0)
+    exact = {"rtol": 0, "atol": 0} if outputs[0].is_cpu else {}
+    torch.testing.assert_close(outputs[0], outputs[1], **exact)
+    torch.testing.assert_close(got[1], expected[1], **exact)

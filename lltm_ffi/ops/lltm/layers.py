@@ -52,7 +52,10 @@ def _directions(inputs, weights, biases, h0, c0, batch_sizes):
         return lltm_sequence(inputs, weights[direction], biases[direction], h0[direction],
                              c0[direction], batch_sizes=batch_sizes, reverse=direction == 1)
 
-    if len(weights) == 1 or not inputs.is_cuda or op.use_operator(inputs, h0, c0):
+    if len(weights) == 1 or not isinstance(inputs, torch.Tensor):
+        return [run(direction) for direction in range(len(weights))]
+    inputs = inputs.contiguous()  # one dense copy, where one is needed, for both
+    if not inputs.is_cuda or op.use_operator(inputs, h0, c0):
         return [run(direction) for direction in range(len(weights))]
     current = torch.cuda.current_stream(inputs.device)
     side = _side_stream(inputs.device)
