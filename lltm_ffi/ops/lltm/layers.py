@@ -44,7 +44,8 @@ def check_state(function, name, tensor, layers, batch, state_size):
 
 def _directions(inputs, weights, biases, h0, c0, batch_sizes):
     """[(outputs, (h_n, c_n))] of each direction of one layer (forward, then
-    reverse where there are two). On a GPU, outside tracers, the reverse one
+    reverse where there are two), given the lists of their weights, biases,
+    h0 and c0. On a GPU, outside tracers, the reverse one
     runs on a side stream that waits for the current one, which then waits
     for it: both directions at once, each one C call; autograd runs each
     backward on its forward's stream, so they overlap too."""
@@ -55,7 +56,7 @@ def _directions(inputs, weights, biases, h0, c0, batch_sizes):
     if len(weights) == 1 or not isinstance(inputs, torch.Tensor):
         return [run(direction) for direction in range(len(weights))]
     inputs = inputs.contiguous()  # one dense copy, where one is needed, for both
-    if not inputs.is_cuda or op.use_operator(inputs, h0, c0):
+    if not inputs.is_cuda or op.use_operator(inputs, *h0, *c0):
         return [run(direction) for direction in range(len(weights))]
     current = torch.cuda.current_stream(inputs.device)
     side = _side_stream(inputs.device)
@@ -118,15 +119,18 @@ def lltm_layers(inputs, weights, biases, h0, c0, *, bidirectional=False, dropout
         check_state("lltm_layers", name, state, len(weights), batch, state_size)
     layer_input, finals = inputs, []
     for first in range(0, len(weights), directions):
+        layer = range(first, first + directions)
         results = _directions(layer_input, weights[first:first + directions],
-                              biases[first:first + directions], h0[first:first + directions],
-                              c0[first:first + directions], batch_sizes)
+                              biases[first:first + directions], [h0[k] for k in layer],
+                              [c0[k] for k in layer], batch_sizes)
         finals += [final for _, final in results]
         outputs = (results[0][0] if directions == 1
                    else torch.cat([output for output, _ in results], dim=-1))
         if dropout and training and first + directions < len(weights):
             outputs = F.dropout(outputs, dropout, training=True)
         layer_input = outputs
+    if len(finals) == 1:
+        return layer_input, (finals[0][0].unsqueeze(0), finals[0][1].unsqueeze(0))
     h_n, c_n = (torch.stack(states) for states in zip(*finals))
     return layer_input, (h_n, c_n)
 
