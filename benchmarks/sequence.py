@@ -3,12 +3,16 @@ per time step: a Python loop of the reference cell, a loop of lltm_ffi.lltm,
 that loop's training step captured as one CUDA graph and replayed,
 lltm_sequence (the loop in C), and cuDNN's nn.LSTM and nn.GRU, interleaved;
 then lltm_sequence's per-step kernels alone. On the CPU (without -c): the
-same but the graph replay and the kernels, at the CPU's own sizes."""
+same but the graph replay and the kernels, at the CPU's own sizes. Then two
+layers, bidirectional: LLTMSequence against nn.LSTM and nn.GRU of the same
+configuration on the same batch, and on a packed batch against nn.GRU on
+the same PackedSequence."""
 
 import statistics
 from pathlib import Path
 
 import torch
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import lltm_ffi
 from lltm_ffi import reference
@@ -27,7 +31,7 @@ def cell_loop(cell, module, inputs):
     h = c = inputs.new_zeros(inputs.shape[1], module.state_size)
     outputs = []
     for step in inputs:
-        h, c = cell(step, module.weights, module.bias, h, c)
+        h, c = cell(step, module.weights_l0, module.bias_l0, h, c)
         outputs.append(h)
     return torch.stack(outputs)
 
@@ -69,6 +73,64 @@ def candidates(shape, device, dtype):
         functions[f"{name} (cuDNN)" if cuda and model is not module else name] = training_step(
             lambda model=model: model(inputs)[0])
     return functions
+
+
+# Two layers, both directions, on the CPU and the GPU alike.
+LAYERED_SHAPES = ((64, 16, 32, 128), (64, 256, 256, 512))
+LAYERED_RUNS = {"cuda": {128: 100, 512: 50}, "cpu": {128: 20, 512: 3}}  # by state size
+LAYERED_HEADING = "Two layers, bidirectional"
+
+
+def spread_lengths(steps, batch):
+    """`batch` lengths spread evenly over [steps / 2, steps], longest first."""
+    return [round(steps - steps / 2 * index / max(batch - 1, 1)) for index in range(batch)]
+
+
+def layered_candidates(shape, device, dtype):
+    """{name: training step} of a two-layer bidirectional LLTMSequence,
+    nn.LSTM and nn.GRU on one dense batch, and of LLTMSequence and nn.GRU on
+    that batch packed, its lengths spread over [T/2, T]: the loss the sum of
+    every output."""
+    steps, batch, features, state = shape
+    configuration = {"num_layers": 2, "bidirectional": True, "device": device, "dtype": dtype}
+    models = {"LLTMSequence": lltm_ffi.LLTMSequence(features, state, **configuration),
+              "nn.LSTM": torch.nn.LSTM(features, state, **configuration),
+              "nn.GRU": torch.nn.GRU(features, state, **configuration)}
+    inputs = torch.randn(steps, batch, features, device=device, dtype=dtype)
+    packed = pack_padded_sequence(inputs, torch.tensor(spread_lengths(steps, batch)))
+
+    def training_step(model, batch_input):
+        def step():
+            output = model(batch_input)[0]
+            (output.data if isinstance(output, PackedSequence) else output).sum().backward()
+        return step
+
+    cudnn = " (cuDNN)" if device.type == "cuda" else ""
+    functions = {name + ("" if name == "LLTMSequence" else cudnn): training_step(model, inputs)
+                 for name, model in models.items()}
+    for name in ("LLTMSequence", "nn.GRU"):
+        label = name + ("" if name == "LLTMSequence" else cudnn)
+        functions[f"{label}, packed"] = training_step(models[name], packed)
+    return functions
+
+
+def layered_rows(args, device, dtype, synchronize):
+    """The two-layer bidirectional table's rows: microseconds per time step,
+    median and minimum, each shape's candidates interleaved."""
+    rows = []
+    for shape in LAYERED_SHAPES:
+        steps, state = shape[0], shape[3]
+        runs = args.runs or LAYERED_RUNS[device.type].get(state, CPU_DEFAULT_RUNS)
+        functions = layered_candidates(shape, device, dtype)
+        for function in functions.values():
+            harness.warm_up(function, 2)
+        seconds = harness.interleaved(
+            functions, runs, lambda function: harness.wall_clock(function, synchronize)[1])
+        rows += [["x".join(map(str, shape)), name,
+                  *(f"{harness.microseconds(statistic(values)) / steps:.1f}"
+                    for statistic in (statistics.median, min))]
+                 for name, values in seconds.items()]
+    return rows
 
 
 PROFILED_STEPS = 5
@@ -137,6 +199,7 @@ def _run(args, device, dtype):
         if cuda:
             kernel_rows.append(kernel_row(shape, functions["lltm_sequence"], harness.microseconds(
                 statistics.median(seconds["lltm_sequence"])) / steps))
+    owner = "cuDNN's" if cuda else "PyTorch's"
     precision = ("TF32 allowed for cuBLAS and cuDNN; " if args.tf32
                  else "strict float32 (TF32 off for cuBLAS and cuDNN); " if cuda else "")
     paragraphs = [
@@ -161,9 +224,18 @@ def _run(args, device, dtype):
     else:
         plot = None
         harness.note("matplotlib is not importable: no plot written")
+    paragraphs += [
+        f"{LAYERED_HEADING} (num_layers=2, bidirectional=True): LLTMSequence against {owner} "
+        "nn.LSTM and nn.GRU of the same configuration on one batch, then on that batch packed "
+        "(pack_padded_sequence, lengths spread evenly over [T/2, T]) against nn.GRU on the same "
+        "PackedSequence; the loss the sum of every output, microseconds per time step (of T) "
+        "as above.",
+        harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
+                                "min us/step"], layered_rows(args, device, dtype, synchronize),
+                               text_columns=2)]
     text = harness.report(
-        "LLTM over a sequence against " + ("cuDNN's" if cuda else "PyTorch's") + " LSTM and "
-        "GRU: forward and backward of the sum of every step's output", device, dtype, *paragraphs)
+        f"LLTM over a sequence against {owner} LSTM and GRU: forward and backward of the sum "
+        "of every step's output", device, dtype, *paragraphs)
     print(text)
     output.write_text(text + "\n")
     harness.note(f"wrote {output}" + (f" and {plot}" if plot else ""))

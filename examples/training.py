@@ -31,7 +31,7 @@ class SequenceRegressor(torch.nn.Module):
 
     def forward(self, sequence):
         _, (h, _) = self.rnn(sequence)
-        return self.readout(h).squeeze(1)
+        return self.readout(h[-1]).squeeze(1)
 
 
 def task_targets(sequences, steps_dim):

@@ -19,7 +19,9 @@ extern "C" {
 #endif
 
 /* What identifies a pass for the graph of its launches: every size,
- * option and address it uses, the unused tail zero. */
+ * option and address it uses, the unused tail zero. A key whose first
+ * value is 0 identifies none: its pass's launches depend on more than a
+ * key holds (a packed sequence's batch sizes), and are never recorded. */
 typedef struct {
   int64_t values[32];
 } lltm_pass_key;
@@ -31,7 +33,7 @@ typedef struct {
  * spends at middling sizes, so a pass whose key comes again is recorded as a
  * CUDA graph (on a stream of its own) the second time and replayed on
  * `stream` from then on; a pass on a stream that is capturing a graph
- * already runs its launches there. LLTM_ERROR_NO_CUBLAS, having run nothing,
+ * already, or whose key identifies none, runs its launches there. LLTM_ERROR_NO_CUBLAS, having run nothing,
  * where cuBLAS cannot be loaded; LLTM_ERROR_CUBLAS_CAPTURE where the handle
  * would be made while `stream` is capturing. */
 int lltm_cublas_run(const lltm_pass_key* key, cudaStream_t stream, int tf32,

@@ -10,7 +10,7 @@ from . import _extension, op, ops, reference
 from ._build_info import VERSION as __version__
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 # Each op's public names: one line an op.
-from .ops.lltm import LLTM, LLTMFunction, LLTMSequence, lltm, lltm_sequence
+from .ops.lltm import LLTM, LLTMFunction, LLTMSequence, lltm, lltm_layers, lltm_sequence
 from .ops.roi_pool import RoIPool, roi_pool
 from .ops.round_ste import round_ste
 
@@ -24,5 +24,5 @@ def __getattr__(name):
 
 
 __all__ = ["CUDA_COMPILED", "LLTM", "LLTMBuildError", "LLTMBuildWarning", "LLTMError",
-           "LLTMFunction", "LLTMSequence", "RoIPool", "lltm", "lltm_sequence", "op", "reference",
-           "roi_pool", "round_ste"]
+           "LLTMFunction", "LLTMSequence", "RoIPool", "lltm", "lltm_layers", "lltm_sequence",
+           "op", "reference", "roi_pool", "round_ste"]

@@ -12,8 +12,9 @@ outputs and hands sizes, scalars and tensors to C (`c`), under
 
 The annotations say what each argument must be: op.Tensor(...) a tensor
 (of the op's floating dtype, float32 or float64, unless it names another;
-with so many dimensions; optional; read through its strides), int, float
-or bool. From the one function come:
+with so many dimensions; optional; read through its strides; read on the
+host, a CPU tensor whatever the pass's device), int, float or bool. From
+the one function come:
 
 - the checks: a TypeError or ValueError naming the argument, before any
   address reaches C;
@@ -58,13 +59,17 @@ class Tensor:
     argument of a call), else the torch.dtype it must have (torch.int64 for
     indices, say). optional: None is accepted and reaches C as NULL.
     strided: C reads it through its strides, so it is passed as it is
-    (its negative bit resolved); otherwise it is made contiguous first."""
+    (its negative bit resolved); otherwise it is made contiguous first.
+    host: C reads it on the host (sizes that a CUDA pass's launches
+    depend on, say), so it must be on the CPU whatever the other tensors'
+    device; it must not be a pass's first tensor, which gives the device."""
 
-    def __init__(self, dims=None, dtype=None, optional=False, strided=False):
+    def __init__(self, dims=None, dtype=None, optional=False, strided=False, host=False):
         self.dims = (dims,) if isinstance(dims, int) else dims
         self.dtype = dtype
         self.optional = optional
         self.strided = strided
+        self.host = host
 
     def schema(self):
         return "Tensor?" if self.optional else "Tensor"
@@ -224,9 +229,14 @@ class Pass:
                     if floating is None:
                         floating = (name, value)
                     check_matches(op, name, value, *floating)
-                if first is None:
-                    first = (name, value)
-                check_matches(op, name, value, *first, same_dtype=False)
+                if kind.host:
+                    if value.device.type != "cpu":
+                        raise ValueError(f"{op}: {name} is on {value.device}; it must be on the "
+                                         "CPU, where C reads it")
+                else:
+                    if first is None:
+                        first = (name, value)
+                    check_matches(op, name, value, *first, same_dtype=False)
                 if kind.dims is not None and value.dim() not in kind.dims:
                     allowed = " or ".join(map(str, kind.dims))
                     raise ValueError(f"{op}: {name} must have {allowed} dimensions, got shape "

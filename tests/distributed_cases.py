@@ -45,11 +45,30 @@ class CellLoopRegressor(torch.nn.Module):
         return self.readout(h).squeeze(1)
 
 
+class LayersRegressor(torch.nn.Module):
+    """The demo's task by a two-layer bidirectional LLTMSequence, (batch,
+    steps, features): a readout of the last layer's final states, both
+    directions."""
+
+    def __init__(self, input_features, state_size):
+        super().__init__()
+        self.rnn = lltm_ffi.LLTMSequence(input_features, state_size, num_layers=2,
+                                         bidirectional=True, batch_first=True)
+        self.readout = torch.nn.Linear(2 * state_size, 1)
+
+    def forward(self, sequences):
+        _, (h_n, _) = self.rnn(sequences)
+        return self.readout(torch.cat((h_n[-2], h_n[-1]), dim=1)).squeeze(1)
+
+
 def build_model(kind):
     """float64 on the CPU, parameters from torch's global generator: `cell`
-    is a loop over lltm_ffi.LLTM, `sequence` the demo's LLTMSequence model."""
+    is a loop over lltm_ffi.LLTM, `sequence` the demo's LLTMSequence model,
+    `layers` a two-layer bidirectional one."""
     if kind == "cell":
         return CellLoopRegressor(INPUT_FEATURES, STATE_SIZE).double()
+    if kind == "layers":
+        return LayersRegressor(INPUT_FEATURES, STATE_SIZE).double()
     return demo.SequenceRegressor(INPUT_FEATURES, STATE_SIZE, batch_first=True,
                                   dtype=torch.float64)
 

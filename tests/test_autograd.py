@@ -375,8 +375,9 @@ def test_sequence_functional_call(device, generator):
     """functional_call on LLTMSequence, differentiated by torch.autograd."""
     layer = lltm_ffi.LLTMSequence(5, 7, device=device, dtype=torch.float64)
     inputs, weights, bias, h0, c0 = sequence_arguments(generator, SEQUENCE_SHAPE, device=device)
-    parameters = {"weights": weights.requires_grad_(True), "bias": bias.requires_grad_(True)}
-    outputs, (h_n, c_n) = torch.func.functional_call(layer, parameters, (inputs, (h0, c0)))
+    parameters = {"weights_l0": weights.requires_grad_(True), "bias_l0": bias.requires_grad_(True)}
+    outputs, (h_n, c_n) = torch.func.functional_call(
+        layer, parameters, (inputs, (h0.unsqueeze(0), c0.unsqueeze(0))))
     got = torch.autograd.grad(_scalar(outputs, c_n), (weights, bias))
     expected_outputs, (_, expected_c) = reference_sequence(inputs, weights, bias, h0, c0)
     expected = torch.autograd.grad(_scalar(expected_outputs, expected_c), (weights, bias))

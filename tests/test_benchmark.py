@@ -162,22 +162,37 @@ def test_overhead_times_every_piece(device, monkeypatch, capsys):
         assert any(f"| {piece} |" in row for row in rows), piece
 
 
+SMALL_LAYERED_SHAPES = ((3, 5, 7, 9), (4, 3, 2, 17))
+
+
+def assert_layered_rows(report, cudnn):
+    """The two-layer bidirectional table: every implementation at every size."""
+    names = ["LLTMSequence", f"nn.LSTM{cudnn}", f"nn.GRU{cudnn}", "LLTMSequence, packed",
+             f"nn.GRU{cudnn}, packed"]
+    rows = rows_of_numbers(report, 2)
+    assert [row.split("|")[2].strip() for row in rows] == names * 2
+    assert [row.split("|")[1].strip() for row in rows] == ["3x5x7x9"] * 5 + ["4x3x2x17"] * 5
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", [[], ["--tf32"]])
 def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkeypatch, capsys,
                                                          precision, tmp_path):
     skip_without_gpu()
     monkeypatch.setattr(sequence, "SEQUENCE_SHAPES", ((3, 5, 7, 9), (2, 4, 3, 17)))
+    monkeypatch.setattr(sequence, "LAYERED_SHAPES", SMALL_LAYERED_SHAPES)
     settings = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     report = tmp_path / "sequence.md"
     assert benchmark.main(["--sequence", "-c", "-r", "3", *precision, "-o", str(report)]) == 0
     output = capsys.readouterr().out
     assert report.read_text() == output
-    rows = rows_of_numbers(output, 2)
+    one_layer, layered = output.split(sequence.LAYERED_HEADING)
+    rows = rows_of_numbers(one_layer, 2)
     names = ["reference, Python loop", "lltm_ffi.lltm, Python loop",
              "lltm_ffi.lltm loop, CUDA graph replay", "lltm_sequence", "nn.LSTM (cuDNN)",
              "nn.GRU (cuDNN)"]
     assert [row.split("|")[2].strip() for row in rows] == names * 2
+    assert_layered_rows(layered, " (cuDNN)")
     assert ("TF32 allowed" if precision else "strict float32") in output
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == settings, \
         "the benchmark changed the TF32 settings for the tests that follow"
@@ -187,6 +202,7 @@ def test_sequence_on_the_cpu_compares_loops_lltm_sequence_lstm_and_gru(few_warmu
                                                                        monkeypatch, capsys,
                                                                        tmp_path):
     monkeypatch.setattr(sequence, "CPU_SEQUENCE_SHAPES", ((3, 5, 7, 9), (2, 4, 3, 17)))
+    monkeypatch.setattr(sequence, "LAYERED_SHAPES", SMALL_LAYERED_SHAPES)
     report = tmp_path / "sequence.md"
     assert benchmark.main(["--sequence", "-r", "3", "-o", str(report)]) == 0
     output = capsys.readouterr().out
@@ -194,7 +210,9 @@ def test_sequence_on_the_cpu_compares_loops_lltm_sequence_lstm_and_gru(few_warmu
     # The chart beside the report, where matplotlib can draw it.
     assert report.with_suffix(".png").exists() == (
         "![median us per time step](sequence.png)" in output)
-    rows = rows_of_numbers(output, 2)
+    one_layer, layered = output.split(sequence.LAYERED_HEADING)
+    assert_layered_rows(layered, "")
+    rows = rows_of_numbers(one_layer, 2)
     names = ["reference, Python loop", "lltm_ffi.lltm, Python loop", "lltm_sequence", "nn.LSTM",
              "nn.GRU"]
     assert [row.split("|")[2].strip() for row in rows] == names * 2

@@ -1,6 +1,7 @@
 """lltm_ffi under torch.distributed, two processes launched by torchrun:
-DistributedDataParallel gradients of a model on lltm_ffi.LLTM and of one on
-LLTMSequence equal one process's on the whole batch; FSDP2 (fully_shard) of
+DistributedDataParallel gradients of a model on lltm_ffi.LLTM, of one on
+LLTMSequence and of one on a two-layer bidirectional LLTMSequence equal one
+process's on the whole batch; FSDP2 (fully_shard) of
 the LLTM parameters trains to the parameters one process reaches;
 torch.compile of the DDP-wrapped models gives the same outputs and
 gradients; the demo's --distributed run checkpoints and resumes where it
@@ -42,7 +43,8 @@ DEMO_TIMEOUT_S = 300
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 # NVLink multicast stays off, in NCCL and in torch's symmetric memory.
 NVLINK_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-DDP_CASES = [f"ddp-{kind}-{batch}" for kind in ("cell", "sequence") for batch in (1, 3)]
+DDP_CASES = [f"ddp-{kind}-{batch}" for kind in ("cell", "sequence") for batch in (1, 3)] + [
+    "ddp-layers-3"]
 COMPILE_CASES = ["compile-cell-2", "compile-sequence-3"]
 FSDP_CASES = ["fsdp-cell-2", "fsdp-sequence-3"]
 

@@ -241,7 +241,7 @@ def test_plain_tensors_and_parameters_take_the_eager_path(monkeypatch, device, g
     assert_all_close(cell(input, (h, c)), expected, TOLERANCE)
     layer = lltm_ffi.LLTMSequence(5, 7, device=device, dtype=torch.float64)
     layer.load_state_dict(cell.state_dict())
-    outputs, _ = layer(input.unsqueeze(0), (h, c))
+    outputs, _ = layer(input.unsqueeze(0), (h.unsqueeze(0), c.unsqueeze(0)))
     assert_all_close([outputs[0]], [expected[0]], TOLERANCE)
 
 

@@ -1,11 +1,13 @@
-"""The LLTM: the cell (lltm, LLTM), the whole sequence (lltm_sequence,
-LLTMSequence), their passes on the CPU (lltm_cpu.c) and on the GPU
-(cell_kernel.cu, sequence_kernel.cu, step_kernel.cu)."""
+"""The LLTM: the cell (lltm, LLTM), the whole sequence (lltm_sequence), its
+stacked and bidirectional layers (lltm_layers, LLTMSequence), their passes
+on the CPU (lltm_cpu.c) and on the GPU (cell_kernel.cu, sequence_kernel.cu,
+step_kernel.cu)."""
 
 import torch
 
 from ... import op, reference, selfcheck
 from .cell import LLTMFunction, lltm
+from .layers import lltm_layers
 from .modules import LLTM, LLTMSequence
 from .sequence import lltm_sequence
 
@@ -36,4 +38,4 @@ def _sequence_agrees(device, dtype):
                     f"{selfcheck.TOLERANCES[dtype]:g} ({device}; seed {seed})")
     return None
 
-__all__ = ["LLTM", "LLTMFunction", "LLTMSequence", "lltm", "lltm_sequence"]
+__all__ = ["LLTM", "LLTMFunction", "LLTMSequence", "lltm", "lltm_layers", "lltm_sequence"]

@@ -30,18 +30,20 @@ def _shape(tensor):
     return tuple(tensor.shape)
 
 
-def arguments_fit(input, input_dims, weights, bias, h, c):
+def arguments_fit(input, input_dims, weights, bias, h, c, optional_bias=False):
     """True when input (input_dims dimensions, the last two batch and
-    features), weights, bias, h and c are usable together with the cell's
-    shapes, all of one supported dtype on one device: the valid case of the
-    cell and the sequence, in one expression; False, never an exception,
-    otherwise, for the caller's own diagnosis."""
+    features), weights, bias (or, where optional_bias, None), h and c are
+    usable together with the cell's shapes, all of one supported dtype on
+    one device: the valid case of the cell and the sequence, in one
+    expression; False, never an exception, otherwise, for the caller's own
+    diagnosis."""
     try:
         dtype, device = input.dtype, input.device
         if (input.dim() != input_dims or dtype not in op.SUPPORTED_DTYPES
                 or input.layout is not torch.strided):
             return False
-        for tensor in (weights, bias, h, c):
+        no_bias = bias is None and optional_bias
+        for tensor in (weights, h, c) if no_bias else (weights, bias, h, c):
             if (tensor.layout is not torch.strided or tensor.dtype is not dtype
                     or tensor.device != device):
                 return False
@@ -50,8 +52,8 @@ def arguments_fit(input, input_dims, weights, bias, h, c):
         state_size = h.shape[1]
         return (h.dim() == 2 and c.shape == h.shape and h.shape[0] == batch_size
                 and rows == 3 * state_size and columns == state_size + input_features
-                and bias.shape[-1] == rows and (bias.dim() == 1 or bias.shape[0] == 1)
-                and bias.dim() <= 2)
+                and (no_bias or (bias.shape[-1] == rows and (bias.dim() == 1 or bias.shape[0] == 1)
+                                 and bias.dim() <= 2)))
     except (AttributeError, TypeError, IndexError, ValueError, RuntimeError):
         return False
 
@@ -67,17 +69,20 @@ def check_arguments(input, weights, bias, old_h, old_cell):
         op.check_device("lltm", input.device)
 
 
-def diagnose(function, names, input_dims, tensors):
+def diagnose(function, names, input_dims, tensors, optional_bias=False):
     """The TypeError or ValueError, naming the argument, for arguments that
     arguments_fit refused: `function` (lltm or lltm_sequence) called with
     `tensors` (input, weights, bias, h, c) named `names`, its input of
-    `input_dims` dimensions (the last two batch and features)."""
+    `input_dims` dimensions (the last two batch and features); a bias of
+    None is no bias where optional_bias."""
     input_name, _, _, h_name, c_name = names
+    input, weights, bias, h, c = tensors
+    if bias is None and optional_bias:
+        names, tensors = names[:2] + names[3:], tensors[:2] + tensors[3:]
     for name, tensor in zip(names, tensors):
         op.check_tensor(function, name, tensor)
     for name, tensor in zip(names[1:], tensors[1:]):
         op.check_matches(function, name, tensor, input_name, tensors[0])
-    input, weights, bias, h, c = tensors
     if input.dim() != input_dims:
         layout = "(steps, batch, input_features)" if input_dims == 3 else "(batch, input_features)"
         raise ValueError(f"{function}: {input_name} must have {input_dims} dimensions {layout}, "
@@ -101,7 +106,7 @@ def diagnose(function, names, input_dims, tensors):
             f"{function}: weights has shape {_shape(weights)} but must be (3 * state_size, "
             f"state_size + input_features) = {(gates_size, state_size + input_features)} "
             f"for {input_name} of shape {_shape(input)} and {h_name} of shape {_shape(h)}")
-    if bias.shape != (gates_size,) and bias.shape != (1, gates_size):
+    if bias is not None and bias.shape != (gates_size,) and bias.shape != (1, gates_size):
         raise ValueError(f"{function}: bias has shape {_shape(bias)} but must be ({gates_size},) "
                          f"or (1, {gates_size}) for weights of shape {_shape(weights)}")
     raise AssertionError("arguments_fit refused arguments that diagnose accepts")

@@ -84,12 +84,15 @@ def forward_tangents(gates, new_cell, gates_tangent, old_cell_tangent):
 
 def recorded_grads(function, arguments, needed, grad_outputs):
     """The gradients of function(*arguments) (torch ops) with respect to the
-    arguments flagged in `needed` (None for the others), for grad_outputs
+    arguments flagged in `needed` (None for the others, and for an argument
+    given as None, which function takes as left out), for grad_outputs
     (none None). While grad mode is on they are differentiable again,
     through the arguments' own history (create_graph)."""
     create_graph = torch.is_grad_enabled()
+    needed = [need and argument is not None for argument, need in zip(arguments, needed)]
     with torch.enable_grad():
-        arguments = [argument if create_graph else argument.detach().requires_grad_(need)
+        arguments = [argument if create_graph or argument is None
+                     else argument.detach().requires_grad_(need)
                      for argument, need in zip(arguments, needed)]
         outputs = function(*arguments)
         sources = [argument for argument, need in zip(arguments, needed) if need]

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "lltm_op.h"
+#include "lltm_steps.h"
 
 /* One copy of each row loop per instruction set, picked at load time. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -112,3 +113,12 @@ LLTM_CPU_PASS(sequence_backward, sequence_backward, args->sizes[0], args->sizes[
               args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
               args->tensors[9], args->tensors[10], args->tensors[11], args->tensors[12],
               args->tensors[13])
+LLTM_CPU_PASS(packed_forward, packed_forward, args->sizes, args->tensors[5], args->tensors[0],
+              args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
+              args->tensors[6], args->tensors[7], args->tensors[8], args->tensors[9],
+              args->tensors[10])
+LLTM_CPU_PASS(packed_backward, packed_backward, args->sizes, args->tensors[3], args->tensors[0],
+              args->tensors[1], args->tensors[2], args->tensors[4], args->tensors[5],
+              args->tensors[6], args->tensors[7], args->tensors[8], args->tensors[9],
+              args->tensors[10], args->tensors[11], args->tensors[12], args->tensors[13],
+              args->tensors[14], args->tensors[15], args->tensors[16])

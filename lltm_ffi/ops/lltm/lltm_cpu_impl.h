@@ -310,24 +310,41 @@ static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const SCALA
 }
 
 /* The whole-sequence layer's passes, step by step as the step-by-step
- * kernels of sequence_kernel.cu; lltm_ffi.h describes the arguments. Each
- * step is cut into tiles of batch rows by states, each tile doing the
- * recurrent product for its states' three gates and then the cell's math
- * on them, so that the threads share the step's pointwise work as well as
- * its product. */
+ * kernels of sequence_kernel.cu, over the steps of one direction as
+ * lltm_steps.h walks them; lltm_ffi.h describes the arguments. Each step is
+ * cut into tiles of its rows by states, each tile doing the recurrent
+ * product for its states' three gates and then the cell's math on them, so
+ * that the threads share the step's pointwise work as well as its product. */
 
-/* Step t's forward tile: h_{t-1} times the hidden weights (`hidden`,
+/* The state a step starts from: its row r below `carried` is row r of the
+ * previous step's (h, cell), any other row r of (h0, c0). */
+struct LLTM_NAME(old_state_) {
+  const SCALAR *h, *cell, *h0, *c0;
+  int64_t carried;
+};
+
+static inline const SCALAR* LLTM_NAME(old_row_)(const SCALAR* previous, const SCALAR* initial,
+                                                int64_t carried, int64_t row,
+                                                int64_t state_size) {
+  return (row < carried ? previous : initial) + row * state_size;
+}
+
+/* A step's forward tile: its old h times the hidden weights (`hidden`,
  * transposed: state x 3 * state; `last_columns`, each gate's columns of the
  * last block of states padded to a tile, where that block is short of one)
  * added to the tile's three gates, then the cell's forward math. */
 static void LLTM_NAME(forward_step_tile_)(int64_t state_size, struct lltm_tile tile,
                                           const SCALAR* hidden, const SCALAR* last_columns,
-                                          const SCALAR* old_h, const SCALAR* old_cell,
-                                          SCALAR* gates, SCALAR* new_h, SCALAR* new_cell) {
+                                          struct LLTM_NAME(old_state_) old, SCALAR* gates,
+                                          SCALAR* new_h, SCALAR* new_cell) {
   const int64_t gates_size = 3 * state_size;
   const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
   const SCALAR* a_rows[LLTM_TILE_ROWS];
-  LLTM_NAME(tile_rows_)(old_h, state_size, tile, a_rows);
+  for (int i = 0; i < LLTM_TILE_ROWS; ++i) {
+    a_rows[i] = LLTM_NAME(old_row_)(old.h, old.h0, old.carried,
+                                    tile.first_row + (i < tile.rows ? i : tile.rows - 1),
+                                    state_size);
+  }
   for (int gate = 0; gate < 3; ++gate) {
     const int64_t column = gate * state_size + tile.first_column;
     LLTM_NAME(product_tile_)(
@@ -338,21 +355,27 @@ static void LLTM_NAME(forward_step_tile_)(int64_t state_size, struct lltm_tile t
   }
   for (int i = 0; i < tile.rows; ++i) {
     const int64_t row = tile.first_row + i, offset = row * state_size + tile.first_column;
-    LLTM_NAME(forward_row_)(tile.columns, state_size,
-                            gates + row * gates_size + tile.first_column, old_cell + offset,
-                            new_h + offset, new_cell + offset);
+    LLTM_NAME(forward_row_)(
+        tile.columns, state_size, gates + row * gates_size + tile.first_column,
+        LLTM_NAME(old_row_)(old.cell, old.c0, old.carried, row, state_size) + tile.first_column,
+        new_h + offset, new_cell + offset);
   }
 }
 
-static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64_t input_features,
-                                        int64_t state_size, const SCALAR* inputs,
-                                        const SCALAR* weights, const SCALAR* bias,
-                                        const SCALAR* h0, const SCALAR* c0, SCALAR* outputs,
-                                        SCALAR* cells, SCALAR* gates) {
+/* Every step's outputs, cells and pre-activation gates, and where final_h
+ * is not NULL each sequence's final state in final_h and final_cell
+ * (batch, state). bias may be NULL (none). */
+static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_features,
+                                          int64_t state_size, const SCALAR* inputs,
+                                          const SCALAR* weights, const SCALAR* bias,
+                                          const SCALAR* h0, const SCALAR* c0, SCALAR* outputs,
+                                          SCALAR* cells, SCALAR* gates, SCALAR* final_h,
+                                          SCALAR* final_cell) {
+  if (walk->steps == 0) return LLTM_SUCCESS;
   /* The weights transposed, (state + input_features, 3 * state), so that
    * every product runs along contiguous rows, as the backward pass's do:
    * rows below state_size are the hidden weights, the rest the input ones. */
-  const int64_t gates_size = 3 * state_size, step = batch_size * state_size;
+  const int64_t gates_size = 3 * state_size;
   const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
   SCALAR* transposed = LLTM_NAME(transposed_)(gates_size, state_size + input_features, weights,
                                               state_size + input_features);
@@ -368,18 +391,30 @@ static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size, int64
     return LLTM_ERROR_NO_MEMORY;
   }
   /* Every step's input part of its gates, and the bias, before the loop. */
-  int status = LLTM_NAME(product_)(steps * batch_size, gates_size, input_features, inputs,
+  int status = LLTM_NAME(product_)(walk->rows, gates_size, input_features, inputs,
                                    input_features, 1, transposed + state_size * gates_size,
                                    gates_size, bias, 0, gates, gates_size);
-  for (int64_t t = 0; t < steps && status == LLTM_SUCCESS; ++t) {
-    const SCALAR* old_h = t ? outputs + (t - 1) * step : h0;
-    const SCALAR* old_cell = t ? cells + (t - 1) * step : c0;
-    LLTM_FOR_EACH(index, lltm_tile_count(batch_size, state_size),
-                      step * gates_size / 16, {
-      LLTM_NAME(forward_step_tile_)(state_size, lltm_tile_at(index, batch_size, state_size),
-                                    transposed, last_columns, old_h, old_cell,
-                                    gates + t * 3 * step, outputs + t * step, cells + t * step);
+  lltm_step step = lltm_first_step(walk);
+  while (status == LLTM_SUCCESS) {
+    const struct LLTM_NAME(old_state_) old = {outputs + step.previous_offset * state_size,
+                                              cells + step.previous_offset * state_size, h0, c0,
+                                              step.carried};
+    const int64_t elements = step.rows * state_size;
+    SCALAR* step_outputs = outputs + step.offset * state_size;
+    SCALAR* step_cells = cells + step.offset * state_size;
+    LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size), elements * gates_size / 16, {
+      LLTM_NAME(forward_step_tile_)(state_size, lltm_tile_at(index, step.rows, state_size),
+                                    transposed, last_columns, old,
+                                    gates + step.offset * gates_size, step_outputs, step_cells);
     });
+    if (final_h && step.continued < step.rows) {
+      const int64_t first = step.continued * state_size;
+      const size_t bytes = sizeof(SCALAR) * (size_t)(elements - first);
+      memcpy(final_h + first, step_outputs + first, bytes);
+      memcpy(final_cell + first, step_cells + first, bytes);
+    }
+    if (step.order + 1 == walk->steps) break;
+    step = lltm_next_step(walk, &step);
   }
   free(transposed);
   free(last_columns);
@@ -396,66 +431,93 @@ static void LLTM_NAME(take_gradient_)(int64_t columns, const SCALAR* gradient, i
   }
 }
 
-/* Step t's backward tile. d_h, the gradient reaching h_t, is step t + 1's
- * gate gradients (next_d_gates, NULL at the last step) times the hidden
- * weights (`weights`, 3 * state x (state + input_features); `last_columns`,
- * the last block of states' columns padded to a tile, where that block is
- * short of one), plus grad_output (strides: grad_output's row and column
- * strides, then grad_cell's); d_c, that reaching c_t, the gradient reaching
- * it from step t + 1 plus grad_cell. Then the cell's backward math writes
- * the tile's gate gradients and, over d_c, the gradient reaching c_{t-1}. */
-static void LLTM_NAME(backward_step_tile_)(
-    int64_t state_size, int64_t input_features, struct lltm_tile tile,
-    const SCALAR* weights, const SCALAR* last_columns, const SCALAR* next_d_gates,
-    const SCALAR* grad_output, const SCALAR* grad_cell, const int64_t* strides,
-    const SCALAR* cells, const SCALAR* gates, SCALAR* d_h, SCALAR* d_c, SCALAR* d_gates) {
+/* The gradients a step's backward tile reads: those of its outputs and
+ * cells (each step's first element; strides: grad_output's row and column
+ * strides, then grad_cell's) and those of the final states (batch, state;
+ * NULL: zeros), which the rows that end at the step start from. */
+struct LLTM_NAME(step_gradients_) {
+  const SCALAR *output, *cell;
+  const int64_t* strides;
+  const SCALAR *final_h, *final_cell;
+};
+
+/* A step's backward tile. d_h, the gradient reaching its h, is, for the
+ * rows below `continued`, the next step's gate gradients (next_d_gates)
+ * times the hidden weights (`weights`, 3 * state x (state +
+ * input_features); `last_columns`, the last block of states' columns padded
+ * to a tile, where that block is short of one), and for the others the
+ * final h's gradient; d_c, that reaching its cell, is likewise the gradient
+ * carried from the next step or the final cell's. Both then take the
+ * step's own output and cell gradients, and the cell's backward math writes
+ * the tile's gate gradients and, over d_c, the gradient reaching the old
+ * cell. */
+static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_features,
+                                           struct lltm_tile tile, const SCALAR* weights,
+                                           const SCALAR* last_columns, int64_t continued,
+                                           const SCALAR* next_d_gates,
+                                           struct LLTM_NAME(step_gradients_) gradients,
+                                           const SCALAR* cells, const SCALAR* gates, SCALAR* d_h,
+                                           SCALAR* d_c, SCALAR* d_gates) {
   const int64_t gates_size = 3 * state_size;
-  const int carried = next_d_gates != NULL;
-  if (carried) {
+  const int64_t* strides = gradients.strides;
+  if (continued > tile.first_row) {
+    struct lltm_tile carried = tile;
+    if (continued - tile.first_row < tile.rows) carried.rows = (int)(continued - tile.first_row);
     const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
     const SCALAR* a_rows[LLTM_TILE_ROWS];
-    LLTM_NAME(tile_rows_)(next_d_gates, gates_size, tile, a_rows);
+    LLTM_NAME(tile_rows_)(next_d_gates, gates_size, carried, a_rows);
     LLTM_NAME(product_tile_)(gates_size, a_rows, 1,
                              is_padded ? last_columns : weights + tile.first_column,
                              is_padded ? LLTM_TILE_COLUMNS : state_size + input_features,
-                             tile.rows, tile.columns, NULL, 0,
+                             carried.rows, tile.columns, NULL, 0,
                              d_h + tile.first_row * state_size + tile.first_column, state_size);
   }
   for (int i = 0; i < tile.rows; ++i) {
     const int64_t row = tile.first_row + i, column = tile.first_column;
     const int64_t offset = row * state_size + column, gate_offset = row * gates_size + column;
+    if (row >= continued) {
+      LLTM_NAME(take_gradient_)(tile.columns, gradients.final_h ? gradients.final_h + offset : NULL,
+                                1, 0, d_h + offset);
+      LLTM_NAME(take_gradient_)(tile.columns,
+                                gradients.final_cell ? gradients.final_cell + offset : NULL, 1, 0,
+                                d_c + offset);
+    }
     LLTM_NAME(take_gradient_)(
-        tile.columns, grad_output ? grad_output + row * strides[0] + column * strides[1] : NULL,
-        strides[1], carried, d_h + offset);
+        tile.columns,
+        gradients.output ? gradients.output + row * strides[0] + column * strides[1] : NULL,
+        strides[1], 1, d_h + offset);
     LLTM_NAME(take_gradient_)(
-        tile.columns, grad_cell ? grad_cell + row * strides[2] + column * strides[3] : NULL,
-        strides[3], carried, d_c + offset);
+        tile.columns,
+        gradients.cell ? gradients.cell + row * strides[2] + column * strides[3] : NULL,
+        strides[3], 1, d_c + offset);
     LLTM_NAME(backward_row_)(tile.columns, state_size, d_h + offset, 1, d_c + offset, 1,
                              cells + offset, gates + gate_offset, d_c + offset,
                              d_gates + gate_offset);
   }
 }
 
-/* d_weights (3 * state, state + input_features) from the gate gradients
- * (steps * batch, 3 * state): row r sums d_gates[., r] times each step's
- * [h_{t-1}, x_t], h_{-1} being h0. Its products read d_gates transposed
- * (row r of the product is its column r). */
-static int LLTM_NAME(weight_grads_)(int64_t steps, int64_t batch_size, int64_t input_features,
-                                    int64_t state_size, const SCALAR* d_gates,
-                                    const SCALAR* inputs, const SCALAR* h0,
-                                    const SCALAR* outputs, SCALAR* d_weights) {
-  const int64_t rows = steps * batch_size, columns = state_size + input_features;
+/* The hidden columns of d_weights (3 * state x state, row stride
+ * `columns`): d_gates^T times each step's previous state, block by block
+ * (lltm_state_block); a walk with no rows leaves zeros. Row r of a product
+ * reads column r of d_gates. */
+static int LLTM_NAME(hidden_weight_grads_)(const lltm_walk* walk, int64_t state_size,
+                                           int64_t columns, const SCALAR* d_gates,
+                                           const SCALAR* h0, const SCALAR* outputs,
+                                           SCALAR* d_weights) {
   const int64_t gates_size = 3 * state_size;
-  int status = LLTM_NAME(product_)(gates_size, state_size, batch_size, d_gates, 1, gates_size, h0,
-                                   state_size, NULL, 0, d_weights, columns);
-  if (status == LLTM_SUCCESS && steps > 1) {
-    status = LLTM_NAME(product_)(gates_size, state_size, rows - batch_size,
-                                 d_gates + batch_size * gates_size, 1, gates_size, outputs,
-                                 state_size, NULL, 1, d_weights, columns);
+  lltm_block_cursor cursor = lltm_first_block(walk);
+  lltm_state_block block;
+  int status = LLTM_SUCCESS, first = 1;
+  while (status == LLTM_SUCCESS && lltm_next_block(walk, &cursor, &block)) {
+    status = LLTM_NAME(product_)(gates_size, state_size, block.rows,
+                                 d_gates + block.gate_row * gates_size, 1, gates_size,
+                                 (block.initial ? h0 : outputs) + block.state_row * state_size,
+                                 state_size, NULL, !first, d_weights, columns);
+    first = 0;
   }
-  if (status == LLTM_SUCCESS) {
-    status = LLTM_NAME(product_)(gates_size, input_features, rows, d_gates, 1, gates_size, inputs,
-                                 input_features, NULL, 0, d_weights + state_size, columns);
+  if (status == LLTM_SUCCESS && first) {
+    status = LLTM_NAME(product_)(gates_size, state_size, 0, d_gates, 1, gates_size, h0,
+                                 state_size, NULL, 0, d_weights, columns);
   }
   return status;
 }
@@ -472,25 +534,30 @@ static void LLTM_NAME(column_sums_)(int64_t rows, int64_t columns, const SCALAR*
   }
 }
 
-/* d_h0 doubles as the gradient reaching each h_t, d_c0 as that reaching
- * each c_t; a single step given neither (not wanted) uses scratch space. */
-static int LLTM_NAME(sequence_backward_)(
-    int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
+/* The gradients of the forward pass's arguments. grad_strides: the (step,
+ * row, column) strides of grad_outputs, then of grad_cells (a packed walk
+ * reads only the row and column ones). d_h0 doubles as the gradient
+ * reaching each step's h, d_c0 as that reaching each step's cell; a single
+ * step given neither (not wanted) uses scratch space. */
+static int LLTM_NAME(recurrence_backward_)(
+    const lltm_walk* walk, int64_t input_features, int64_t state_size,
     const int64_t* grad_strides, const SCALAR* inputs, const SCALAR* weights, const SCALAR* h0,
     const SCALAR* outputs, const SCALAR* cells, const SCALAR* gates, const SCALAR* grad_outputs,
-    const SCALAR* grad_cells, SCALAR* d_gates, SCALAR* d_inputs, SCALAR* d_weights,
-    SCALAR* d_bias, SCALAR* d_h0, SCALAR* d_c0) {
+    const SCALAR* grad_cells, const SCALAR* grad_final_h, const SCALAR* grad_final_cell,
+    SCALAR* d_gates, SCALAR* d_inputs, SCALAR* d_weights, SCALAR* d_bias, SCALAR* d_h0,
+    SCALAR* d_c0) {
   /* Past one step d_h0 and d_c0 carry the gradients between steps. */
-  if (steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
-  const int64_t step = batch_size * state_size, gates_size = 3 * state_size;
-  const int64_t columns = state_size + input_features, rows = steps * batch_size;
+  if (walk->steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
+  if (walk->steps == 0) return LLTM_SUCCESS;
+  const int64_t batch_state = walk->batch_size * state_size, gates_size = 3 * state_size;
+  const int64_t columns = state_size + input_features;
   const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
   const int64_t strides[4] = {grad_strides[1], grad_strides[2], grad_strides[4], grad_strides[5]};
   const int wants_d_h0 = d_h0 != NULL;
   const int needs_scratch = !d_h0 || !d_c0;
-  const int needs_last_columns = steps > 1 && full_states < state_size;
+  const int needs_last_columns = walk->steps > 1 && full_states < state_size;
   SCALAR* scratch =
-      needs_scratch ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(2 * step + 1)) : NULL;
+      needs_scratch ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(2 * batch_state + 1)) : NULL;
   SCALAR* last_columns = needs_last_columns
                              ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weights, columns,
                                                           full_states, state_size - full_states)
@@ -501,36 +568,127 @@ static int LLTM_NAME(sequence_backward_)(
     return LLTM_ERROR_NO_MEMORY;
   }
   if (!d_h0) d_h0 = scratch;
-  if (!d_c0) d_c0 = scratch + step;
-  for (int64_t t = steps - 1; t >= 0; --t) {
-    const SCALAR* grad_output = grad_outputs ? grad_outputs + t * grad_strides[0] : NULL;
-    const SCALAR* grad_cell = grad_cells ? grad_cells + t * grad_strides[3] : NULL;
-    const SCALAR* next_d_gates = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
-    LLTM_FOR_EACH(index, lltm_tile_count(batch_size, state_size),
-                      step * gates_size / 16, {
+  if (!d_c0) d_c0 = scratch + batch_state;
+  lltm_step step = lltm_last_step(walk);
+  int64_t next_offset = 0; /* the first row of the step visited after `step` */
+  for (;;) {
+    const struct LLTM_NAME(step_gradients_) gradients = {
+        grad_outputs ? grad_outputs + lltm_step_start(walk, &step, grad_strides[0],
+                                                      grad_strides[1])
+                     : NULL,
+        grad_cells ? grad_cells + lltm_step_start(walk, &step, grad_strides[3], grad_strides[4])
+                   : NULL,
+        strides, grad_final_h, grad_final_cell};
+    const SCALAR* next_d_gates = step.continued ? d_gates + next_offset * gates_size : NULL;
+    LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size),
+                  step.rows * state_size * gates_size / 16, {
       LLTM_NAME(backward_step_tile_)(state_size, input_features,
-                                     lltm_tile_at(index, batch_size, state_size), weights,
-                                     last_columns, next_d_gates, grad_output, grad_cell, strides,
-                                     cells + t * step, gates + t * 3 * step, d_h0, d_c0,
-                                     d_gates + t * 3 * step);
+                                     lltm_tile_at(index, step.rows, state_size), weights,
+                                     last_columns, step.continued, next_d_gates, gradients,
+                                     cells + step.offset * state_size,
+                                     gates + step.offset * gates_size, d_h0, d_c0,
+                                     d_gates + step.offset * gates_size);
     });
+    if (step.order == 0) break;
+    next_offset = step.offset;
+    step = lltm_previous_step(walk, &step);
   }
   free(scratch);
   free(last_columns);
   int status = LLTM_SUCCESS;
   if (wants_d_h0) {
-    status = LLTM_NAME(product_)(batch_size, state_size, gates_size, d_gates, gates_size, 1,
-                                 weights, columns, NULL, 0, d_h0, state_size);
+    /* Each row of h0 is the old state of its sequence's first step. */
+    lltm_block_cursor cursor = lltm_first_block(walk);
+    lltm_state_block block;
+    while (status == LLTM_SUCCESS && lltm_next_block(walk, &cursor, &block)) {
+      if (!block.initial) continue;
+      status = LLTM_NAME(product_)(block.rows, state_size, gates_size,
+                                   d_gates + block.gate_row * gates_size, gates_size, 1, weights,
+                                   columns, NULL, 0, d_h0 + block.state_row * state_size,
+                                   state_size);
+    }
   }
   if (status == LLTM_SUCCESS && d_inputs) {
-    status = LLTM_NAME(product_)(rows, input_features, gates_size, d_gates, gates_size, 1,
+    status = LLTM_NAME(product_)(walk->rows, input_features, gates_size, d_gates, gates_size, 1,
                                  weights + state_size, columns, NULL, 0, d_inputs,
                                  input_features);
   }
   if (status == LLTM_SUCCESS && d_weights) {
-    status = LLTM_NAME(weight_grads_)(steps, batch_size, input_features, state_size, d_gates,
-                                      inputs, h0, outputs, d_weights);
+    status = LLTM_NAME(hidden_weight_grads_)(walk, state_size, columns, d_gates, h0, outputs,
+                                             d_weights);
+    if (status == LLTM_SUCCESS) {
+      status = LLTM_NAME(product_)(gates_size, input_features, walk->rows, d_gates, 1,
+                                   gates_size, inputs, input_features, NULL, 0,
+                                   d_weights + state_size, columns);
+    }
   }
-  if (status == LLTM_SUCCESS && d_bias) LLTM_NAME(column_sums_)(rows, gates_size, d_gates, d_bias);
+  if (status == LLTM_SUCCESS && d_bias) {
+    LLTM_NAME(column_sums_)(walk->rows, gates_size, d_gates, d_bias);
+  }
   return status;
+}
+
+/* The registered passes (lltm_cpu.c): sequence_forward and
+ * sequence_backward over dense steps in the forward direction, each step's
+ * cell gradients given, no final state; packed_forward and packed_backward
+ * over dense or packed steps in either direction, with the final states. */
+static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size,
+                                        int64_t input_features, int64_t state_size,
+                                        const SCALAR* inputs, const SCALAR* weights,
+                                        const SCALAR* bias, const SCALAR* h0, const SCALAR* c0,
+                                        SCALAR* outputs, SCALAR* cells, SCALAR* gates) {
+  lltm_walk walk;
+  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
+    return LLTM_ERROR_ARGUMENTS;
+  }
+  return LLTM_NAME(recurrence_forward_)(&walk, input_features, state_size, inputs, weights, bias,
+                                        h0, c0, outputs, cells, gates, NULL, NULL);
+}
+
+static int LLTM_NAME(sequence_backward_)(
+    int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
+    const int64_t* grad_strides, const SCALAR* inputs, const SCALAR* weights, const SCALAR* h0,
+    const SCALAR* outputs, const SCALAR* cells, const SCALAR* gates, const SCALAR* grad_outputs,
+    const SCALAR* grad_cells, SCALAR* d_gates, SCALAR* d_inputs, SCALAR* d_weights,
+    SCALAR* d_bias, SCALAR* d_h0, SCALAR* d_c0) {
+  lltm_walk walk;
+  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
+    return LLTM_ERROR_ARGUMENTS;
+  }
+  return LLTM_NAME(recurrence_backward_)(&walk, input_features, state_size, grad_strides, inputs,
+                                         weights, h0, outputs, cells, gates, grad_outputs,
+                                         grad_cells, NULL, NULL, d_gates, d_inputs, d_weights,
+                                         d_bias, d_h0, d_c0);
+}
+
+/* sizes: rows, steps, batch, input_features, state, reverse (then tf32 and
+ * own kernels, read by CUDA only). */
+static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
+                                      const SCALAR* inputs, const SCALAR* weights,
+                                      const SCALAR* bias, const SCALAR* h0, const SCALAR* c0,
+                                      SCALAR* outputs, SCALAR* cells, SCALAR* gates,
+                                      SCALAR* final_h, SCALAR* final_cell) {
+  lltm_walk walk;
+  if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
+  return LLTM_NAME(recurrence_forward_)(&walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
+                                        outputs, cells, gates, final_h, final_cell);
+}
+
+/* sizes as packed_forward's, then grad_outputs' and grad_cells' row and
+ * column strides. */
+static int LLTM_NAME(packed_backward_)(
+    const int64_t* sizes, const int64_t* batch_sizes, const SCALAR* inputs,
+    const SCALAR* weights, const SCALAR* h0, const SCALAR* outputs, const SCALAR* cells,
+    const SCALAR* gates, const SCALAR* grad_outputs, const SCALAR* grad_cells,
+    const SCALAR* grad_final_h, const SCALAR* grad_final_cell, SCALAR* d_gates,
+    SCALAR* d_inputs, SCALAR* d_weights, SCALAR* d_bias, SCALAR* d_h0, SCALAR* d_c0) {
+  lltm_walk walk;
+  if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
+  const int64_t* row_strides = sizes + 8;
+  const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
+                                   sizes[2] * row_strides[2], row_strides[2], row_strides[3]};
+  return LLTM_NAME(recurrence_backward_)(&walk, sizes[3], sizes[4], grad_strides, inputs, weights,
+                                         h0, outputs, cells, gates, grad_outputs, grad_cells,
+                                         grad_final_h, grad_final_cell, d_gates, d_inputs,
+                                         d_weights, d_bias, d_h0, d_c0);
 }

@@ -1,12 +1,28 @@
 """The LLTM as nn.Modules: the cell, with the tutorial's parameters and call,
-and the whole sequence, called like nn.GRU."""
+and whole sequences through stacked, optionally bidirectional layers, called
+like nn.GRU."""
 
 import math
+import warnings
 
 import torch
+from torch.nn.utils.rnn import PackedSequence
 
+from ... import op
 from .cell import lltm
-from .sequence import lltm_sequence
+from .layers import check_dropout, check_state, lltm_layers
+
+
+def _rename(state_dict, prefix, renames):
+    """Moves each state_dict entry prefix + old to prefix + new, where the
+    new name is absent: a checkpoint of one module loading into the other."""
+    for old, new in renames:
+        if prefix + old in state_dict and prefix + new not in state_dict:
+            state_dict[prefix + new] = state_dict.pop(prefix + old)
+
+
+# A one-layer, one-direction LLTMSequence's parameters are LLTM's, renamed.
+_CELL_NAMES = (("weights", "weights_l0"), ("bias", "bias_l0"))
 
 
 class LLTM(torch.nn.Module):
@@ -36,6 +52,11 @@ class LLTM(torch.nn.Module):
         old_h, old_cell = state
         return lltm(input, self.weights, self.bias, old_h, old_cell)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        # A one-layer, one-direction LLTMSequence's checkpoint loads too.
+        _rename(state_dict, prefix, [(new, old) for old, new in _CELL_NAMES])
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def __prepare_scriptable__(self):
         # torch.jit.script calls this on every module it compiles.
         raise RuntimeError(
@@ -47,26 +68,154 @@ class LLTM(torch.nn.Module):
         return f"input_features={self.input_features}, state_size={self.state_size}"
 
 
-class LLTMSequence(LLTM):
-    """The cell over whole sequences, called like nn.GRU:
-    outputs, (h_n, c_n) = LLTMSequence(input_features, state_size)(inputs, state=None).
+class LLTMSequence(torch.nn.Module):
+    """The cell over whole sequences, in stacked layers, each in one or two
+    directions, called like nn.GRU:
 
-    inputs (steps, batch, input_features), or (batch, steps, input_features)
-    with batch_first=True (outputs likewise); state (h0, c0), zeros when None.
-    Its parameters are LLTM's, so either loads the other's state_dict."""
+        rnn = LLTMSequence(input_features, state_size, num_layers=1, bias=True,
+                           batch_first=False, dropout=0.0, bidirectional=False)
+        output, (h_n, c_n) = rnn(input, state=None)
 
-    def __init__(self, input_features, state_size, batch_first=False, device=None, dtype=None):
-        super().__init__(input_features, state_size, device=device, dtype=dtype)
+    input (steps, batch, input_features), (batch, steps, input_features)
+    with batch_first=True, (steps, input_features) unbatched, or a
+    PackedSequence (sorted or not); output (steps, batch, D * state_size)
+    likewise (D = 2 where bidirectional), or a PackedSequence. state (h0,
+    c0), each (num_layers * D, batch, state_size) ((num_layers * D,
+    state_size) unbatched) in nn.LSTM's order, layer by layer, the forward
+    direction first; zeros when None. h_n and c_n likewise: each sequence's
+    state after its own last element (the reverse direction's: after its
+    first). dropout: the probability of zeroing each output of every layer
+    but the last, in training mode only.
+
+    Parameters: weights_l{k} (3 * state_size, state_size + F_k), columns
+    [h, x], F_0 = input_features and F_k = D * state_size above, and
+    bias_l{k} (3 * state_size,), none where bias=False; the reverse
+    direction's weights_l{k}_reverse and bias_l{k}_reverse. A one-layer,
+    one-direction module loads an LLTM's state_dict, and LLTM its."""
+
+    def __init__(self, input_features, state_size, num_layers=1, bias=True, batch_first=False,
+                 dropout=0.0, bidirectional=False, device=None, dtype=None):
+        super().__init__()
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"LLTMSequence: num_layers must be an int of at least 1, got "
+                             f"{num_layers!r}")
+        check_dropout("LLTMSequence", dropout)
+        if dropout > 0 and num_layers == 1:
+            warnings.warn("LLTMSequence: dropout applies to the outputs of every layer but the "
+                          f"last, so it needs num_layers > 1; got dropout={dropout} and "
+                          "num_layers=1", stacklevel=2)
+        self.input_features = input_features
+        self.state_size = state_size
+        self.num_layers = num_layers
+        self.bias = bias
         self.batch_first = batch_first
+        self.dropout = float(dropout)
+        self.bidirectional = bidirectional
+        directions = 2 if bidirectional else 1
+        self._weight_names, self._bias_names = [], []
+        for layer in range(num_layers):
+            features = input_features if layer == 0 else directions * state_size
+            for suffix in ("", "_reverse")[:directions]:
+                name = f"l{layer}{suffix}"
+                self.register_parameter(f"weights_{name}", torch.nn.Parameter(torch.empty(
+                    3 * state_size, state_size + features, device=device, dtype=dtype)))
+                self._weight_names.append(f"weights_{name}")
+                if bias:
+                    self.register_parameter(f"bias_{name}", torch.nn.Parameter(
+                        torch.empty(3 * state_size, device=device, dtype=dtype)))
+                    self._bias_names.append(f"bias_{name}")
+        self.reset_parameters()
 
-    def forward(self, inputs, state=None):
-        if self.batch_first:
-            inputs = inputs.transpose(0, 1)
+    reset_parameters = LLTM.reset_parameters
+    __prepare_scriptable__ = LLTM.__prepare_scriptable__
+
+    @property
+    def num_directions(self):
+        return 2 if self.bidirectional else 1
+
+    def _check_input(self, input):
+        """TypeError or ValueError naming input for what the layers cannot
+        take, before anything reaches C."""
+        packed = isinstance(input, PackedSequence)
+        data = input.data if packed else input
+        what = "input is a PackedSequence whose data" if packed else "input"
+        op.check_tensor("LLTMSequence", "input" if not packed else "input.data", data)
+        weights = self.weights_l0
+        if data.dtype != weights.dtype:
+            raise TypeError(f"LLTMSequence: {what} has dtype {data.dtype} but the module's "
+                            f"parameters have {weights.dtype}; convert one to the other "
+                            "(module.to(dtype))")
+        if data.device != weights.device:
+            raise ValueError(f"LLTMSequence: {what} is on {data.device} but the module's "
+                             f"parameters are on {weights.device}")
+        if not packed and data.dim() not in (2, 3):
+            raise ValueError(f"LLTMSequence: input must have 3 dimensions ((steps, batch, "
+                             f"features), or (batch, steps, features) with batch_first) or 2 "
+                             f"(unbatched), got shape {tuple(data.shape)}")
+        if data.shape[-1] != self.input_features:
+            raise ValueError(f"LLTMSequence: input has {data.shape[-1]} features (its last "
+                             f"dimension, shape {tuple(data.shape)}) but the module was built "
+                             f"for input_features={self.input_features}")
+
+    def forward(self, input, state=None):
+        self._check_input(input)
+        packed = isinstance(input, PackedSequence)
+        unbatched = not packed and input.dim() == 2
+        if unbatched:
+            input = input.unsqueeze(1)
+        elif self.batch_first and not packed:
+            input = input.transpose(0, 1)
+        batch = int(input.batch_sizes[0]) if packed else input.shape[1]
+        layers = self.num_layers * self.num_directions
         if state is None:
-            zeros = inputs.new_zeros(inputs.shape[1], self.state_size)
+            zeros = self.weights_l0.new_zeros(layers, batch, self.state_size)
             state = (zeros, zeros)
-        outputs, final_state = lltm_sequence(inputs, self.weights, self.bias, *state)
-        return (outputs.transpose(0, 1) if self.batch_first else outputs), final_state
+        else:
+            state = self._checked_state(state, layers, batch, unbatched)
+        weights = [getattr(self, name) for name in self._weight_names]
+        biases = [getattr(self, name) for name in self._bias_names] or None
+        output, (h_n, c_n) = lltm_layers(input, weights, biases, *state,
+                                         bidirectional=self.bidirectional, dropout=self.dropout,
+                                         training=self.training)
+        if unbatched:
+            return output.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
+        if self.batch_first and not packed:
+            output = output.transpose(0, 1)
+        return output, (h_n, c_n)
+
+    def _checked_state(self, state, layers, batch, unbatched):
+        """(h0, c0) as the layers take them, refused naming the one that does
+        not fit the module and the input."""
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError(f"LLTMSequence: state must be a pair (h0, c0) or None, got "
+                            f"{type(state).__name__}")
+        checked = []
+        for name, tensor in zip(("h0", "c0"), state):
+            op.check_tensor("LLTMSequence", f"state {name}", tensor)
+            if unbatched and tensor.dim() == 2:
+                tensor = tensor.unsqueeze(1)
+            elif unbatched:
+                raise ValueError(f"LLTMSequence: state {name} has shape {tuple(tensor.shape)}; "
+                                 f"for an unbatched input it must be (num_layers * "
+                                 f"num_directions, state_size) = ({layers}, {self.state_size})")
+            check_state("LLTMSequence", f"state {name}", tensor, layers, batch, self.state_size)
+            weights = self.weights_l0
+            if tensor.dtype != weights.dtype or tensor.device != weights.device:
+                raise TypeError(f"LLTMSequence: state {name} has dtype {tensor.dtype} on "
+                                f"{tensor.device} but the module's parameters have "
+                                f"{weights.dtype} on {weights.device}")
+            checked.append(tensor)
+        return checked
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        if self.num_layers == 1 and not self.bidirectional:
+            # An LLTM's checkpoint: the same two parameters.
+            _rename(state_dict, prefix, _CELL_NAMES)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def extra_repr(self):
-        return super().extra_repr() + (", batch_first=True" if self.batch_first else "")
+        text = f"input_features={self.input_features}, state_size={self.state_size}"
+        defaults = (("num_layers", 1), ("bias", True), ("batch_first", False), ("dropout", 0.0),
+                    ("bidirectional", False))
+        return text + "".join(f", {name}={getattr(self, name)}" for name, default in defaults
+                              if getattr(self, name) != default)

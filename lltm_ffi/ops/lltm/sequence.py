@@ -1,10 +1,16 @@
 """The LLTM over whole sequences, the time loop in C: lltm_sequence and its
-passes, sequence_forward and sequence_backward.
+passes, sequence_forward and sequence_backward (dense steps, forward in
+time) and packed_forward and packed_backward (dense or packed steps, either
+direction, the final states computed in C).
 
 Each pass is one C call: the forward pass computes every step's input part
 of the gates, then runs the recurrence; the backward pass runs the
 recurrence backwards, then forms the gradients of the inputs, the weights
 and the bias. Python only checks the arguments and allocates the results.
+Packed steps are a PackedSequence's: rows (sum(batch_sizes), features),
+step t's batch_sizes[t] rows after the steps before it, each step on its
+own rows only (no work on padding); the reverse direction starts each
+sequence at its own last element, reading the same rows in place.
 
 As for the cell, eager calls go through SequenceFunction, which calls C
 directly; torch.compile and autocast go through the registered operators.
@@ -22,19 +28,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd import forward_ad
+from torch.nn.utils.rnn import PackedSequence
 
 from ... import _torch_internals, op
 from . import cell, derivatives
 
 _ARGUMENT_NAMES = ("inputs", "weights", "bias", "h0", "c0")
+_shape = cell._shape
 
 
-def check_arguments(inputs, weights, bias, h0, c0):
+def check_arguments(inputs, weights, bias, h0, c0, optional_bias=False):
     """TypeError or ValueError, naming the argument, for anything the C loop
-    cannot take. The common, valid case costs one expression; the diagnosis
-    runs only when it fails."""
-    if not cell.arguments_fit(inputs, 3, weights, bias, h0, c0):
-        cell.diagnose("lltm_sequence", _ARGUMENT_NAMES, 3, (inputs, weights, bias, h0, c0))
+    cannot take (bias None too, where optional_bias). The common, valid case
+    costs one expression; the diagnosis runs only when it fails."""
+    if not cell.arguments_fit(inputs, 3, weights, bias, h0, c0, optional_bias):
+        cell.diagnose("lltm_sequence", _ARGUMENT_NAMES, 3, (inputs, weights, bias, h0, c0),
+                      optional_bias)
     if not inputs.is_cpu:
         op.check_device("lltm_sequence", inputs.device)
 
@@ -154,6 +163,205 @@ def _sequence_backward(ctx, grad_outputs, grad_cells, _=None):
 sequence = op.Op(sequence_forward, _sequence_backward, _save_for_backward,
                  result=lambda output: output[:2])
 
+
+# Packed steps, either direction ------------------------------------------------
+
+def steps_of(rows, batch_size, batch_sizes):
+    """The steps of `rows` packed rows: one per batch size, or without
+    batch_sizes (dense steps) rows / batch_size."""
+    if batch_sizes is not None:
+        return batch_sizes.shape[0]
+    return rows // batch_size if batch_size else 0
+
+
+def check_batch_sizes(function, batch_sizes, rows, batch_size):
+    """ValueError naming batch_sizes unless it lays out `rows` rows of
+    batch_size sequences as a PackedSequence does: the first size
+    batch_size, none larger than the one before nor below 1, their sum rows.
+    Read only from a tensor that has values (a fake one has none; C checks
+    the same again)."""
+    if type(batch_sizes) not in op.PLAIN_TENSOR_TYPES:
+        return
+    sizes = batch_sizes.tolist()
+    if sizes and sizes[0] != batch_size:
+        raise ValueError(f"{function}: batch_sizes starts with {sizes[0]} but the state holds "
+                         f"{batch_size} sequences; the first step has every sequence")
+    if any(size < 1 for size in sizes) or any(later > size for size, later in
+                                              zip(sizes, sizes[1:])):
+        raise ValueError(f"{function}: batch_sizes {sizes} must not grow from step to step nor "
+                         "fall below 1: the sequences sorted longest first, as "
+                         "torch.nn.utils.rnn.pack_padded_sequence lays them out")
+    if sum(sizes) != rows:
+        raise ValueError(f"{function}: batch_sizes sums to {sum(sizes)} but inputs has {rows} "
+                         "rows")
+
+
+def check_packed(function, inputs, weights, bias, h0, c0, batch_sizes):
+    """ValueError naming the argument for shapes the packed passes cannot
+    take together, once their annotations are met: inputs (rows, features),
+    weights (3 * state, state + features), bias (3 * state) or None, h0 and
+    c0 (batch, state), batch_sizes as check_batch_sizes asks or None (rows
+    a whole number of steps of the batch)."""
+    rows, input_features = inputs.shape
+    batch_size, state_size = h0.shape
+    if c0.shape != h0.shape:
+        raise ValueError(f"{function}: c0 has shape {_shape(c0)} but h0 has shape {_shape(h0)}; "
+                         "they must match")
+    expected = (3 * state_size, state_size + input_features)
+    if _shape(weights) != expected:
+        raise ValueError(f"{function}: weights has shape {_shape(weights)} but must be "
+                         f"(3 * state_size, state_size + input_features) = {expected}")
+    if bias is not None and _shape(bias) not in ((3 * state_size,), (1, 3 * state_size)):
+        raise ValueError(f"{function}: bias has shape {_shape(bias)} but must be "
+                         f"({3 * state_size},) or (1, {3 * state_size})")
+    if batch_sizes is not None:
+        check_batch_sizes(function, batch_sizes, rows, batch_size)
+    elif rows % max(batch_size, 1) or (rows and not batch_size):
+        raise ValueError(f"{function}: inputs has {rows} rows, not a whole number of steps of "
+                         f"the {batch_size} sequences of h0")
+
+
+def _check_packed_forward(inputs, weights, bias, h0, c0, batch_sizes, reverse):
+    check_packed("lltm_sequence", inputs, weights, bias, h0, c0, batch_sizes)
+
+
+@op.c_pass("packed_forward", check=_check_packed_forward)
+def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
+                   bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
+                   c0: op.Tensor(dims=2),
+                   batch_sizes: op.Tensor(dims=1, dtype=torch.int64, optional=True, host=True),
+                   reverse: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(outputs, cells, gates, h_n, c_n) of one direction over packed steps:
+    every step's new_h and new_cell (rows, state) and pre-activation gates
+    (rows, 3 * state), and each sequence's final state (batch, state), after
+    its own last element (reverse: its first). inputs (rows, features) holds
+    the steps' rows as batch_sizes lays them out, or without batch_sizes
+    dense steps of the whole batch; h0 and c0 (batch, state), in the packed
+    order; bias None: none."""
+    rows, input_features = inputs.shape
+    batch_size, state_size = h0.shape
+    outputs = h0.new_empty(rows, state_size)
+    cells = torch.empty_like(outputs)
+    gates = h0.new_empty(rows, 3 * state_size)
+    if not outputs.numel():
+        return outputs, cells, gates, h0.clone(), c0.clone()
+    h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
+    c(sizes=(rows, steps_of(rows, batch_size, batch_sizes), batch_size, input_features,
+             state_size, int(reverse), *_options()),
+      tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n))
+    return outputs, cells, gates, h_n, c_n
+
+
+def _check_packed_backward(inputs, weights, bias, h0, batch_sizes, reverse, outputs, cells,
+                           gates, grad_outputs, grad_cells, grad_h_n, grad_c_n):
+    function = "lltm_ffi::packed_backward"
+    check_packed("lltm_sequence", inputs, weights, bias, h0, h0, batch_sizes)
+    rows, state_size = inputs.shape[0], h0.shape[1]
+    for name, tensor, shape in (("outputs", outputs, (rows, state_size)),
+                                ("cells", cells, (rows, state_size)),
+                                ("gates", gates, (rows, 3 * state_size)),
+                                ("grad_outputs", grad_outputs, (rows, state_size)),
+                                ("grad_cells", grad_cells, (rows, state_size)),
+                                ("grad_h_n", grad_h_n, h0.shape), ("grad_c_n", grad_c_n, h0.shape)):
+        if tensor is not None:
+            op.check_shape(function, name, tensor, shape)
+
+
+@op.c_pass("packed_backward", check=_check_packed_backward)
+def packed_backward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
+                    bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
+                    batch_sizes: op.Tensor(dims=1, dtype=torch.int64, optional=True, host=True),
+                    reverse: bool, outputs: op.Tensor(dims=2), cells: op.Tensor(dims=2),
+                    gates: op.Tensor(dims=2),
+                    grad_outputs: op.Tensor(dims=2, optional=True, strided=True),
+                    grad_cells: op.Tensor(dims=2, optional=True, strided=True),
+                    grad_h_n: op.Tensor(dims=2, optional=True),
+                    grad_c_n: op.Tensor(dims=2, optional=True),
+                    *, wanted=(True,) * 5) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of packed_forward's inputs, weights, bias, h0 and c0
+    (of bias only the shape is read; None: none) from those of its outputs,
+    cells and final states (None: zeros) and what it read and saved; each
+    is None unless `wanted` (five booleans) says so."""
+    rows, input_features = inputs.shape
+    batch_size, state_size = h0.shape
+    steps = steps_of(rows, batch_size, batch_sizes)
+    computed = cells.numel() > 0
+    new = h0.new_empty if computed else h0.new_zeros
+    wants_h0, wants_c0 = wanted[3:]
+    d_inputs, d_weights, d_bias = (
+        new(tensor.shape) if want and tensor is not None else None
+        for tensor, want in zip((inputs, weights, bias), wanted))
+    # Past one step d_h0 and d_c0 carry the gradients between steps: C needs them.
+    d_h0, d_c0 = (new(h0.shape) if want or steps > 1 else None for want in (wants_h0, wants_c0))
+    if computed:
+        c(sizes=(rows, steps, batch_size, input_features, state_size, int(reverse), *_options(),
+                 *cell._strides(grad_outputs)[1:], *cell._strides(grad_cells)[1:]),
+          tensors=(inputs, weights, h0, batch_sizes, outputs, cells, gates, grad_outputs,
+                   grad_cells, grad_h_n, grad_c_n, torch.empty_like(gates), d_inputs, d_weights,
+                   d_bias, d_h0, d_c0))
+    return d_inputs, d_weights, d_bias, d_h0 if wants_h0 else None, d_c0 if wants_c0 else None
+
+
+def packed_in_torch(inputs, weights, bias, h0, c0, batch_sizes, reverse):
+    """(outputs, cells, h_n, c_n) as packed_forward computes them, in torch
+    ops: what autograd differentiates where it records the backward
+    (create_graph=True)."""
+    batch_size, state_size = h0.shape
+    sizes = ([batch_size] * steps_of(inputs.shape[0], batch_size, None) if batch_sizes is None
+             else batch_sizes.tolist())
+    if not sizes:
+        return inputs.new_empty(0, state_size), inputs.new_empty(0, state_size), h0, c0
+    projected = F.linear(inputs, weights[:, state_size:],
+                         None if bias is None else bias.reshape(-1))
+    hidden_weights = weights[:, :state_size]
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + size)
+    outputs, cells, ended = [None] * len(sizes), [None] * len(sizes), []
+    h, c = h0[:0], c0[:0]
+    for t in reversed(range(len(sizes))) if reverse else range(len(sizes)):
+        rows = sizes[t]
+        if h.shape[0] > rows:  # sequences that ended at the step before
+            ended.append((h[rows:], c[rows:]))
+        # Rows the step before lacked start from h0 and c0.
+        h, c = (torch.cat((state[:rows], initial[state.shape[0]:rows]))
+                for state, initial in ((h, h0), (c, c0)))
+        gates = projected[starts[t]:starts[t + 1]] + h.mm(hidden_weights.t())
+        h, c = derivatives.forward_pass(gates, c)
+        outputs[t], cells[t] = h, c
+    ended.append((h, c))
+    # Sequences end longest last: their rows, highest first.
+    h_n, c_n = (torch.cat(parts[::-1]) for parts in zip(*ended))
+    return torch.cat(outputs), torch.cat(cells), h_n, c_n
+
+
+def _save_packed(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:6], *output[:3])
+    ctx.reverse = inputs[6]
+    ctx.set_materialize_grads(False)
+
+
+def _packed_backward(ctx, grad_outputs, grad_cells, _, grad_h_n, grad_c_n):
+    """The packed passes' backward, as _sequence_backward; the gradients of
+    batch_sizes and reverse are None."""
+    inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates = ctx.saved_tensors
+    if derivatives.in_torch_ops(grad_outputs, grad_cells, grad_h_n, grad_c_n):
+        grads = derivatives.recorded_grads(
+            lambda *tensors: packed_in_torch(*tensors, batch_sizes, ctx.reverse),
+            (inputs, weights, bias, h0, c0), ctx.needs_input_grad[:5],
+            [derivatives.or_zeros(grad, like) for grad, like in
+             ((grad_outputs, outputs), (grad_cells, cells), (grad_h_n, h0), (grad_c_n, c0))])
+        return (*grads, None, None)
+    arguments = (inputs, weights, bias, h0, batch_sizes, ctx.reverse, outputs, cells, gates,
+                 _readable(grad_outputs), _readable(grad_cells), grad_h_n, grad_c_n)
+    if op.use_operator(*(tensor for tensor in arguments if isinstance(tensor, torch.Tensor))):
+        return (*packed_backward.operator(*arguments), None, None)
+    return (*packed_backward.run(*arguments, wanted=ctx.needs_input_grad[:5]), None, None)
+
+
+packed = op.Op(packed_forward, _packed_backward, _save_packed,
+               result=lambda output: (output[0], output[3], output[4]))
+
 _UNSUPPORTED_TRANSFORMS = (
     "lltm_ffi.lltm_sequence supports torch.autograd's reverse mode, to any order, but not "
     "forward-mode AD nor torch.func's transforms (grad, vjp, jacrev, jvp, jacfwd, vmap); "
@@ -171,37 +379,103 @@ def _autocast_enabled(inputs):
             and torch.is_autocast_enabled(inputs.device.type))
 
 
-def lltm_sequence(inputs, weights, bias, h0, c0):
+def _forward(differentiable, arguments, plain, autocast):
+    """The forward pass of `differentiable` (sequence or packed) on checked
+    arguments, by the path the call takes: straight into C for plain eager
+    calls; the operator under tracers, subclasses and autocast; refused
+    under forward mode and torch.func's transforms."""
+    tensors = [argument for argument in arguments if isinstance(argument, torch.Tensor)]
+    if plain:
+        return differentiable._apply(*arguments)
+    if _torch_internals.functorch_transforms_active() or _dual(*tensors):
+        raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
+    if autocast or op.use_operator(*tensors):
+        return differentiable.forward.operator(*arguments)
+    return differentiable.function.apply(*arguments)
+
+
+def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=False):
     """The LLTM cell over a sequence: returns (outputs, (h_n, c_n)).
 
-    inputs (steps, batch, input_features); weights, bias as for lltm_ffi.lltm;
-    h0 and c0 (batch, state_size). outputs (steps, batch, state_size) holds
-    every step's new_h; h_n and c_n are the last step's state (h0 and c0 when
-    steps is 0). Differentiable in all five arguments through every output.
-    Under torch.autocast it runs in float32 (float32 out), the arguments cast
-    to float32.
+    inputs (steps, batch, input_features); weights, bias as for lltm_ffi.lltm
+    (bias may be None: no bias); h0 and c0 (batch, state_size). outputs
+    (steps, batch, state_size) holds every step's new_h; h_n and c_n are the
+    last step's state (h0 and c0 when steps is 0). reverse=True runs the
+    steps last to first (h_n and c_n are then step 0's state), as the
+    reverse direction of a bidirectional nn.GRU does.
+
+    inputs may instead be a torch.nn.utils.rnn.PackedSequence: outputs is
+    then one too, with the same batch_sizes and indices; h0 and c0 are in
+    the batch's own order (as nn.GRU's state, sorted_indices applied here)
+    and so are h_n and c_n, each sequence's state after its own last
+    element (reverse: after its first). Or inputs may be the packed rows
+    (sum(batch_sizes), input_features) with their batch_sizes (a CPU int64
+    tensor, as a PackedSequence's): h0, c0, h_n and c_n are then in the
+    packed order, outputs (sum(batch_sizes), state_size). Each step computes
+    its own sequences only, in C.
+
+    Differentiable in inputs, weights, bias, h0 and c0 through every
+    output. Under torch.autocast it runs in float32 (float32 out), the
+    arguments cast to float32.
     """
-    plain = op.plain_eager(inputs, weights, bias, h0, c0)
+    if isinstance(inputs, PackedSequence):
+        return _packed_sequence(inputs, weights, bias, h0, c0, batch_sizes, reverse)
+    tensors = [tensor for tensor in (inputs, weights, bias, h0, c0, batch_sizes)
+               if tensor is not None]
+    plain = op.plain_eager(*tensors)
     autocast = not plain and _autocast_enabled(inputs)
     if autocast:
         inputs, weights, bias, h0, c0 = (
             tensor.float() if isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
             else tensor for tensor in (inputs, weights, bias, h0, c0))
-    check_arguments(inputs, weights, bias, h0, c0)
-    steps = inputs.shape[0]
+    if batch_sizes is not None:
+        arguments = (inputs, weights, bias, h0, c0, batch_sizes, bool(reverse))
+        packed_forward.check(arguments, "lltm_sequence")
+        if inputs.shape[0] == 0:
+            return inputs.new_empty(0, h0.shape[1]), (h0, c0)
+        outputs, _, _, h_n, c_n = _forward(packed, arguments, plain, autocast)
+        return outputs, (h_n, c_n)
+    check_arguments(inputs, weights, bias, h0, c0, optional_bias=True)
+    steps, batch_size, input_features = inputs.shape
     if steps == 0:
         return inputs.new_empty(0, *h0.shape), (h0, c0)
+    if reverse or bias is None:
+        outputs, _, _, h_n, c_n = _forward(
+            packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0,
+                     None, bool(reverse)), plain, autocast)
+        return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
     if plain and steps == 1 and inputs.is_cuda and cell.uses_step_kernels(
-            *inputs.shape[1:], h0.shape[1]):
+            batch_size, input_features, h0.shape[1]):
         # One step is a call of the cell, in its step kernels.
         new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
         return new_h.unsqueeze(0), (new_h, new_cell)
-    if plain:
-        outputs, cells = sequence._apply(inputs, weights, bias, h0, c0)[:2]
-    elif _torch_internals.functorch_transforms_active() or _dual(inputs, weights, bias, h0, c0):
-        raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
-    elif autocast or op.use_operator(inputs, weights, bias, h0, c0):
-        outputs, cells, _ = sequence_forward.operator(inputs, weights, bias, h0, c0)
-    else:
-        outputs, cells = sequence.function.apply(inputs, weights, bias, h0, c0)[:2]
+    outputs, cells = _forward(sequence, (inputs, weights, bias, h0, c0), plain, autocast)[:2]
     return outputs, (outputs[-1], cells[-1])
+
+
+def _in_packed_order(name, state, data, sorted_indices):
+    """`state` (batch, state_size) in the batch's order, its rows put in
+    the packed order, once checked enough to index."""
+    op.check_tensor("lltm_sequence", name, state)
+    op.check_matches("lltm_sequence", name, state, "inputs", data, same_dtype=False)
+    if state.dim() != 2 or state.shape[0] != sorted_indices.shape[0]:
+        raise ValueError(f"lltm_sequence: {name} has shape {_shape(state)} but the "
+                         f"PackedSequence holds {sorted_indices.shape[0]} sequences; it must be "
+                         f"({sorted_indices.shape[0]}, state_size)")
+    return state.index_select(0, sorted_indices)
+
+
+def _packed_sequence(inputs, weights, bias, h0, c0, batch_sizes, reverse):
+    """lltm_sequence of a PackedSequence, its state in the batch's order."""
+    if batch_sizes is not None:
+        raise TypeError("lltm_sequence: inputs is a PackedSequence, which carries its own "
+                        "batch_sizes; pass batch_sizes only with packed rows (a tensor)")
+    data, sizes, sorted_indices, unsorted_indices = inputs
+    if sorted_indices is not None:
+        h0, c0 = (_in_packed_order(name, state, data, sorted_indices)
+                  for name, state in (("h0", h0), ("c0", c0)))
+    outputs, (h_n, c_n) = lltm_sequence(data, weights, bias, h0, c0, batch_sizes=sizes,
+                                        reverse=reverse)
+    if unsorted_indices is not None:
+        h_n, c_n = h_n.index_select(0, unsorted_indices), c_n.index_select(0, unsorted_indices)
+    return PackedSequence(outputs, sizes, sorted_indices, unsorted_indices), (h_n, c_n)

@@ -1,7 +1,9 @@
 // The whole-sequence layer's kernels, Caffe style behind extern "C"
 // launchers whose loop over the time steps runs here, in C, on the caller's
-// stream. Layout: every step's tensors are dense (batch, state) or, for the
-// gates, (batch, 3 * state), the steps one after another.
+// stream. Layout: every step's tensors are dense (rows, state) or, for the
+// gates, (rows, 3 * state), the steps one after another; a step's rows are
+// the whole batch, or a packed sequence's batch size at that step, and the
+// steps are visited forwards or backwards (lltm_steps.h walks them).
 //
 // A pass is its recurrence and, around it, the products that are not on the
 // recurrent path: before the forward loop every step's input part of its
@@ -9,9 +11,9 @@
 // weights (by cuBLAS, or lltm_ffi's own kernel where cuBLAS cannot be
 // loaded) and of the bias. Three paths for the recurrence, chosen per pass
 // (sequence_forward_steps says how): the persistent kernels, one launch a
-// pass, for small batch x state; otherwise each step's recurrent product by
-// cuBLAS and a pointwise kernel for its gate math; and, without cuBLAS, a
-// step-by-step kernel that does both.
+// pass, for small batch x state and dense steps; otherwise each step's
+// recurrent product by cuBLAS and a pointwise kernel for its gate math; and,
+// without cuBLAS, a step-by-step kernel that does both.
 
 #include <cooperative_groups.h>
 
@@ -20,6 +22,7 @@
 #include "lltm_cublas.h"
 #include "lltm_kernels.h"
 #include "lltm_op.h"
+#include "lltm_steps.h"
 
 // The whole-sequence layer: one launch a time step each way, from a loop in
 // the launcher. A step's recurrent matrix product and its gate math are one
@@ -75,14 +78,116 @@ __device__ __forceinline__ Dtype gradient_at(const Dtype* step, const int64_t (&
   return step ? step[row * strides[1] + column * strides[2]] : Dtype(0);
 }
 
-// Forward step t: gates (which hold the step's input part) += bias + old_h
+// One step of a walk (lltm_steps.h) as its forward kernels see it: its row
+// r's old state is row r of the previous step's (h, cell) below `carried`,
+// of (h0, c0) from there on; its rows from `continued` on end at the step
+// and leave their state in (final_h, final_cell) too, where final_h is not
+// NULL. Each pointer is the first element of a step's or of the batch's
+// dense (rows, state) elements.
+template <typename Dtype>
+struct StepState {
+  const Dtype* h;
+  const Dtype* cell;
+  const Dtype* h0;
+  const Dtype* c0;
+  int64_t carried;
+  Dtype* final_h;
+  Dtype* final_cell;
+  int64_t continued;
+  __device__ const Dtype* old_h(int64_t row) const { return row < carried ? h : h0; }
+  __device__ const Dtype* old_cell(int64_t row) const { return row < carried ? cell : c0; }
+};
+
+template <typename Dtype>
+static StepState<Dtype> step_state(const lltm_step& step, int64_t state_size, const Dtype* h0,
+                                   const Dtype* c0, const Dtype* outputs, const Dtype* cells,
+                                   Dtype* final_h, Dtype* final_cell) {
+  const int64_t previous = step.previous_offset * state_size;
+  const StepState<Dtype> state = {outputs + previous, cells + previous, h0, c0, step.carried,
+                                  final_h, final_cell, step.continued};
+  return state;
+}
+
+// The cell's forward math on element `element` (row `row`) of a step, from
+// its three pre-activations; new_h and new_cell are the step's.
+template <typename Dtype>
+__device__ __forceinline__ void step_cell_forward(const Dtype (&pre)[3],
+                                                  const StepState<Dtype>& state, int64_t row,
+                                                  int64_t element, Dtype* new_h,
+                                                  Dtype* new_cell) {
+  Dtype h, cell;
+  cell_forward(pre[0], pre[1], pre[2], state.old_cell(row)[element], &h, &cell);
+  new_h[element] = h;
+  new_cell[element] = cell;
+  if (state.final_h && row >= state.continued) {
+    state.final_h[element] = h;
+    state.final_cell[element] = cell;
+  }
+}
+
+// What a step's backward reads beside what the forward pass saved: its
+// output and cell gradients (the step's first element, NULL for zeros, read
+// through strides), and the final states' gradients (dense (batch, state),
+// NULL for zeros), where its rows from `continued` on, which end at the
+// step, start; the rows below start from what the next step carries back.
+template <typename Dtype>
+struct StepGradients {
+  const Dtype* output;
+  const Dtype* cell;
+  GradStrides strides;
+  const Dtype* final_h;
+  const Dtype* final_cell;
+  int64_t continued;
+};
+
+template <typename Dtype>
+static StepGradients<Dtype> step_gradients(const lltm_walk& walk, const lltm_step& step,
+                                           const Dtype* grad_outputs, const Dtype* grad_cells,
+                                           const GradStrides& strides, const Dtype* grad_final_h,
+                                           const Dtype* grad_final_cell) {
+  const StepGradients<Dtype> gradients = {
+      offset_or_null(grad_outputs,
+                     lltm_step_start(&walk, &step, strides.outputs[0], strides.outputs[1])),
+      offset_or_null(grad_cells, lltm_step_start(&walk, &step, strides.cells[0], strides.cells[1])),
+      strides, grad_final_h, grad_final_cell, step.continued};
+  return gradients;
+}
+
+// The cell's backward math on element `element` (row, column) of a step:
+// the gradients reaching its h and cell are carried_h and carried_cell (the
+// next step's, read only for the rows it continues) or the final states',
+// each plus the step's own. d_cell, where not NULL, takes the gradient
+// reaching the old cell.
+template <typename Dtype>
+__device__ __forceinline__ void step_cell_backward(const StepGradients<Dtype>& gradients,
+                                                   int64_t row, int64_t column, int64_t element,
+                                                   Dtype carried_h, const Dtype* carried_cell,
+                                                   Dtype new_cell, const Dtype* gate,
+                                                   int64_t state_size, Dtype* d_cell,
+                                                   Dtype* d_gate) {
+  const bool continues = row < gradients.continued;
+  const Dtype start_h = continues ? carried_h
+                                  : gradients.final_h ? gradients.final_h[element] : Dtype(0);
+  const Dtype start_cell = continues ? carried_cell[element]
+                                     : gradients.final_cell ? gradients.final_cell[element]
+                                                            : Dtype(0);
+  Dtype d_old_cell;
+  cell_backward(gradient_at(gradients.output, gradients.strides.outputs, row, column) + start_h,
+                gradient_at(gradients.cell, gradients.strides.cells, row, column) + start_cell,
+                new_cell, gate[0], gate[state_size], gate[2 * state_size], &d_old_cell,
+                &d_gate[0], &d_gate[state_size], &d_gate[2 * state_size]);
+  if (d_cell) d_cell[element] = d_old_cell;
+}
+
+// Forward step: gates (which hold the step's input part) += bias + old_h
 // W^T (all three gates of each element in one thread), then the cell.
+// batch_size: the step's rows; bias NULL: none.
 template <typename Dtype>
 __global__ void lltm_sequence_forward_kernel(
     const int64_t batch_size, const int64_t state_size, const Dtype* __restrict__ bias,
     const Dtype* __restrict__ weights, const int64_t weights_row_stride,
-    const Dtype* __restrict__ old_h, const Dtype* __restrict__ old_cell,
-    Dtype* __restrict__ new_h, Dtype* __restrict__ new_cell, Dtype* __restrict__ gates) {
+    const StepState<Dtype> state, Dtype* __restrict__ new_h, Dtype* __restrict__ new_cell,
+    Dtype* __restrict__ gates) {
   const int kDepth = Depth<Dtype>::kDepth;
   __shared__ Dtype h_slice[kTile][kDepth];
   __shared__ Dtype w_slice[3][kTile][kDepth + 1];
@@ -94,7 +199,8 @@ __global__ void lltm_sequence_forward_kernel(
         const int r = i / kDepth, k = i % kDepth;
         const bool k_in = k0 + k < state_size;
         const int64_t row = row0 + r, column = column0 + r;
-        h_slice[r][k] = k_in && row < batch_size ? old_h[row * state_size + k0 + k] : Dtype(0);
+        h_slice[r][k] = k_in && row < batch_size
+            ? state.old_h(row)[row * state_size + k0 + k] : Dtype(0);
 #pragma unroll
         for (int g = 0; g < 3; ++g) {
           w_slice[g][r][k] = k_in && column < state_size
@@ -112,50 +218,48 @@ __global__ void lltm_sequence_forward_kernel(
     }
     const int64_t row = row0 + ty, column = column0 + tx;
     if (row < batch_size && column < state_size) {
-      const int64_t gate = row * 3 * state_size + column, element = row * state_size + column;
+      const int64_t gate = row * 3 * state_size + column;
       Dtype pre[3];
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        pre[g] = gates[gate + g * state_size] + bias[g * state_size + column] + sum[g];
+        pre[g] = gates[gate + g * state_size] + (bias ? bias[g * state_size + column] : Dtype(0)) +
+                 sum[g];
         gates[gate + g * state_size] = pre[g];
       }
-      cell_forward(pre[0], pre[1], pre[2], old_cell[element], &new_h[element],
-                   &new_cell[element]);
+      step_cell_forward(pre, state, row, row * state_size + column, new_h, new_cell);
     }
   }
 }
 
 template <typename Dtype>
 static cudaError_t launch_sequence_forward_by_step(
-    int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
-    const Dtype* bias, const Dtype* weights, const Dtype* h0, const Dtype* c0, Dtype* outputs,
-    Dtype* cells, Dtype* gates, cudaStream_t stream) {
-  const int64_t step = batch_size * state_size;
-  for (int64_t t = 0; t < steps; ++t) {
-    const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
-    const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
+    const lltm_walk& walk, int64_t state_size, int64_t weights_row_stride, const Dtype* bias,
+    const Dtype* weights, const Dtype* h0, const Dtype* c0, Dtype* outputs, Dtype* cells,
+    Dtype* gates, Dtype* final_h, Dtype* final_cell, cudaStream_t stream) {
+  for (lltm_step step = lltm_first_step(&walk);; step = lltm_next_step(&walk, &step)) {
     lltm_sequence_forward_kernel<Dtype>
-        <<<tile_blocks(batch_size, state_size), kTileThreads, 0, stream>>>(
-            batch_size, state_size, bias, weights, weights_row_stride, old_h, old_cell,
-            outputs + t * step, cells + t * step, gates + t * 3 * step);
+        <<<tile_blocks(step.rows, state_size), kTileThreads, 0, stream>>>(
+            step.rows, state_size, bias, weights, weights_row_stride,
+            step_state<Dtype>(step, state_size, h0, c0, outputs, cells, final_h, final_cell),
+            outputs + step.offset * state_size, cells + step.offset * state_size,
+            gates + step.offset * 3 * state_size);
     CUDA_POST_KERNEL_CHECK;
+    if (step.order + 1 == walk.steps) break;
   }
   return cudaSuccess;
 }
 
-
-// Backward step t: d_h = grad_output + d_gates_next W (the gradient reaching
-// h_t from step t + 1; none after the last step), then the cell's backward
-// pass with d_cell (the gradient reaching c_t from step t + 1, kept in place;
-// NULL for a single step whose d_c0 is not wanted) plus grad_cell. With
-// cells == NULL it only writes d_h (the gradient of h0).
+// Backward step: d_h = d_gates_next W (the gradient reaching h from the
+// next step, for the rows it continues; none where d_gates_next is NULL),
+// then the cell's backward pass (step_cell_backward), the gradient reaching
+// each cell carried in d_cell (NULL: a single step whose d_c0 is not
+// wanted). batch_size: the step's rows.
 template <typename Dtype>
 __global__ void lltm_sequence_backward_kernel(
     const int64_t batch_size, const int64_t state_size, const Dtype* __restrict__ weights,
     const int64_t weights_row_stride, const Dtype* __restrict__ d_gates_next,
-    const Dtype* __restrict__ grad_output, const Dtype* __restrict__ grad_cell,
-    const GradStrides strides, const Dtype* __restrict__ cells, const Dtype* __restrict__ gates,
-    Dtype* __restrict__ d_cell, Dtype* __restrict__ d_gates, Dtype* __restrict__ d_h_out) {
+    const StepGradients<Dtype> gradients, const Dtype* __restrict__ cells,
+    const Dtype* __restrict__ gates, Dtype* __restrict__ d_cell, Dtype* __restrict__ d_gates) {
   const int kDepth = Depth<Dtype>::kDepth;
   __shared__ Dtype g_slice[kTile][kDepth];
   __shared__ Dtype w_slice[kDepth][kTile + 1];
@@ -167,7 +271,7 @@ __global__ void lltm_sequence_backward_kernel(
       for (int i = threadIdx.x; i < kTile * kDepth; i += kTileThreads) {
         const int r = i / kDepth, k = i % kDepth;
         const int64_t row = row0 + r;
-        g_slice[r][k] = row < batch_size && k0 + k < gates_size
+        g_slice[r][k] = row < gradients.continued && k0 + k < gates_size
             ? d_gates_next[row * gates_size + k0 + k] : Dtype(0);
         const int kw = i / kTile, c = i % kTile;
         w_slice[kw][c] = column0 + c < state_size && k0 + kw < gates_size
@@ -181,41 +285,34 @@ __global__ void lltm_sequence_backward_kernel(
     const int64_t row = row0 + ty, column = column0 + tx;
     if (row < batch_size && column < state_size) {
       const int64_t element = row * state_size + column, gate = row * gates_size + column;
-      if (cells == NULL) {
-        d_h_out[element] = sum;
-      } else {
-        const Dtype carried = d_gates_next ? d_cell[element] : Dtype(0);
-        Dtype d_old_cell;
-        cell_backward(gradient_at(grad_output, strides.outputs, row, column) + sum,
-                      carried + gradient_at(grad_cell, strides.cells, row, column),
-                      cells[element],
-                      gates[gate], gates[gate + state_size], gates[gate + 2 * state_size],
-                      &d_old_cell, &d_gates[gate], &d_gates[gate + state_size],
-                      &d_gates[gate + 2 * state_size]);
-        if (d_cell) d_cell[element] = d_old_cell;
-      }
+      step_cell_backward(gradients, row, column, element, sum, d_cell, cells[element],
+                         gates + gate, state_size, d_cell, d_gates + gate);
     }
   }
 }
 
 template <typename Dtype>
 static cudaError_t launch_sequence_backward_by_step(
-    int64_t steps, int64_t batch_size, int64_t state_size, int64_t weights_row_stride,
-    const Dtype* weights, const Dtype* grad_outputs, const Dtype* grad_cells,
-    const GradStrides& strides, const Dtype* cells, const Dtype* gates, Dtype* d_gates,
-    Dtype* d_h0, Dtype* d_c0, cudaStream_t stream) {
-  const int64_t step = batch_size * state_size;
-  const int blocks = tile_blocks(batch_size, state_size);
-  for (int64_t t = steps - 1; t >= (d_h0 ? -1 : 0); --t) {
-    const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
-    const bool cell = t >= 0;
-    lltm_sequence_backward_kernel<Dtype><<<blocks, kTileThreads, 0, stream>>>(
-        batch_size, state_size, weights, weights_row_stride, d_gates_next,
-        cell ? offset_or_null(grad_outputs, t * strides.outputs[0]) : NULL,
-        cell ? offset_or_null(grad_cells, t * strides.cells[0]) : NULL, strides,
-        cell ? cells + t * step : NULL,
-        cell ? gates + t * 3 * step : NULL, d_c0, cell ? d_gates + t * 3 * step : NULL, d_h0);
+    const lltm_walk& walk, int64_t state_size, int64_t weights_row_stride, const Dtype* weights,
+    const Dtype* grad_outputs, const Dtype* grad_cells, const GradStrides& strides,
+    const Dtype* grad_final_h, const Dtype* grad_final_cell, const Dtype* cells,
+    const Dtype* gates, Dtype* d_gates, Dtype* d_c0, cudaStream_t stream) {
+  const int64_t gates_size = 3 * state_size;
+  lltm_step step = lltm_last_step(&walk);
+  int64_t next_offset = 0;  // the first row of the step visited after `step`
+  for (;;) {
+    lltm_sequence_backward_kernel<Dtype>
+        <<<tile_blocks(step.rows, state_size), kTileThreads, 0, stream>>>(
+            step.rows, state_size, weights, weights_row_stride,
+            step.continued ? d_gates + next_offset * gates_size : NULL,
+            step_gradients<Dtype>(walk, step, grad_outputs, grad_cells, strides,
+                                  grad_final_h, grad_final_cell),
+            cells + step.offset * state_size, gates + step.offset * gates_size, d_c0,
+            d_gates + step.offset * gates_size);
     CUDA_POST_KERNEL_CHECK;
+    if (step.order == 0) break;
+    next_offset = step.offset;
+    step = lltm_previous_step(&walk, &step);
   }
   return cudaSuccess;
 }
@@ -296,117 +393,128 @@ __global__ void __launch_bounds__(kSumThreads) lltm_column_sums_kernel(
 // The cuBLAS path of the recurrence: each step's recurrent product by cuBLAS,
 // then one pointwise kernel for the step's gate math.
 
-// Forward step t's gate math: gates holds the step's input part plus
-// old_h W^T; the kernel adds the bias, keeps the sum (the pre-activations)
-// in gates and applies the cell. index runs over (batch row, state column)
-// elements.
+// Forward step's gate math: gates holds the step's input part plus old_h
+// W^T; the kernel adds the bias (NULL: none), keeps the sum (the
+// pre-activations) in gates and applies the cell. index runs over the
+// step's (row, state column) elements.
 template <typename Dtype>
 __global__ void lltm_sequence_gates_forward_kernel(
     const int64_t count, const int64_t state_size, const Dtype* __restrict__ bias,
-    const Dtype* __restrict__ old_cell, Dtype* __restrict__ gates, Dtype* __restrict__ new_h,
+    const StepState<Dtype> state, Dtype* __restrict__ gates, Dtype* __restrict__ new_h,
     Dtype* __restrict__ new_cell) {
   CUDA_KERNEL_LOOP(index, count) {
-    const int64_t column = index % state_size;
-    const int64_t gate = index + 2 * (index / state_size) * state_size;  // row * 3 * state + column
+    const int64_t row = index / state_size, column = index - row * state_size;
+    const int64_t gate = index + 2 * row * state_size;  // row * 3 * state + column
     Dtype pre[3];
 #pragma unroll
     for (int g = 0; g < 3; ++g) {
-      pre[g] = gates[gate + g * state_size] + bias[g * state_size + column];
+      pre[g] = gates[gate + g * state_size] + (bias ? bias[g * state_size + column] : Dtype(0));
       gates[gate + g * state_size] = pre[g];
     }
-    cell_forward(pre[0], pre[1], pre[2], old_cell[index], &new_h[index], &new_cell[index]);
+    step_cell_forward(pre, state, row, index, new_h, new_cell);
   }
 }
 
+// A step's old h times the hidden weights, added to its gates: the rows it
+// carries from the previous step and those that start from h0, each block
+// of rows one product.
 template <typename Dtype>
-static int sequence_forward_cublas_steps(int64_t steps, int64_t batch_size, int64_t state_size,
+static int sequence_forward_cublas_steps(const lltm_walk& walk, int64_t state_size,
                                          int64_t weights_row_stride, const Dtype* bias,
                                          const Dtype* weights, const Dtype* h0, const Dtype* c0,
                                          Dtype* outputs, Dtype* cells, Dtype* gates,
-                                         cudaStream_t stream) {
-  const int64_t step = batch_size * state_size;
-  for (int64_t t = 0; t < steps; ++t) {
-    const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
-    const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
-    Dtype* step_gates = gates + t * 3 * step;
-    const int code = product<Dtype>(true, stream, batch_size, 3 * state_size, state_size, old_h,
-                                    state_size, false, weights, weights_row_stride, true, true,
-                                    step_gates, 3 * state_size);
+                                         Dtype* final_h, Dtype* final_cell, cudaStream_t stream) {
+  const int64_t gates_size = 3 * state_size;
+  for (lltm_step step = lltm_first_step(&walk);; step = lltm_next_step(&walk, &step)) {
+    Dtype* step_gates = gates + step.offset * gates_size;
+    int code = LLTM_SUCCESS;
+    if (step.carried) {
+      code = product<Dtype>(true, stream, step.carried, gates_size, state_size,
+                            outputs + step.previous_offset * state_size, state_size, false,
+                            weights, weights_row_stride, true, true, step_gates, gates_size);
+    }
+    if (code == LLTM_SUCCESS && step.carried < step.rows) {
+      code = product<Dtype>(true, stream, step.rows - step.carried, gates_size, state_size,
+                            h0 + step.carried * state_size, state_size, false, weights,
+                            weights_row_stride, true, true,
+                            step_gates + step.carried * gates_size, gates_size);
+    }
     if (code != LLTM_SUCCESS) return code;
+    const int64_t elements = step.rows * state_size;
     lltm_sequence_gates_forward_kernel<Dtype>
-        <<<CAFFE_GET_BLOCKS(step), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-            step, state_size, bias, old_cell, step_gates, outputs + t * step, cells + t * step);
+        <<<CAFFE_GET_BLOCKS(elements), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+            elements, state_size, bias,
+            step_state<Dtype>(step, state_size, h0, c0, outputs, cells, final_h, final_cell),
+            step_gates, outputs + step.offset * state_size, cells + step.offset * state_size);
     CUDA_POST_KERNEL_CHECK;
+    if (step.order + 1 == walk.steps) break;
   }
   return LLTM_SUCCESS;
 }
 
-// Backward step t's gate math: d_h_next is the gradient reaching h_t from
-// step t + 1 (d_gates of t + 1 times W, by cuBLAS), NULL on the last step;
-// d_cell carries the gradient reaching c_t, as in the step-by-step kernel
-// (NULL: a single step's d_c0, not wanted).
+// Backward step's gate math: d_h_next holds the gradient reaching h from the
+// next step (its d_gates times W, by cuBLAS) for the rows it continues;
+// d_cell carries the gradient reaching each cell, as in the step-by-step
+// kernel (NULL: a single step's d_c0, not wanted).
 template <typename Dtype>
 __global__ void lltm_sequence_gates_backward_kernel(
     const int64_t count, const int64_t state_size, const Dtype* __restrict__ d_h_next,
-    const Dtype* __restrict__ grad_output, const Dtype* __restrict__ grad_cell,
-    const GradStrides strides, const Dtype* __restrict__ cells, const Dtype* __restrict__ gates,
-    Dtype* __restrict__ d_cell, Dtype* __restrict__ d_gates) {
+    const StepGradients<Dtype> gradients, const Dtype* __restrict__ cells,
+    const Dtype* __restrict__ gates, Dtype* __restrict__ d_cell, Dtype* __restrict__ d_gates) {
   CUDA_KERNEL_LOOP(index, count) {
     const int64_t row = index / state_size, column = index - row * state_size;
     const int64_t gate = index + 2 * row * state_size;
-    const Dtype d_h = gradient_at(grad_output, strides.outputs, row, column) +
-                      (d_h_next ? d_h_next[index] : Dtype(0));
-    const Dtype carried = d_h_next ? d_cell[index] : Dtype(0);
-    Dtype d_old_cell;
-    cell_backward(d_h, carried + gradient_at(grad_cell, strides.cells, row, column),
-                  cells[index], gates[gate],
-                  gates[gate + state_size], gates[gate + 2 * state_size], &d_old_cell,
-                  &d_gates[gate], &d_gates[gate + state_size], &d_gates[gate + 2 * state_size]);
-    if (d_cell) d_cell[index] = d_old_cell;
+    step_cell_backward(gradients, row, column, index,
+                       row < gradients.continued ? d_h_next[index] : Dtype(0), d_cell,
+                       cells[index], gates + gate, state_size, d_cell, d_gates + gate);
   }
 }
 
-// One step's gate math backward over its batch x state elements: the
-// kernel above, launched.
+// One step's gate math backward over its `count` (rows x state) elements:
+// the kernel above, launched.
 template <typename Dtype>
-static cudaError_t launch_gates_backward(int64_t step, int64_t state_size, const Dtype* d_h_next,
-                                         const Dtype* grad_output, const Dtype* grad_cell,
-                                         const GradStrides& strides, const Dtype* cells,
-                                         const Dtype* gates, Dtype* d_cell, Dtype* d_gates,
-                                         cudaStream_t stream) {
+static cudaError_t launch_gates_backward(int64_t count, int64_t state_size, const Dtype* d_h_next,
+                                         const StepGradients<Dtype>& gradients,
+                                         const Dtype* cells, const Dtype* gates, Dtype* d_cell,
+                                         Dtype* d_gates, cudaStream_t stream) {
   lltm_sequence_gates_backward_kernel<Dtype>
-      <<<CAFFE_GET_BLOCKS(step), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-          step, state_size, d_h_next, grad_output, grad_cell, strides, cells, gates, d_cell,
-          d_gates);
+      <<<CAFFE_GET_BLOCKS(count), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+          count, state_size, d_h_next, gradients, cells, gates, d_cell, d_gates);
   CUDA_POST_KERNEL_CHECK;
   return cudaSuccess;
 }
 
-// d_h0 holds each step's d_h_next until the last product, that of step 0's
-// d_gates, makes it h0's gradient (none where a single step's d_h0 is NULL).
+// d_h0 holds the gradient reaching each step's h from the step after it;
+// the gradient of h0 itself comes after the loop (initial_state_grads).
 template <typename Dtype>
-static int sequence_backward_cublas_steps(int64_t steps, int64_t batch_size, int64_t state_size,
+static int sequence_backward_cublas_steps(const lltm_walk& walk, int64_t state_size,
                                           int64_t weights_row_stride, const Dtype* weights,
                                           const Dtype* grad_outputs, const Dtype* grad_cells,
-                                          const GradStrides& strides, const Dtype* cells,
+                                          const GradStrides& strides, const Dtype* grad_final_h,
+                                          const Dtype* grad_final_cell, const Dtype* cells,
                                           const Dtype* gates, Dtype* d_gates, Dtype* d_h0,
                                           Dtype* d_c0, cudaStream_t stream) {
-  const int64_t step = batch_size * state_size;
-  for (int64_t t = steps - 1; t >= -1; --t) {
-    const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
-    if (d_gates_next && d_h0) {
-      const int code = product<Dtype>(true, stream, batch_size, state_size, 3 * state_size,
-                                      d_gates_next, 3 * state_size, false, weights,
-                                      weights_row_stride, false, false, d_h0, state_size);
+  const int64_t gates_size = 3 * state_size;
+  lltm_step step = lltm_last_step(&walk);
+  int64_t next_offset = 0;  // the first row of the step visited after `step`
+  for (;;) {
+    if (step.continued) {
+      const int code = product<Dtype>(true, stream, step.continued, state_size, gates_size,
+                                      d_gates + next_offset * gates_size, gates_size, false,
+                                      weights, weights_row_stride, false, false, d_h0,
+                                      state_size);
       if (code != LLTM_SUCCESS) return code;
     }
-    if (t < 0) break;
     const cudaError_t status = launch_gates_backward<Dtype>(
-        step, state_size, d_gates_next ? d_h0 : NULL,
-        offset_or_null(grad_outputs, t * strides.outputs[0]),
-        offset_or_null(grad_cells, t * strides.cells[0]), strides, cells + t * step,
-        gates + t * 3 * step, d_c0, d_gates + t * 3 * step, stream);
+        step.rows * state_size, state_size, d_h0,
+        step_gradients<Dtype>(walk, step, grad_outputs, grad_cells, strides, grad_final_h,
+                              grad_final_cell),
+        cells + step.offset * state_size, gates + step.offset * gates_size, d_c0,
+        d_gates + step.offset * gates_size, stream);
     if (status != cudaSuccess) return status;
+    if (step.order == 0) break;
+    next_offset = step.offset;
+    step = lltm_previous_step(&walk, &step);
   }
   return LLTM_SUCCESS;
 }
@@ -557,14 +665,17 @@ __device__ __forceinline__ void persistent_step(int64_t column0, int64_t element
   }
 }
 
-// Forward: the lanes of a group compute the three gates of one (batch row,
-// column) element of the block's, one of them the cell.
+// Forward, the steps in the walk's order (reverse: last to first): the
+// lanes of a group compute the three gates of one (batch row, column)
+// element of the block's, one of them the cell. The last step visited
+// leaves its state in final_h and final_cell too, where final_h is not
+// NULL. Dense steps only (lltm_steps.h); bias NULL: none.
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
-    const int64_t weights_row_stride, const Dtype* __restrict__ bias,
+    const int64_t weights_row_stride, const int reverse, const Dtype* __restrict__ bias,
     const Dtype* __restrict__ weights, const Dtype* h0, const Dtype* c0, Dtype* outputs,
-    Dtype* cells, Dtype* gates) {
+    Dtype* cells, Dtype* gates, Dtype* final_h, Dtype* final_cell) {
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t stride = padded<Dtype>(state_size);
   Dtype* w = reinterpret_cast<Dtype*>(shared);  // row g * kColumns + c: gate g of column c
@@ -578,16 +689,20 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
-  for (int64_t t = 0; t < steps; ++t) {
-    const Dtype* old_h = t ? outputs + (t - 1) * step : h0;
-    const Dtype* old_cell = t ? cells + (t - 1) * step : c0;
+  for (int64_t order = 0; order < steps; ++order) {
+    const int64_t t = reverse ? steps - 1 - order : order;
+    const int64_t previous = reverse ? t + 1 : t - 1;
+    const Dtype* old_h = order ? outputs + previous * step : h0;
+    const Dtype* old_cell = order ? cells + previous * step : c0;
+    Dtype* final_h_now = order + 1 == steps ? final_h : NULL;
     // An element's input part of its gates plus the bias, and its old cell,
     // which this lane wrote.
     auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[4]) {
       const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        inputs[g] = gates[gate + g * state_size] + bias[g * state_size + at.column];
+        inputs[g] = gates[gate + g * state_size] +
+                    (bias ? bias[g * state_size + at.column] : Dtype(0));
       }
       inputs[3] = old_cell[at.element];
     };
@@ -609,8 +724,14 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
         pre[g] = inputs[g] + sums[g];
         gates[gate + g * state_size] = pre[g];
       }
-      cell_forward(pre[0], pre[1], pre[2], inputs[3], &outputs[t * step + at.element],
-                   &cells[t * step + at.element]);
+      Dtype new_h, new_cell;
+      cell_forward(pre[0], pre[1], pre[2], inputs[3], &new_h, &new_cell);
+      outputs[t * step + at.element] = new_h;
+      cells[t * step + at.element] = new_cell;
+      if (final_h_now) {
+        final_h_now[at.element] = new_h;
+        final_cell[at.element] = new_cell;
+      }
     };
     persistent_step<Dtype, kColumns, 3, 4>(column0, batch_size * kColumns, state_size, load,
                                            stage, product, finish);
@@ -618,15 +739,19 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
   }
 }
 
-// Backward, steps - 1 down to 0, then the gradient of h0: the gradient
-// reaching h_t from step t + 1 (d_gates of t + 1 times the hidden weights),
-// then the cell's backward pass; d_c0 carries the gradient reaching c_t.
+// Backward, the steps in the reverse of the walk's order, then the gradient
+// of h0: the gradient reaching a step's h from the step visited after it
+// (that step's d_gates times the hidden weights), or the final h's at the
+// last step visited, then the cell's backward pass; d_c0 carries the
+// gradient reaching each cell, starting from the final cell's. Dense steps
+// only.
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
-    const int64_t weights_row_stride, const Dtype* __restrict__ weights,
+    const int64_t weights_row_stride, const int reverse, const Dtype* __restrict__ weights,
     const Dtype* __restrict__ grad_outputs, const Dtype* __restrict__ grad_cells,
-    const GradStrides strides, const Dtype* __restrict__ cells,
+    const GradStrides strides, const Dtype* __restrict__ grad_final_h,
+    const Dtype* __restrict__ grad_final_cell, const Dtype* __restrict__ cells,
     const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t gates_size = 3 * state_size;
@@ -641,13 +766,17 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
-  for (int64_t t = steps - 1; t >= -1; --t) {
-    const Dtype* d_gates_next = t + 1 < steps ? d_gates + (t + 1) * 3 * step : NULL;
+  for (int64_t order = steps - 1; order >= -1; --order) {
+    // t: the step at `order` (-1: h0's gradient); next: the one visited after it.
+    const int64_t t = order < 0 ? -1 : reverse ? steps - 1 - order : order;
+    const int64_t next = order + 1 >= steps ? -1 : reverse ? steps - 2 - order : order + 1;
+    const Dtype* d_gates_next = next >= 0 ? d_gates + next * 3 * step : NULL;
     const Dtype* grad_output =
         t >= 0 ? offset_or_null(grad_outputs, t * strides.outputs[0]) : NULL;
     const Dtype* grad_cell = t >= 0 ? offset_or_null(grad_cells, t * strides.cells[0]) : NULL;
-    // An element's output and cell gradients, its cell, its gates and the
-    // gradient carried to its cell, which this lane wrote.
+    // An element's output and cell gradients (with the final states' at the
+    // last step visited), its cell, its gates and the gradient carried to
+    // its cell, which this lane wrote.
     auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[7]) {
       if (t < 0) return;
       const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
@@ -656,7 +785,12 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
       inputs[2] = cells[t * step + at.element];
 #pragma unroll
       for (int g = 0; g < 3; ++g) inputs[3 + g] = gates[gate + g * state_size];
-      inputs[6] = d_gates_next ? d_c0[at.element] : Dtype(0);
+      if (d_gates_next) {
+        inputs[6] = d_c0[at.element];
+      } else {
+        inputs[0] += grad_final_h ? grad_final_h[at.element] : Dtype(0);
+        inputs[6] = grad_final_cell ? grad_final_cell[at.element] : Dtype(0);
+      }
     };
     auto stage = [&] {
       if (!d_gates_next) return;
@@ -784,84 +918,145 @@ static int run_pass(const lltm_pass_key& key, cudaStream_t stream, int options, 
 }
 
 // The forward pass: every step's input part of its gates, then the
-// recurrence by the persistent kernel where its plan allows, else by the
-// cuBLAS path where cuBLAS runs, else by the step-by-step kernels.
+// recurrence by the persistent kernel where its plan allows (dense steps
+// only), else by the cuBLAS path where cuBLAS runs, else by the
+// step-by-step kernels. final_h NULL: no final state kept.
 template <typename Dtype>
-static int sequence_forward_steps(bool cublas, cudaStream_t stream, int64_t steps,
-                                  int64_t batch_size, int64_t input_features, int64_t state_size,
+static int sequence_forward_steps(bool cublas, cudaStream_t stream, const lltm_walk& walk,
+                                  int64_t input_features, int64_t state_size,
                                   const Dtype* inputs, const Dtype* weights, const Dtype* bias,
                                   const Dtype* h0, const Dtype* c0, Dtype* outputs, Dtype* cells,
-                                  Dtype* gates) {
+                                  Dtype* gates, Dtype* final_h, Dtype* final_cell) {
   int64_t columns = state_size + input_features;  // the weights' row stride
-  const int code = product<Dtype>(cublas, stream, steps * batch_size, 3 * state_size,
-                                  input_features, inputs, input_features, false,
-                                  weights + state_size, columns, true, false, gates,
-                                  3 * state_size);
+  const int code = product<Dtype>(cublas, stream, walk.rows, 3 * state_size, input_features,
+                                  inputs, input_features, false, weights + state_size, columns,
+                                  true, false, gates, 3 * state_size);
   if (code != LLTM_SUCCESS) return code;
-  const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_forward_persistent_kernel);
-  const PersistentPlan plan =
-      plan_persistent<Dtype>(steps, batch_size, state_size, 3, state_size, kernels);
-  if (plan.blocks) {
-    void* arguments[] = {&steps, &batch_size, &state_size, &columns, &bias,
-                         &weights, &h0, &c0, &outputs, &cells, &gates};
-    return launch_persistent(plan, arguments, stream);
+  if (!walk.batch_sizes) {
+    const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_forward_persistent_kernel);
+    const PersistentPlan plan = plan_persistent<Dtype>(walk.steps, walk.batch_size, state_size,
+                                                       3, state_size, kernels);
+    if (plan.blocks) {
+      int64_t steps = walk.steps, batch_size = walk.batch_size;
+      int reverse = walk.reverse;
+      void* arguments[] = {&steps,   &batch_size, &state_size, &columns, &reverse,
+                           &bias,    &weights,    &h0,         &c0,      &outputs,
+                           &cells,   &gates,      &final_h,    &final_cell};
+      return launch_persistent(plan, arguments, stream);
+    }
   }
   if (cublas) {
-    return sequence_forward_cublas_steps<Dtype>(steps, batch_size, state_size, columns, bias,
-                                                weights, h0, c0, outputs, cells, gates, stream);
+    return sequence_forward_cublas_steps<Dtype>(walk, state_size, columns, bias, weights, h0, c0,
+                                                outputs, cells, gates, final_h, final_cell,
+                                                stream);
   }
-  return launch_sequence_forward_by_step<Dtype>(steps, batch_size, state_size, columns, bias,
-                                                weights, h0, c0, outputs, cells, gates, stream);
+  return launch_sequence_forward_by_step<Dtype>(walk, state_size, columns, bias, weights, h0, c0,
+                                                outputs, cells, gates, final_h, final_cell,
+                                                stream);
+}
+
+// The gradient of h0: each row's sequence starts there, so it is that row
+// of its first step's d_gates times the hidden weights, one product a block
+// of rows that start at one step (lltm_state_block).
+template <typename Dtype>
+static int initial_state_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
+                               int64_t state_size, int64_t weights_row_stride,
+                               const Dtype* weights, const Dtype* d_gates, Dtype* d_h0) {
+  const int64_t gates_size = 3 * state_size;
+  lltm_block_cursor cursor = lltm_first_block(&walk);
+  lltm_state_block block;
+  int code = LLTM_SUCCESS;
+  while (code == LLTM_SUCCESS && lltm_next_block(&walk, &cursor, &block)) {
+    if (!block.initial) continue;
+    code = product<Dtype>(cublas, stream, block.rows, state_size, gates_size,
+                          d_gates + block.gate_row * gates_size, gates_size, false, weights,
+                          weights_row_stride, false, false, d_h0 + block.state_row * state_size,
+                          state_size);
+  }
+  return code;
+}
+
+// The hidden columns of d_weights: d_gates^T times each step's old h, one
+// product a block of steps whose old states lie one after another in the
+// outputs or in h0 (lltm_state_block), the first writing, the others
+// adding; zeros where no step has a row.
+template <typename Dtype>
+static int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
+                               int64_t state_size, int64_t columns, const Dtype* d_gates,
+                               const Dtype* h0, const Dtype* outputs, Dtype* d_weights) {
+  const int64_t gates_size = 3 * state_size;
+  lltm_block_cursor cursor = lltm_first_block(&walk);
+  lltm_state_block block;
+  int code = LLTM_SUCCESS;
+  bool first = true;
+  while (code == LLTM_SUCCESS && lltm_next_block(&walk, &cursor, &block)) {
+    code = product<Dtype>(cublas, stream, gates_size, state_size, block.rows,
+                          d_gates + block.gate_row * gates_size, gates_size, true,
+                          (block.initial ? h0 : outputs) + block.state_row * state_size,
+                          state_size, false, !first, d_weights, columns);
+    first = false;
+  }
+  if (code == LLTM_SUCCESS && first) {
+    code = product<Dtype>(cublas, stream, gates_size, state_size, 0, d_gates, gates_size, true,
+                          h0, state_size, false, false, d_weights, columns);
+  }
+  return code;
 }
 
 // The backward pass: the recurrence as in the forward pass, then the
-// gradients of the inputs (d_gates times the input weights), the weights
-// (d_gates^T times each step's [h_{t-1}, x_t], h_{-1} being h0) and the
-// bias (d_gates summed over steps and batch rows), each where wanted.
+// gradients of h0 (where the persistent kernel has not given it), the
+// inputs (d_gates times the input weights), the weights (d_gates^T times
+// each step's [old h, x]) and the bias (d_gates summed over every row),
+// each where wanted.
 template <typename Dtype>
-static int sequence_backward_steps(bool cublas, cudaStream_t stream, int64_t steps,
-                                   int64_t batch_size, int64_t input_features,
-                                   int64_t state_size, const Dtype* inputs, const Dtype* weights,
-                                   const Dtype* h0, const Dtype* outputs, const Dtype* cells,
-                                   const Dtype* gates, const Dtype* grad_outputs,
-                                   const Dtype* grad_cells, GradStrides strides,
-                                   Dtype* d_gates, Dtype* d_inputs,
-                                   Dtype* d_weights, Dtype* d_bias, Dtype* d_h0, Dtype* d_c0) {
+static int sequence_backward_steps(bool cublas, cudaStream_t stream, const lltm_walk& walk,
+                                   int64_t input_features, int64_t state_size,
+                                   const Dtype* inputs, const Dtype* weights, const Dtype* h0,
+                                   const Dtype* outputs, const Dtype* cells, const Dtype* gates,
+                                   const Dtype* grad_outputs, const Dtype* grad_cells,
+                                   GradStrides strides, const Dtype* grad_final_h,
+                                   const Dtype* grad_final_cell, Dtype* d_gates,
+                                   Dtype* d_inputs, Dtype* d_weights, Dtype* d_bias, Dtype* d_h0,
+                                   Dtype* d_c0) {
   int64_t columns = state_size + input_features;
-  const int64_t gates_size = 3 * state_size, rows = steps * batch_size;
-  const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_backward_persistent_kernel);
-  const PersistentPlan plan =
-      plan_persistent<Dtype>(steps, batch_size, state_size, 1, gates_size, kernels);
+  const int64_t gates_size = 3 * state_size;
+  PersistentPlan plan = {NULL, 0, 0};
+  if (!walk.batch_sizes) {
+    const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_backward_persistent_kernel);
+    plan = plan_persistent<Dtype>(walk.steps, walk.batch_size, state_size, 1, gates_size,
+                                  kernels);
+  }
   int code;
   if (plan.blocks) {
-    void* arguments[] = {&steps, &batch_size, &state_size, &columns, &weights, &grad_outputs,
-                         &grad_cells, &strides, &cells, &gates, &d_gates, &d_h0, &d_c0};
+    int64_t steps = walk.steps, batch_size = walk.batch_size;
+    int reverse = walk.reverse;
+    void* arguments[] = {&steps,      &batch_size,   &state_size,      &columns,
+                         &reverse,    &weights,      &grad_outputs,    &grad_cells,
+                         &strides,    &grad_final_h, &grad_final_cell, &cells,
+                         &gates,      &d_gates,      &d_h0,            &d_c0};
     code = launch_persistent(plan, arguments, stream);
-  } else if (cublas) {
-    code = sequence_backward_cublas_steps<Dtype>(steps, batch_size, state_size, columns, weights,
-                                                 grad_outputs, grad_cells, strides, cells, gates,
-                                                 d_gates, d_h0, d_c0, stream);
   } else {
-    code = launch_sequence_backward_by_step<Dtype>(steps, batch_size, state_size, columns,
-                                                   weights, grad_outputs, grad_cells, strides,
-                                                   cells, gates, d_gates, d_h0, d_c0, stream);
+    code = cublas ? sequence_backward_cublas_steps<Dtype>(
+                        walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
+                        grad_final_h, grad_final_cell, cells, gates, d_gates, d_h0, d_c0, stream)
+                  : launch_sequence_backward_by_step<Dtype>(
+                        walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
+                        grad_final_h, grad_final_cell, cells, gates, d_gates, d_c0, stream);
+    if (code == LLTM_SUCCESS && d_h0) {
+      code = initial_state_grads<Dtype>(cublas, stream, walk, state_size, columns, weights,
+                                        d_gates, d_h0);
+    }
   }
   if (code == LLTM_SUCCESS && d_inputs) {
-    code = product<Dtype>(cublas, stream, rows, input_features, gates_size, d_gates, gates_size,
-                          false, weights + state_size, columns, false, false, d_inputs,
-                          input_features);
+    code = product<Dtype>(cublas, stream, walk.rows, input_features, gates_size, d_gates,
+                          gates_size, false, weights + state_size, columns, false, false,
+                          d_inputs, input_features);
   }
   if (code == LLTM_SUCCESS && d_weights) {
-    // The hidden columns: step 0's h0, then every later step's previous output.
-    code = product<Dtype>(cublas, stream, gates_size, state_size, batch_size, d_gates,
-                          gates_size, true, h0, state_size, false, false, d_weights, columns);
+    code = hidden_weight_grads<Dtype>(cublas, stream, walk, state_size, columns, d_gates, h0,
+                                      outputs, d_weights);
     if (code == LLTM_SUCCESS) {
-      code = product<Dtype>(cublas, stream, gates_size, state_size, rows - batch_size,
-                            d_gates + batch_size * gates_size, gates_size, true, outputs,
-                            state_size, false, true, d_weights, columns);
-    }
-    if (code == LLTM_SUCCESS) {
-      code = product<Dtype>(cublas, stream, gates_size, input_features, rows, d_gates,
+      code = product<Dtype>(cublas, stream, gates_size, input_features, walk.rows, d_gates,
                             gates_size, true, inputs, input_features, false, false,
                             d_weights + state_size, columns);
     }
@@ -870,10 +1065,56 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int64_t ste
     const int64_t blocks = (gates_size + 31) / 32;
     lltm_column_sums_kernel<Dtype>
         <<<blocks < CAFFE_MAXIMUM_NUM_BLOCKS ? (int)blocks : CAFFE_MAXIMUM_NUM_BLOCKS,
-           kSumThreads, 0, stream>>>(rows, gates_size, d_gates, d_bias);
+           kSumThreads, 0, stream>>>(walk.rows, gates_size, d_gates, d_bias);
     CUDA_POST_KERNEL_CHECK;
   }
   return code;
+}
+
+// The launchers of the passes. sequence_forward and sequence_backward:
+// dense steps in the forward direction, each step's cell gradients given,
+// no final state; their key is (1 or 2, the sizes, the addresses).
+// packed_forward and packed_backward: dense or packed steps in either
+// direction (sizes: rows, steps, batch, input_features, state, reverse, then
+// the two options; backward, then grad_outputs' and grad_cells' row and
+// column strides), with the final states; packed steps (their batch sizes
+// more than a key holds) are never recorded as a graph.
+template <typename Dtype>
+static int launch_forward(const lltm_pass_key& key, const lltm_walk& walk, int options,
+                          int64_t input_features, int64_t state_size, const void* inputs,
+                          const void* weights, const void* bias, const void* h0, const void* c0,
+                          void* outputs, void* cells, void* gates, void* final_h,
+                          void* final_cell, cudaStream_t stream) {
+  if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  return run_pass(key, stream, options, [&](bool cublas, cudaStream_t on) {
+    return sequence_forward_steps<Dtype>(cublas, on, walk, input_features, state_size,
+                                         as<Dtype>(inputs), as<Dtype>(weights), as<Dtype>(bias),
+                                         as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs),
+                                         as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(final_h),
+                                         as<Dtype>(final_cell));
+  });
+}
+
+template <typename Dtype>
+static int launch_backward(const lltm_pass_key& key, const lltm_walk& walk, int options,
+                           int64_t input_features, int64_t state_size,
+                           const GradStrides& strides, const void* inputs, const void* weights,
+                           const void* h0, const void* outputs, const void* cells,
+                           const void* gates, const void* grad_outputs, const void* grad_cells,
+                           const void* grad_final_h, const void* grad_final_cell, void* d_gates,
+                           void* d_inputs, void* d_weights, void* d_bias, void* d_h0, void* d_c0,
+                           cudaStream_t stream) {
+  // Past one step d_h0 and d_c0 carry the gradients between steps.
+  if (walk.steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
+  if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  return run_pass(key, stream, options, [&](bool cublas, cudaStream_t on) {
+    return sequence_backward_steps<Dtype>(
+        cublas, on, walk, input_features, state_size, as<Dtype>(inputs), as<Dtype>(weights),
+        as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
+        as<Dtype>(grad_outputs), as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h),
+        as<Dtype>(grad_final_cell), as<Dtype>(d_gates), as<Dtype>(d_inputs),
+        as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0), as<Dtype>(d_c0));
+  });
 }
 
 template <typename Dtype>
@@ -882,18 +1123,16 @@ static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t in
                                    const void* weights, const void* bias, const void* h0,
                                    const void* c0, void* outputs, void* cells, void* gates,
                                    cudaStream_t stream) {
-  if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
+  lltm_walk walk;
+  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
+    return LLTM_ERROR_ARGUMENTS;
+  }
   const lltm_pass_key key = {{1, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
                               state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
                               address(weights), address(bias), address(h0), address(c0),
                               address(outputs), address(cells), address(gates)}};
-  return run_pass(key, stream, options, [&](bool cublas, cudaStream_t on) {
-    return sequence_forward_steps<Dtype>(cublas, on, steps, batch_size, input_features,
-                                         state_size, as<Dtype>(inputs), as<Dtype>(weights),
-                                         as<Dtype>(bias), as<Dtype>(h0), as<Dtype>(c0),
-                                         as<Dtype>(outputs), as<Dtype>(cells),
-                                         as<Dtype>(gates));
-  });
+  return launch_forward<Dtype>(key, walk, options, input_features, state_size, inputs, weights,
+                               bias, h0, c0, outputs, cells, gates, NULL, NULL, stream);
 }
 
 template <typename Dtype>
@@ -905,9 +1144,10 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
                                     const void* grad_outputs, const void* grad_cells,
                                     void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
                                     void* d_h0, void* d_c0, cudaStream_t stream) {
-  // Past one step d_h0 and d_c0 carry the gradients between steps.
-  if (steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
-  if (batch_size * state_size == 0 || steps == 0) return LLTM_SUCCESS;
+  lltm_walk walk;
+  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
+    return LLTM_ERROR_ARGUMENTS;
+  }
   const GradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
                                {grad_strides[3], grad_strides[4], grad_strides[5]}};
   const lltm_pass_key key = {{2, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
@@ -918,14 +1158,70 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
                               address(d_bias), address(d_h0), address(d_c0), grad_strides[0],
                               grad_strides[1], grad_strides[2], grad_strides[3], grad_strides[4],
                               grad_strides[5]}};
-  return run_pass(key, stream, options, [&](bool cublas, cudaStream_t on) {
-    return sequence_backward_steps<Dtype>(
-        cublas, on, steps, batch_size, input_features, state_size, as<Dtype>(inputs),
-        as<Dtype>(weights), as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells),
-        as<Dtype>(gates), as<Dtype>(grad_outputs), as<Dtype>(grad_cells), strides,
-        as<Dtype>(d_gates), as<Dtype>(d_inputs), as<Dtype>(d_weights), as<Dtype>(d_bias),
-        as<Dtype>(d_h0), as<Dtype>(d_c0));
-  });
+  return launch_backward<Dtype>(key, walk, options, input_features, state_size, strides, inputs,
+                                weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
+                                NULL, NULL, d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0,
+                                stream);
+}
+
+// The options of a pass whose sizes hold tf32 and own_kernels at `flags`.
+static int options_at(const int64_t* flags) {
+  return (flags[0] ? LLTM_SEQUENCE_TF32 : 0) | (flags[1] ? LLTM_SEQUENCE_OWN_KERNELS : 0);
+}
+
+template <typename Dtype>
+static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
+                                 const void* inputs, const void* weights, const void* bias,
+                                 const void* h0, const void* c0, void* outputs, void* cells,
+                                 void* gates, void* final_h, void* final_cell,
+                                 cudaStream_t stream) {
+  lltm_walk walk;
+  if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
+  const int options = options_at(sizes + 6);
+  lltm_pass_key key = {{0}};
+  if (!walk.batch_sizes) {
+    const lltm_pass_key dense = {{3, lltm_dtype_of<Dtype>(), walk.steps, walk.batch_size,
+                                  sizes[3], sizes[4], options & LLTM_SEQUENCE_TF32, walk.reverse,
+                                  address(inputs), address(weights), address(bias), address(h0),
+                                  address(c0), address(outputs), address(cells), address(gates),
+                                  address(final_h), address(final_cell)}};
+    key = dense;
+  }
+  return launch_forward<Dtype>(key, walk, options, sizes[3], sizes[4], inputs, weights, bias, h0,
+                               c0, outputs, cells, gates, final_h, final_cell, stream);
+}
+
+template <typename Dtype>
+static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
+                                  const void* inputs, const void* weights, const void* h0,
+                                  const void* outputs, const void* cells, const void* gates,
+                                  const void* grad_outputs, const void* grad_cells,
+                                  const void* grad_final_h, const void* grad_final_cell,
+                                  void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
+                                  void* d_h0, void* d_c0, cudaStream_t stream) {
+  lltm_walk walk;
+  if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
+  const int options = options_at(sizes + 6);
+  const int64_t* row_strides = sizes + 8;  // grad_outputs' (row, column), grad_cells'
+  const GradStrides strides = {{sizes[2] * row_strides[0], row_strides[0], row_strides[1]},
+                               {sizes[2] * row_strides[2], row_strides[2], row_strides[3]}};
+  lltm_pass_key key = {{0}};
+  if (!walk.batch_sizes) {
+    const lltm_pass_key dense = {{4, lltm_dtype_of<Dtype>(), walk.steps, walk.batch_size,
+                                  sizes[3], sizes[4], options & LLTM_SEQUENCE_TF32, walk.reverse,
+                                  address(inputs), address(weights), address(h0),
+                                  address(outputs), address(cells), address(gates),
+                                  address(grad_outputs), address(grad_cells),
+                                  address(grad_final_h), address(grad_final_cell),
+                                  address(d_gates), address(d_inputs), address(d_weights),
+                                  address(d_bias), address(d_h0), address(d_c0), row_strides[0],
+                                  row_strides[1], row_strides[2], row_strides[3]}};
+    key = dense;
+  }
+  return launch_backward<Dtype>(key, walk, options, sizes[3], sizes[4], strides, inputs, weights,
+                                h0, outputs, cells, gates, grad_outputs, grad_cells, grad_final_h,
+                                grad_final_cell, d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0,
+                                stream);
 }
 
 // A single step's cell backward pass, for step_kernel.cu (lltm_kernels.h).
@@ -935,10 +1231,11 @@ static cudaError_t step_gates_backward(int64_t batch_size, int64_t state_size,
                                        const void* grad_cell, const void* new_cell,
                                        const void* gates, void* d_old_cell, void* d_gates,
                                        cudaStream_t stream) {
-  const GradStrides strides = {{0, grad_strides[1], grad_strides[2]},
-                               {0, grad_strides[4], grad_strides[5]}};
-  return launch_gates_backward<Dtype>(batch_size * state_size, state_size, NULL,
-                                      as<Dtype>(grad_h), as<Dtype>(grad_cell), strides,
+  const StepGradients<Dtype> gradients = {
+      as<Dtype>(grad_h), as<Dtype>(grad_cell),
+      {{0, grad_strides[1], grad_strides[2]}, {0, grad_strides[4], grad_strides[5]}}, NULL, NULL,
+      0};
+  return launch_gates_backward<Dtype>(batch_size * state_size, state_size, NULL, gradients,
                                       as<Dtype>(new_cell), as<Dtype>(gates),
                                       as<Dtype>(d_old_cell), as<Dtype>(d_gates), stream);
 }
@@ -949,11 +1246,6 @@ extern "C" cudaError_t lltm_launch_step_gates_backward(
     void* d_old_cell, void* d_gates, cudaStream_t stream) {
   return LLTM_TYPED_CALL(dtype, step_gates_backward, batch_size, state_size, grad_strides, grad_h,
                          grad_cell, new_cell, gates, d_old_cell, d_gates, stream);
-}
-
-// The options of a pass whose sizes hold tf32 and own_kernels at `flags`.
-static int options_at(const int64_t* flags) {
-  return (flags[0] ? LLTM_SEQUENCE_TF32 : 0) | (flags[1] ? LLTM_SEQUENCE_OWN_KERNELS : 0);
 }
 
 // The passes, in the argument order of their declarations in sequence.py.
@@ -967,3 +1259,13 @@ LLTM_CUDA_PASS(sequence_backward, launch_sequence_backward, args->sizes[0], args
                args->tensors[4], args->tensors[5], args->tensors[6], args->tensors[7],
                args->tensors[8], args->tensors[9], args->tensors[10], args->tensors[11],
                args->tensors[12], args->tensors[13], stream)
+LLTM_CUDA_PASS(packed_forward, launch_packed_forward, args->sizes, args->tensors[5],
+               args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
+               args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
+               args->tensors[9], args->tensors[10], stream)
+LLTM_CUDA_PASS(packed_backward, launch_packed_backward, args->sizes, args->tensors[3],
+               args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
+               args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
+               args->tensors[9], args->tensors[10], args->tensors[11], args->tensors[12],
+               args->tensors[13], args->tensors[14], args->tensors[15], args->tensors[16],
+               stream)

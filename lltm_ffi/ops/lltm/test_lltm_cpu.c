@@ -446,3 +446,302 @@ LLTM_CHECK(lltm_cpu_passes) {
          worst_sequence[1]);
   return failures;
 }
+
+/* The packed passes (packed_forward, packed_backward): steps of shrinking
+ * batches as a PackedSequence lays them out, in either direction, against
+ * a reference that runs each sequence on its own, in double, from its
+ * first element (forward) or its last (reverse), and takes the final
+ * states' gradients where that sequence ends. */
+struct packed_shape {
+  int64_t steps, batch, input_features, state;
+  const int64_t* lengths; /* each sequence's, longest first; NULL: every one `steps` */
+  int packed;             /* batch_sizes given (else NULL: dense steps) */
+  int reverse;
+  int bias;               /* a bias given (else NULL) */
+  int final_grads;        /* the final states' gradients given (else NULL) */
+  int strided_grads;      /* grad_outputs transposed and grad_cells every other element
+                             (else grad_outputs dense and no grad_cells) */
+  int state_grads;        /* d_h0 and d_c0 asked for (always past one step) */
+};
+
+/* Each step's rows (the sequences at least that long) and first row. */
+static void packed_layout(struct packed_shape shape, int64_t* batch_sizes, int64_t* offsets) {
+  int64_t offset = 0;
+  for (int64_t t = 0; t < shape.steps; ++t) {
+    int64_t size = 0;
+    for (int64_t r = 0; r < shape.batch; ++r) {
+      size += (shape.lengths ? shape.lengths[r] : shape.steps) > t;
+    }
+    batch_sizes[t] = size;
+    offsets[t] = offset;
+    offset += size;
+  }
+}
+
+/* Sequence r's row at its k-th step (k from 0 in the order it runs). */
+static int64_t packed_row(struct packed_shape shape, const int64_t* offsets, int64_t length,
+                          int64_t r, int64_t k) {
+  return offsets[shape.reverse ? length - 1 - k : k] + r;
+}
+
+struct packed_reference {
+  double *outputs, *cells, *h_n, *c_n, *d_inputs, *d_weights, *d_bias, *d_h0, *d_c0;
+};
+
+static struct packed_reference reference_packed(
+    struct packed_shape shape, int64_t rows, const int64_t* offsets, const double* inputs,
+    const double* weights, const double* bias, const double* h0, const double* c0,
+    const double* grad_outputs, const int64_t* grad_strides, const double* grad_cells,
+    const double* grad_h_n, const double* grad_c_n) {
+  const int64_t B = shape.batch, F = shape.input_features, S = shape.state, columns = S + F;
+  struct packed_reference r;
+  r.outputs = allocate(rows * S, sizeof(double));
+  r.cells = allocate(rows * S, sizeof(double));
+  r.h_n = allocate(B * S, sizeof(double));
+  r.c_n = allocate(B * S, sizeof(double));
+  r.d_inputs = zeros(rows * F);
+  r.d_weights = zeros(3 * S * columns);
+  r.d_bias = zeros(3 * S);
+  r.d_h0 = allocate(B * S, sizeof(double));
+  r.d_c0 = allocate(B * S, sizeof(double));
+  double* gates = allocate(rows * 3 * S, sizeof(double));
+  double* d_gates = allocate(3 * S, sizeof(double));
+  double* dh = allocate(S, sizeof(double));
+  double* dc = allocate(S, sizeof(double));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t length = shape.lengths ? shape.lengths[b] : shape.steps;
+    for (int64_t k = 0; k < length; ++k) {
+      const int64_t row = packed_row(shape, offsets, length, b, k);
+      const int64_t previous = k ? packed_row(shape, offsets, length, b, k - 1) : -1;
+      const double* h = k ? r.outputs + previous * S : h0 + b * S;
+      const double* c = k ? r.cells + previous * S : c0 + b * S;
+      double* g = gates + row * 3 * S;
+      for (int64_t j = 0; j < 3 * S; ++j) {
+        double sum = bias ? bias[j] : 0.0;
+        for (int64_t i = 0; i < S; ++i) sum += weights[j * columns + i] * h[i];
+        for (int64_t i = 0; i < F; ++i) sum += weights[j * columns + S + i] * inputs[row * F + i];
+        g[j] = sum;
+      }
+      for (int64_t j = 0; j < S; ++j) {
+        const double cell = c[j] + elu(g[2 * S + j]) * sigmoid(g[j]);
+        r.cells[row * S + j] = cell;
+        r.outputs[row * S + j] = tanh(cell) * sigmoid(g[S + j]);
+      }
+    }
+    const int64_t last = packed_row(shape, offsets, length, b, length - 1);
+    for (int64_t j = 0; j < S; ++j) {
+      r.h_n[b * S + j] = r.outputs[last * S + j];
+      r.c_n[b * S + j] = r.cells[last * S + j];
+      dh[j] = grad_h_n ? grad_h_n[b * S + j] : 0.0;
+      dc[j] = grad_c_n ? grad_c_n[b * S + j] : 0.0;
+    }
+    for (int64_t k = length - 1; k >= 0; --k) {
+      const int64_t row = packed_row(shape, offsets, length, b, k);
+      const double* h =
+          k ? r.outputs + packed_row(shape, offsets, length, b, k - 1) * S : h0 + b * S;
+      const double* g = gates + row * 3 * S;
+      for (int64_t j = 0; j < S; ++j) {
+        const double d_h = dh[j] + grad_outputs[row * grad_strides[0] + j * grad_strides[1]];
+        const double d_c =
+            dc[j] + (grad_cells ? grad_cells[row * grad_strides[2] + j * grad_strides[3]] : 0.0);
+        const double ig = sigmoid(g[j]), og = sigmoid(g[S + j]), pre = g[2 * S + j];
+        const double th = tanh(r.cells[row * S + j]);
+        const double dnc = (1.0 - th * th) * og * d_h + d_c;
+        dc[j] = dnc;
+        d_gates[j] = elu(pre) * dnc * ig * (1.0 - ig);
+        d_gates[S + j] = th * d_h * og * (1.0 - og);
+        d_gates[2 * S + j] = ig * dnc * d_elu(pre);
+      }
+      for (int64_t i = 0; i < S; ++i) dh[i] = 0.0;
+      for (int64_t j = 0; j < 3 * S; ++j) {
+        r.d_bias[j] += d_gates[j];
+        for (int64_t i = 0; i < S; ++i) {
+          dh[i] += d_gates[j] * weights[j * columns + i];
+          r.d_weights[j * columns + i] += d_gates[j] * h[i];
+        }
+        for (int64_t i = 0; i < F; ++i) {
+          r.d_inputs[row * F + i] += d_gates[j] * weights[j * columns + S + i];
+          r.d_weights[j * columns + S + i] += d_gates[j] * inputs[row * F + i];
+        }
+      }
+    }
+    for (int64_t j = 0; j < S; ++j) {
+      r.d_h0[b * S + j] = dh[j];
+      r.d_c0[b * S + j] = dc[j];
+    }
+  }
+  free(gates);
+  free(d_gates);
+  free(dh);
+  free(dc);
+  return r;
+}
+
+/* A buffer of `count` elements of float or double holding `values`, or
+ * NULL where values is. */
+static void* typed_copy(const double* values, int64_t count, int is_double) {
+  if (!values) return NULL;
+  void* copy = allocate(count, is_double ? sizeof(double) : sizeof(float));
+  for (int64_t i = 0; i < count; ++i) {
+    if (is_double) {
+      ((double*)copy)[i] = values[i];
+    } else {
+      ((float*)copy)[i] = (float)values[i];
+    }
+  }
+  return copy;
+}
+
+static void check_packed(struct packed_shape shape, int is_double) {
+  const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
+  const int dtype = is_double ? LLTM_FLOAT64 : LLTM_FLOAT32;
+  const char* type = is_double ? "double" : "float";
+  const double tolerance = is_double ? 1e-12 : 1e-5;
+  const size_t element = is_double ? sizeof(double) : sizeof(float);
+  int64_t* batch_sizes = allocate(T, sizeof(int64_t));
+  int64_t* offsets = allocate(T, sizeof(int64_t));
+  packed_layout(shape, batch_sizes, offsets);
+  const int64_t rows = T ? offsets[T - 1] + batch_sizes[T - 1] : 0;
+  const int64_t weight_count = 3 * S * (S + F);
+  double* inputs = uniform_values(rows * F, 1.0);
+  double* weights = uniform_values(weight_count, 1.7 / sqrt((double)(S + F)));
+  double* bias = shape.bias ? uniform_values(3 * S, 0.5) : NULL;
+  double* h0 = uniform_values(B * S, 1.0);
+  double* c0 = uniform_values(B * S, 1.0);
+  /* grad_outputs (rows, S) transposed or dense; grad_cells every other element. */
+  const int64_t grad_strides[4] = {shape.strided_grads ? 1 : S, shape.strided_grads ? rows : 1,
+                                   2 * S, 2};
+  const int64_t grad_cells_count = rows ? (rows - 1) * 2 * S + (S - 1) * 2 + 1 : 0;
+  double* grad_outputs = uniform_values(rows * S, 1.0);
+  double* grad_cells = shape.strided_grads ? uniform_values(grad_cells_count, 1.0) : NULL;
+  double* grad_h_n = shape.final_grads ? uniform_values(B * S, 1.0) : NULL;
+  double* grad_c_n = shape.final_grads ? uniform_values(B * S, 1.0) : NULL;
+  struct packed_reference expected = reference_packed(
+      shape, rows, offsets, inputs, weights, bias, h0, c0, grad_outputs, grad_strides, grad_cells,
+      grad_h_n, grad_c_n);
+  const double* sources[10] = {inputs, weights, bias, h0, c0, grad_outputs, grad_cells,
+                               grad_h_n, grad_c_n, NULL};
+  const int64_t counts[10] = {rows * F, weight_count, 3 * S, B * S, B * S, rows * S,
+                              grad_cells_count, B * S, B * S, 0};
+  void* arguments[10];
+  for (int a = 0; a < 10; ++a) arguments[a] = typed_copy(sources[a], counts[a], is_double);
+  void* outputs = allocate(rows * S, element);
+  void* cells = allocate(rows * S, element);
+  void* gates = allocate(rows * 3 * S, element);
+  void* h_n = allocate(B * S, element);
+  void* c_n = allocate(B * S, element);
+  void* d_gates = allocate(rows * 3 * S, element);
+  void* d_inputs = allocate(rows * F, element);
+  void* d_weights = allocate(weight_count, element);
+  void* d_bias = allocate(3 * S, element);
+  void* d_h0 = shape.state_grads ? allocate(B * S, element) : NULL;
+  void* d_c0 = shape.state_grads ? allocate(B * S, element) : NULL;
+  void* given_sizes = shape.packed ? batch_sizes : NULL;
+  const int64_t sizes[12] = {rows, T, B, F, S, shape.reverse, 0, 0,
+                             grad_strides[0], grad_strides[1], grad_strides[2], grad_strides[3]};
+  void* const forward_tensors[11] = {arguments[0], arguments[1], arguments[2], arguments[3],
+                                     arguments[4], given_sizes, outputs, cells, gates, h_n, c_n};
+  void* const backward_tensors[17] = {arguments[0], arguments[1], arguments[3], given_sizes,
+                                      outputs, cells, gates, arguments[5], arguments[6],
+                                      arguments[7], arguments[8], d_gates, d_inputs, d_weights,
+                                      d_bias, d_h0, d_c0};
+  if (lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS ||
+      lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors) != LLTM_SUCCESS) {
+    fprintf(stderr, "a packed pass (%s) returned an error\n", type);
+    ++failures;
+  }
+  struct sequence_shape named = {T, B, F, S, shape.strided_grads, shape.state_grads};
+  const struct {
+    const char* name;
+    int64_t count;
+    const void* got;
+    const double* expected;
+  } results[] = {{"packed outputs", rows * S, outputs, expected.outputs},
+                 {"packed cells", rows * S, cells, expected.cells},
+                 {"packed h_n", B * S, h_n, expected.h_n},
+                 {"packed c_n", B * S, c_n, expected.c_n},
+                 {"packed d_inputs", rows * F, d_inputs, expected.d_inputs},
+                 {"packed d_weights", weight_count, d_weights, expected.d_weights},
+                 {"packed d_bias", 3 * S, d_bias, expected.d_bias},
+                 {"packed d_h0", B * S, d_h0, expected.d_h0},
+                 {"packed d_c0", B * S, d_c0, expected.d_c0}};
+  for (size_t k = 0; k < sizeof results / sizeof results[0]; ++k) {
+    if (!results[k].got) continue;
+    compare_norms(results[k].name, type, named, results[k].count, results[k].got, is_double,
+                  results[k].expected, tolerance);
+  }
+  double* references[9] = {expected.outputs, expected.cells, expected.h_n, expected.c_n,
+                           expected.d_inputs, expected.d_weights, expected.d_bias, expected.d_h0,
+                           expected.d_c0};
+  for (int a = 0; a < 9; ++a) free(references[a]);
+  for (int a = 0; a < 10; ++a) {
+    free(arguments[a]);
+    free((void*)sources[a]);
+  }
+  void* results_to_free[11] = {outputs, cells, gates, h_n, c_n, d_gates, d_inputs, d_weights,
+                               d_bias, d_h0, d_c0};
+  for (int a = 0; a < 11; ++a) free(results_to_free[a]);
+  free(batch_sizes);
+  free(offsets);
+}
+
+/* Batch sizes that are no PackedSequence's are refused before anything is
+ * read or written (every tensor here is NULL). */
+static void check_packed_refusals(void) {
+  static const int64_t growing[3] = {2, 3, 1}, zero[3] = {3, 0, 0}, first_short[2] = {2, 1};
+  static const struct {
+    const int64_t* batch_sizes;
+    int64_t rows, steps, batch;
+  } cases[] = {{growing, 6, 3, 3}, {zero, 3, 3, 3}, {first_short, 3, 2, 3}, {first_short, 4, 2, 2},
+               {NULL, 5, 2, 3}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+    const int64_t sizes[12] = {cases[k].rows, cases[k].steps, cases[k].batch, 2, 3, 0, 0, 0,
+                               3, 1, 3, 1};
+    void* const forward_tensors[11] = {NULL, NULL, NULL, NULL, NULL,
+                                       (void*)cases[k].batch_sizes, NULL, NULL, NULL, NULL, NULL};
+    void* const backward_tensors[17] = {NULL, NULL, NULL, (void*)cases[k].batch_sizes};
+    if (lltm_check_pass("packed_forward", LLTM_FLOAT32, sizes, NULL, forward_tensors) !=
+            LLTM_ERROR_ARGUMENTS ||
+        lltm_check_pass("packed_backward", LLTM_FLOAT64, sizes, NULL, backward_tensors) !=
+            LLTM_ERROR_ARGUMENTS) {
+      fprintf(stderr, "packed passes accepted the batch sizes of case %zu\n", k);
+      ++failures;
+    }
+  }
+}
+
+LLTM_CHECK(lltm_cpu_packed_passes) {
+  const long failures_before = failures;
+  const double worst_before[2] = {worst_sequence[0], worst_sequence[1]};
+  worst_sequence[0] = worst_sequence[1] = 0.0;
+  rng_state = seed ? seed ^ 0x9e3779b97f4a7c15ULL : 1;
+  /* Lengths with 1 and the whole sequence among them, repeated and not; a
+   * batch past the 8-row tiles with states past the 32-column tiles; one
+   * step; every sequence as long (walked as dense steps); the threads'
+   * threshold (40 x 130 elements a step). */
+  static const int64_t four[4] = {5, 3, 3, 1}, ones[3] = {1, 1, 1}, full[3] = {4, 4, 4};
+  static const int64_t seventeen[17] = {9, 9, 8, 7, 7, 6, 5, 5, 4, 3, 3, 2, 2, 1, 1, 1, 1};
+  static const int64_t nine[9] = {12, 11, 10, 9, 8, 7, 3, 2, 1};
+  static int64_t forty[40];
+  for (int r = 0; r < 40; ++r) forty[r] = 3 - r / 14;
+  const struct packed_shape shapes[] = {
+      {5, 4, 3, 7, four, 1, 0, 1, 1, 0, 1},     {5, 4, 3, 7, four, 1, 1, 1, 1, 0, 1},
+      {5, 4, 3, 7, four, 1, 1, 0, 0, 1, 1},     {5, 4, 3, 7, four, 1, 0, 0, 1, 1, 1},
+      {9, 17, 5, 40, seventeen, 1, 0, 1, 1, 1, 1}, {9, 17, 5, 40, seventeen, 1, 1, 1, 1, 1, 1},
+      {12, 9, 4, 33, nine, 1, 1, 1, 1, 0, 1},   {12, 9, 4, 33, nine, 1, 0, 1, 0, 1, 1},
+      {1, 3, 2, 5, ones, 1, 1, 1, 1, 0, 0},     {1, 3, 2, 5, ones, 1, 0, 1, 0, 1, 1},
+      {4, 3, 2, 9, full, 1, 1, 1, 1, 1, 1},     {4, 3, 2, 9, NULL, 0, 1, 1, 1, 0, 1},
+      {4, 3, 2, 9, NULL, 0, 0, 0, 1, 1, 1},     {3, 40, 7, 130, forty, 1, 1, 1, 1, 1, 1},
+      {3, 40, 7, 130, forty, 1, 0, 1, 1, 0, 1}};
+  for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
+    check_packed(shapes[k], 0);
+    check_packed(shapes[k], 1);
+  }
+  check_packed_refusals();
+  printf("lltm_cpu_packed_passes: %ld mismatches; largest relative error %.2g (float) and "
+         "%.2g (double)\n",
+         failures - failures_before, worst_sequence[0], worst_sequence[1]);
+  if (worst_before[0] > worst_sequence[0]) worst_sequence[0] = worst_before[0];
+  if (worst_before[1] > worst_sequence[1]) worst_sequence[1] = worst_before[1];
+  return failures - failures_before;
+}

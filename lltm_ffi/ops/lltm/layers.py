@@ -1,0 +1,156 @@
+"""Stacked and bidirectional LLTM layers: lltm_layers, what LLTMSequence
+runs. Each layer and direction is one lltm_sequence (its C passes); the
+layers follow one another, and on a GPU the two directions of a layer run
+at the same time."""
+
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import PackedSequence
+
+from ... import op
+from .sequence import lltm_sequence
+
+# One side stream a GPU, for the reverse directions; made on first use.
+_SIDE_STREAMS = {}
+
+
+def _side_stream(device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(index)
+    return _SIDE_STREAMS[index]
+
+
+def check_dropout(function, dropout):
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not (
+            0 <= dropout <= 1):
+        raise ValueError(f"{function}: dropout must be a number from 0 to 1, the probability of "
+                         f"zeroing an element, got {dropout!r}")
+
+
+def check_state(function, name, tensor, layers, batch, state_size):
+    """TypeError or ValueError naming `name` unless `tensor` is a tensor of
+    shape (layers, batch, state_size) (any batch where batch is None)."""
+    op.check_tensor(function, name, tensor)
+    shape = tuple(tensor.shape)
+    if len(shape) != 3 or (shape[0], shape[2]) != (layers, state_size) or (
+            batch is not None and shape[1] != batch):
+        expected = f"({layers}, {'batch' if batch is None else batch}, {state_size})"
+        raise ValueError(f"{function}: {name} has shape {shape} but must be (num_layers * "
+                         f"num_directions, batch, state_size) = {expected}")
+
+
+def _directions(inputs, weights, biases, h0, c0, batch_sizes):
+    """[(outputs, (h_n, c_n))] of each direction of one layer (forward, then
+    reverse where there are two), given the lists of their weights, biases,
+    h0 and c0. On a GPU, outside tracers, the reverse one
+    runs on a side stream that waits for the current one, which then waits
+    for it: both directions at once, each one C call; autograd runs each
+    backward on its forward's stream, so they overlap too."""
+    def run(direction):
+        return lltm_sequence(inputs, weights[direction], biases[direction], h0[direction],
+                             c0[direction], batch_sizes=batch_sizes, reverse=direction == 1)
+
+    if len(weights) == 1 or not isinstance(inputs, torch.Tensor):
+        return [run(direction) for direction in range(len(weights))]
+    inputs = inputs.contiguous()  # one dense copy, where one is needed, for both
+    if not inputs.is_cuda or op.use_operator(inputs, *h0, *c0):
+        return [run(direction) for direction in range(len(weights))]
+    current = torch.cuda.current_stream(inputs.device)
+    side = _side_stream(inputs.device)
+    side.wait_stream(current)
+    forward = run(0)
+    with torch.cuda.stream(side):
+        reverse = run(1)
+    current.wait_stream(side)
+    # Made on the side stream and used on the current one: their memory
+    # must not be reused before the current stream is done with them.
+    outputs, (h_n, c_n) = reverse
+    for tensor in (outputs, h_n, c_n):
+        tensor.record_stream(current)
+    return [forward, reverse]
+
+
+def lltm_layers(inputs, weights, biases, h0, c0, *, bidirectional=False, dropout=0.0,
+                training=False, batch_sizes=None):
+    """Stacked LLTM layers, each in one or two directions, as nn.LSTM
+    stacks its own: returns (outputs, (h_n, c_n)).
+
+    weights: num_layers * num_directions tensors in nn.LSTM's order (layer
+    0's forward direction, then, where bidirectional, its reverse one, then
+    layer 1's, ...), each (3 * state_size, state_size + features), features
+    the input's for layer 0 and num_directions * state_size above. biases:
+    as many (3 * state_size,) tensors, or None for none. h0 and c0
+    (num_layers * num_directions, batch, state_size), in the same order.
+
+    inputs (steps, batch, input_features), a PackedSequence, or packed rows
+    with their batch_sizes, as lltm_sequence takes them (a PackedSequence's
+    state in the batch's order, packed rows' in the packed order). outputs:
+    the last layer's, each step's directions side by side (steps, batch,
+    num_directions * state_size), or likewise packed. h_n and c_n: each
+    layer's and direction's final states, in h0's order. dropout: where
+    training, each layer's outputs but the last's are zeroed with that
+    probability and scaled, by F.dropout (torch's generator).
+
+    Differentiable in inputs, every weight and bias, h0 and c0. On a GPU the
+    two directions of a layer run at the same time (streams joined); the
+    layers follow one another.
+    """
+    directions = 2 if bidirectional else 1
+    weights = list(weights)
+    if not weights or len(weights) % directions:
+        raise ValueError(f"lltm_layers: weights holds {len(weights)} tensors; it must hold "
+                         f"num_layers * {directions} (num_layers >= 1)")
+    biases = [None] * len(weights) if biases is None else list(biases)
+    if len(biases) != len(weights):
+        raise ValueError(f"lltm_layers: biases holds {len(biases)} tensors but weights "
+                         f"{len(weights)}; give one a weight, or None for no bias")
+    check_dropout("lltm_layers", dropout)
+    if isinstance(inputs, PackedSequence):
+        return _packed_layers(inputs, weights, biases, h0, c0, bidirectional, dropout, training,
+                              batch_sizes)
+    op.check_tensor("lltm_layers", "weights[0]", weights[0])
+    state_size = weights[0].shape[0] // 3
+    batch = (inputs.shape[1] if batch_sizes is None and isinstance(inputs, torch.Tensor)
+             and inputs.dim() == 3 else None)
+    for name, state in (("h0", h0), ("c0", c0)):
+        check_state("lltm_layers", name, state, len(weights), batch, state_size)
+    layer_input, finals = inputs, []
+    for first in range(0, len(weights), directions):
+        layer = range(first, first + directions)
+        results = _directions(layer_input, weights[first:first + directions],
+                              biases[first:first + directions], [h0[k] for k in layer],
+                              [c0[k] for k in layer], batch_sizes)
+        finals += [final for _, final in results]
+        outputs = (results[0][0] if directions == 1
+                   else torch.cat([output for output, _ in results], dim=-1))
+        if dropout and training and first + directions < len(weights):
+            outputs = F.dropout(outputs, dropout, training=True)
+        layer_input = outputs
+    if len(finals) == 1:
+        return layer_input, (finals[0][0].unsqueeze(0), finals[0][1].unsqueeze(0))
+    h_n, c_n = (torch.stack(states) for states in zip(*finals))
+    return layer_input, (h_n, c_n)
+
+
+def _packed_layers(inputs, weights, biases, h0, c0, bidirectional, dropout, training,
+                   batch_sizes):
+    """lltm_layers of a PackedSequence, its state in the batch's order."""
+    if batch_sizes is not None:
+        raise TypeError("lltm_layers: inputs is a PackedSequence, which carries its own "
+                        "batch_sizes; pass batch_sizes only with packed rows (a tensor)")
+    data, sizes, sorted_indices, unsorted_indices = inputs
+    if sorted_indices is not None:
+        op.check_tensor("lltm_layers", "weights[0]", weights[0])
+        for name, state in (("h0", h0), ("c0", c0)):
+            check_state("lltm_layers", name, state, len(weights), sorted_indices.shape[0],
+                        weights[0].shape[0] // 3)
+            op.check_matches("lltm_layers", name, state, "inputs", data, same_dtype=False)
+        h0, c0 = h0.index_select(1, sorted_indices), c0.index_select(1, sorted_indices)
+    outputs, (h_n, c_n) = lltm_layers(data, weights, biases, h0, c0, bidirectional=bidirectional,
+                                      dropout=dropout, training=training, batch_sizes=sizes)
+    if unsorted_indices is not None:
+        h_n, c_n = h_n.index_select(1, unsorted_indices), c_n.index_select(1, unsorted_indices)
+    return PackedSequence(outputs, sizes, sorted_indices, unsorted_indices), (h_n, c_n)
