@@ -384,9 +384,9 @@ def _forward(differentiable, arguments, plain, autocast):
     arguments, by the path the call takes: straight into C for plain eager
     calls; the operator under tracers, subclasses and autocast; refused
     under forward mode and torch.func's transforms."""
-    tensors = [argument for argument in arguments if isinstance(argument, torch.Tensor)]
     if plain:
         return differentiable._apply(*arguments)
+    tensors = [argument for argument in arguments if isinstance(argument, torch.Tensor)]
     if _torch_internals.functorch_transforms_active() or _dual(*tensors):
         raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
     if autocast or op.use_operator(*tensors):
