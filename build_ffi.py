@@ -23,6 +23,7 @@ CC (the C compiler; else cc).
 import concurrent.futures
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -95,6 +96,7 @@ def find_nvcc():
     return next(filter(None, map(shutil.which, candidates)), None)
 
 
+@functools.lru_cache(maxsize=None)
 def cuda_home_of(nvcc):
     """Where nvcc itself looks for its headers and libraries (nvcc may be a
     wrapper script elsewhere)."""

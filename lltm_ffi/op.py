@@ -85,7 +85,12 @@ def plain_eager(*tensors):
     transforms the call (torch.compile, a tracer, a __torch_dispatch__ mode,
     autocast, a torch.func transform, forward-mode AD). Every eager call pays
     for it, so it asks torch._C alone, nothing that builds objects."""
-    return (not use_operator(*tensors) and not _torch_internals.any_autocast_enabled()
+    return not use_operator(*tensors) and _untransformed()
+
+
+def _untransformed():
+    """No autocast, torch.func transform or forward-mode AD around the call."""
+    return (not _torch_internals.any_autocast_enabled()
             and not _torch_internals.functorch_transforms_active()
             and not _torch_internals.forward_ad_active())
 
@@ -278,9 +283,13 @@ class Pass:
         self.check(args)
         return self.body(_no_call, *args)
 
+    def tensors_of(self, args):
+        """The tensor arguments among `args` (those given, None left out)."""
+        return [args[index] for index in self.tensor_positions
+                if index < len(args) and args[index] is not None]
+
     def __call__(self, *args):
-        if use_operator(*[args[index] for index in self.tensor_positions
-                          if index < len(args) and args[index] is not None]):
+        if use_operator(*self.tensors_of(args)):
             return self.operator(*args)
         self.check(args)
         return self.run(*args)
@@ -322,21 +331,14 @@ class Op:
             "__doc__": f"{forward.label} for plain eager calls, with its derivative."})
         self._apply = _torch_internals.plain_apply(self.function)
         forward.operator.register_autograd(backward, setup_context=setup_context)
-        OPS[forward.name] = self
 
     def __call__(self, *args):
-        tensors = [args[index] for index in self.forward.tensor_positions
-                   if index < len(args) and args[index] is not None]
         self.forward.check(args, self.name)
-        if use_operator(*tensors):
+        if use_operator(*self.forward.tensors_of(args)):
             return self.result(self.forward.operator(*args))
-        if plain_eager(*tensors):
+        if _untransformed():
             return self.result(self._apply(*args))
         return self.result(self.function.apply(*args))
-
-
-# Every differentiable op, by the name of its forward pass.
-OPS = {}
 
 
 # Every op's self-check, by the op's public name.

@@ -15,7 +15,8 @@ import os
 import pytest
 import torch
 
-from .selfcheck import TOLERANCES, relative_error
+# TOLERANCES: what assert_close_to_reference is usually given, one per dtype.
+from .selfcheck import TOLERANCES, relative_error  # noqa: F401
 
 SEED_VARIABLE = "LLTM_TEST_SEED"
 NO_GPU = "no CUDA device: torch.cuda.is_available() is False"

@@ -11,7 +11,6 @@ and dtypes and the markers they set come from lltm_ffi.testing, which op
 folders' tests share.
 """
 
-import os
 import re
 import sys
 

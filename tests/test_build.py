@@ -14,13 +14,12 @@ import shutil
 import struct
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from checkouts import (REPO_ROOT, assert_succeeded, copy_sources, edit_after_build, make_cpu_only,
+from checkouts import (assert_succeeded, copy_sources, edit_after_build, make_cpu_only,
                        output_within, run_diagnostics, run_python)
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import torch
 
 import lltm_ffi
 from conftest import cell_disagreements, skip_without_gpu
-from lltm_ffi import _extension, selfcheck
+from lltm_ffi import _extension
 
 BATCH, STATE = 3, 5
 

@@ -92,11 +92,21 @@ def diagnose(function, names, input_dims, tensors, optional_bias=False):
             expected = "1 or 2 dimensions" if tensor is bias else "2 dimensions"
             raise ValueError(f"{function}: {name} must have {expected}, got shape "
                              f"{_shape(tensor)}")
-    batch_size, input_features = input.shape[-2:]
-    state_size = h.shape[1]
-    if h.shape[0] != batch_size:
+    if h.shape[0] != input.shape[-2]:
         raise ValueError(f"{function}: {h_name} has shape {_shape(h)} but {input_name} has shape "
                          f"{_shape(input)}; they must have the same batch size")
+    check_relations(function, names, tensors)
+    raise AssertionError("arguments_fit refused arguments that diagnose accepts")
+
+
+def check_relations(function, names, tensors):
+    """ValueError, naming the argument, unless c has h's shape and the
+    weights and the bias fit h's state size and the input's features (its
+    last dimension): (input, weights, bias, h, c) named `names`, of the
+    dimensions the cell takes, bias None for none."""
+    input_name, _, _, h_name, c_name = names
+    input, weights, bias, h, c = tensors
+    state_size, input_features = h.shape[1], input.shape[-1]
     if c.shape != h.shape:
         raise ValueError(f"{function}: {c_name} has shape {_shape(c)} but {h_name} has shape "
                          f"{_shape(h)}; they must match")
@@ -109,7 +119,6 @@ def diagnose(function, names, input_dims, tensors, optional_bias=False):
     if bias is not None and bias.shape != (gates_size,) and bias.shape != (1, gates_size):
         raise ValueError(f"{function}: bias has shape {_shape(bias)} but must be ({gates_size},) "
                          f"or (1, {gates_size}) for weights of shape {_shape(weights)}")
-    raise AssertionError("arguments_fit refused arguments that diagnose accepts")
 
 
 # The fused pointwise passes ---------------------------------------------------

@@ -12,8 +12,9 @@ step t's batch_sizes[t] rows after the steps before it, each step on its
 own rows only (no work on padding); the reverse direction starts each
 sequence at its own last element, reading the same rows in place.
 
-As for the cell, eager calls go through SequenceFunction, which calls C
-directly; torch.compile and autocast go through the registered operators.
+As for the cell, eager calls go through the autograd.Function that op.Op
+builds, which calls C directly; torch.compile and autocast go through the
+registered operators.
 
 On a GPU the matrix products go through cuBLAS (loaded by the C code at run
 time; the recurrent ones past the sizes the persistent kernels take), with
@@ -72,13 +73,6 @@ def sequence_forward(c, inputs: op.Tensor(dims=3), weights: op.Tensor(dims=2),
     return outputs, cells, gates
 
 
-def _readable(gradient):
-    """An output gradient as C reads it, through its strides (autograd's are
-    often broadcast views, which a copy would only expand): the negation bit
-    applied; None stays None (zeros)."""
-    return gradient if gradient is None or not gradient.is_neg() else gradient.resolve_neg()
-
-
 def _check_backward(inputs, weights, bias, h0, outputs, cells, gates, grad_outputs, grad_cells):
     check_arguments(inputs, weights, bias, h0, h0)
     steps, batch_size, _ = inputs.shape
@@ -86,7 +80,7 @@ def _check_backward(inputs, weights, bias, h0, outputs, cells, gates, grad_outpu
     for name, tensor in (("outputs", outputs), ("cells", cells), ("grad_outputs", grad_outputs),
                          ("grad_cells", grad_cells)):
         if tensor is not None:
-                op.check_shape("lltm_ffi::sequence_backward", name, tensor,
+            op.check_shape("lltm_ffi::sequence_backward", name, tensor,
                            (steps, batch_size, state_size))
     op.check_shape("lltm_ffi::sequence_backward", "gates", gates,
                    (steps, batch_size, 3 * state_size))
@@ -153,9 +147,8 @@ def _sequence_backward(ctx, grad_outputs, grad_cells, _=None):
         return derivatives.recorded_grads(
             _sequence_in_torch, (inputs, weights, bias, h0, c0), ctx.needs_input_grad,
             (derivatives.or_zeros(grad_outputs, outputs), derivatives.or_zeros(grad_cells, cells)))
-    arguments = (inputs, weights, bias, h0, outputs, cells, gates, _readable(grad_outputs),
-                 _readable(grad_cells))
-    if op.use_operator(*(tensor for tensor in arguments if tensor is not None)):
+    arguments = (inputs, weights, bias, h0, outputs, cells, gates, grad_outputs, grad_cells)
+    if op.use_operator(*sequence_backward.tensors_of(arguments)):
         return sequence_backward.operator(*arguments)
     return sequence_backward.run(*arguments, wanted=ctx.needs_input_grad)
 
@@ -202,18 +195,8 @@ def check_packed(function, inputs, weights, bias, h0, c0, batch_sizes):
     weights (3 * state, state + features), bias (3 * state) or None, h0 and
     c0 (batch, state), batch_sizes as check_batch_sizes asks or None (rows
     a whole number of steps of the batch)."""
-    rows, input_features = inputs.shape
-    batch_size, state_size = h0.shape
-    if c0.shape != h0.shape:
-        raise ValueError(f"{function}: c0 has shape {_shape(c0)} but h0 has shape {_shape(h0)}; "
-                         "they must match")
-    expected = (3 * state_size, state_size + input_features)
-    if _shape(weights) != expected:
-        raise ValueError(f"{function}: weights has shape {_shape(weights)} but must be "
-                         f"(3 * state_size, state_size + input_features) = {expected}")
-    if bias is not None and _shape(bias) not in ((3 * state_size,), (1, 3 * state_size)):
-        raise ValueError(f"{function}: bias has shape {_shape(bias)} but must be "
-                         f"({3 * state_size},) or (1, {3 * state_size})")
+    rows, batch_size = inputs.shape[0], h0.shape[0]
+    cell.check_relations(function, _ARGUMENT_NAMES, (inputs, weights, bias, h0, c0))
     if batch_sizes is not None:
         check_batch_sizes(function, batch_sizes, rows, batch_size)
     elif rows % max(batch_size, 1) or (rows and not batch_size):
@@ -353,8 +336,8 @@ def _packed_backward(ctx, grad_outputs, grad_cells, _, grad_h_n, grad_c_n):
              ((grad_outputs, outputs), (grad_cells, cells), (grad_h_n, h0), (grad_c_n, c0))])
         return (*grads, None, None)
     arguments = (inputs, weights, bias, h0, batch_sizes, ctx.reverse, outputs, cells, gates,
-                 _readable(grad_outputs), _readable(grad_cells), grad_h_n, grad_c_n)
-    if op.use_operator(*(tensor for tensor in arguments if isinstance(tensor, torch.Tensor))):
+                 grad_outputs, grad_cells, grad_h_n, grad_c_n)
+    if op.use_operator(*packed_backward.tensors_of(arguments)):
         return (*packed_backward.operator(*arguments), None, None)
     return (*packed_backward.run(*arguments, wanted=ctx.needs_input_grad[:5]), None, None)
 
