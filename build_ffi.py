@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -175,6 +176,9 @@ def _input_hashes(files):
         return None
 
 
+_OUTPUT_LOCK = threading.Lock()
+
+
 class _Object:
     """One object file of the module under `build_dir` and its record:
     the command that made it and the digest of every file it was made from
@@ -205,7 +209,8 @@ class _Object:
         output = os.path.relpath(self.path, ROOT)
         command = [str(staging) if part == output else part for part in self.command]
         command = [str(staging) + ".d" if part == output + ".d" else part for part in command]
-        print(shlex.join(self.command), flush=True)
+        with _OUTPUT_LOCK:  # several compile at once: one whole line each
+            print(shlex.join(self.command), flush=True)
         try:
             if subprocess.run(command, cwd=ROOT).returncode != 0:
                 raise SystemExit(f"build_ffi.py: compiling {self.source} failed (the compiler's "
