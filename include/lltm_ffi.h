@@ -13,7 +13,7 @@
  * Every function returns LLTM_SUCCESS or an error code for
  * lltm_error_string: a CUDA error's own code, or one below. */
 
-enum lltm_dtype { LLTM_FLOAT32 = 0, LLTM_FLOAT64 = 1 };
+enum lltm_dtype { LLTM_FLOAT32 = 0, LLTM_FLOAT64 = 1, LLTM_FLOAT16 = 2, LLTM_BFLOAT16 = 3 };
 
 /* The device argument of a CPU pass (a CUDA pass takes the device's index). */
 enum { LLTM_CPU = -1 };
@@ -25,7 +25,7 @@ enum {
   LLTM_SUCCESS = 0,
   /* A CUDA device was asked of a module built without CUDA. */
   LLTM_ERROR_NO_CUDA = -1,
-  /* dtype is not an lltm_dtype. */
+  /* dtype is not an lltm_dtype, or one the pass does not take. */
   LLTM_ERROR_DTYPE = -2,
   /* A pass would make its cuBLAS handle during a CUDA graph capture. */
   LLTM_ERROR_CUBLAS_CAPTURE = -3,
@@ -51,6 +51,10 @@ enum {
 int lltm_pass_id(const char* name);
 /* LLTM_ON_CPU | LLTM_ON_CUDA for the devices the pass `pass` runs on. */
 int lltm_pass_devices(int pass);
+/* The element types the pass's version for `devices` (LLTM_ON_CPU or
+ * LLTM_ON_CUDA) takes: bit (1 << dtype) for each lltm_dtype; 0 where it
+ * has no such version. */
+int lltm_pass_dtypes(int pass, int devices);
 /* How many passes are registered, and the name of the one with id `pass`
  * (0 to count - 1): the registry, for diagnostics. */
 int lltm_pass_count(void);

@@ -19,13 +19,27 @@
  * the expressions, and defines the pass's extern "C" launcher
  * lltm_cuda_<pass>. Both return the function's code: LLTM_SUCCESS, a
  * cudaError_t, or an LLTM_ERROR code of lltm_ffi.h. Registration happens
- * when the module loads; nothing lists the passes by hand. */
+ * when the module loads; nothing lists the passes by hand.
+ *
+ * A pass that also takes float16 and bfloat16 registers with
+ * LLTM_CPU_PASS_WITH_HALF or LLTM_CUDA_PASS_WITH_HALF instead: in C its
+ * family grows function_float16 and function_bfloat16, whose tensors hold
+ * the 16-bit patterns (lltm_float16, lltm_bfloat16; include/lltm_half.h
+ * converts them); in CUDA C++ the template is also called for __half and
+ * __nv_bfloat16. The others' passes refuse those dtypes (lltm_pass_dtypes). */
 #ifndef LLTM_OP_H
 #define LLTM_OP_H
 
 #include <stdint.h>
 
 #include "lltm_ffi.h"
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,7 +62,16 @@ typedef int (*lltm_pass_function)(int dtype, const lltm_args* args, void* stream
  * LLTM_ON_CUDA); returns 1, or 0 where the name is registered for that
  * device already or the registry is full (lltm_pass_id then reports it).
  * Called by the two macros below, at load. */
-int lltm_register_pass(const char* name, int devices, lltm_pass_function function);
+int lltm_register_pass(const char* name, int devices, int dtypes, lltm_pass_function function);
+
+/* The dtypes bits (1 << lltm_dtype) of the two kinds of pass. */
+#define LLTM_FULL_PRECISION ((1 << LLTM_FLOAT32) | (1 << LLTM_FLOAT64))
+#define LLTM_WITH_HALF (LLTM_FULL_PRECISION | (1 << LLTM_FLOAT16) | (1 << LLTM_BFLOAT16))
+
+/* A 16-bit float's bits, as the C families _float16 and _bfloat16 take
+ * their tensors' elements. */
+typedef uint16_t lltm_float16;
+typedef uint16_t lltm_bfloat16;
 
 /* Nonzero while this process may start threads in a CPU pass: false in
  * a child forked from it (see LLTM_FOR_EACH_ROW). */
@@ -59,23 +82,36 @@ extern int lltm_threads_allowed;
 #endif
 
 /* The one place the element types are instantiated: runs `function` for
- * float or double by the lltm_dtype `dtype`. In C, `function` names a
- * family function_float / function_double; in CUDA C++, a template
- * function<Dtype>. lltm_run refuses any other dtype before a pass is
- * reached. */
+ * float or double by the lltm_dtype `dtype` (LLTM_TYPED_CALL), or for
+ * those and the two 16-bit types (LLTM_TYPED_CALL_WITH_HALF). In C,
+ * `function` names a family function_float / function_double (/
+ * function_float16 / function_bfloat16); in CUDA C++, a template
+ * function<Dtype>. lltm_run refuses a dtype the pass did not register
+ * before the pass is reached. */
 #ifdef __cplusplus
 #define LLTM_TYPED_CALL(dtype, function, ...) \
   ((dtype) == LLTM_FLOAT64 ? function<double>(__VA_ARGS__) : function<float>(__VA_ARGS__))
+#define LLTM_TYPED_CALL_WITH_HALF(dtype, function, ...)                           \
+  ((dtype) == LLTM_FLOAT16    ? function<__half>(__VA_ARGS__)                     \
+   : (dtype) == LLTM_BFLOAT16 ? function<__nv_bfloat16>(__VA_ARGS__)              \
+                              : LLTM_TYPED_CALL(dtype, function, __VA_ARGS__))
 #else
 #define LLTM_TYPED_CALL(dtype, function, ...) \
   ((dtype) == LLTM_FLOAT64 ? function##_double(__VA_ARGS__) : function##_float(__VA_ARGS__))
+#define LLTM_TYPED_CALL_WITH_HALF(dtype, function, ...)                           \
+  ((dtype) == LLTM_FLOAT16    ? function##_float16(__VA_ARGS__)                   \
+   : (dtype) == LLTM_BFLOAT16 ? function##_bfloat16(__VA_ARGS__)                  \
+                              : LLTM_TYPED_CALL(dtype, function, __VA_ARGS__))
 #endif
 
-#ifdef __cplusplus
+#ifdef __CUDACC__
 /* The lltm_dtype of a template's element type, for a call that takes one. */
 template <typename Dtype>
 constexpr int lltm_dtype_of() {
-  return sizeof(Dtype) == sizeof(double) ? LLTM_FLOAT64 : LLTM_FLOAT32;
+  return std::is_same<Dtype, double>::value          ? LLTM_FLOAT64
+         : std::is_same<Dtype, __half>::value        ? LLTM_FLOAT16
+         : std::is_same<Dtype, __nv_bfloat16>::value ? LLTM_BFLOAT16
+                                                     : LLTM_FLOAT32;
 }
 #endif
 
@@ -86,23 +122,31 @@ constexpr int lltm_dtype_of() {
 #define LLTM_CONCAT(a, b) LLTM_CONCAT_(a, b)
 #define LLTM_NAME(name) LLTM_CONCAT(name, SUFFIX)
 
-#define LLTM_CPU_PASS(name, function, ...)                                              \
+#define LLTM_CPU_PASS_OF(name, dtypes, call, function, ...)                             \
   static int lltm_cpu_##name(int dtype, const lltm_args* args, void* stream) {          \
     (void)stream;                                                                       \
-    return (int)LLTM_TYPED_CALL(dtype, function, __VA_ARGS__);                          \
+    return (int)call(dtype, function, __VA_ARGS__);                                     \
   }                                                                                     \
   __attribute__((constructor)) static void lltm_register_cpu_##name(void) {             \
-    lltm_register_pass(#name, LLTM_ON_CPU, lltm_cpu_##name);                            \
+    lltm_register_pass(#name, LLTM_ON_CPU, dtypes, lltm_cpu_##name);                    \
   }
+#define LLTM_CPU_PASS(name, function, ...) \
+  LLTM_CPU_PASS_OF(name, LLTM_FULL_PRECISION, LLTM_TYPED_CALL, function, __VA_ARGS__)
+#define LLTM_CPU_PASS_WITH_HALF(name, function, ...) \
+  LLTM_CPU_PASS_OF(name, LLTM_WITH_HALF, LLTM_TYPED_CALL_WITH_HALF, function, __VA_ARGS__)
 
 #ifdef __CUDACC__
-#define LLTM_CUDA_PASS(name, function, ...)                                             \
+#define LLTM_CUDA_PASS_OF(name, dtypes, call, function, ...)                            \
   extern "C" int lltm_cuda_##name(int dtype, const lltm_args* args, void* raw_stream) { \
     cudaStream_t stream = static_cast<cudaStream_t>(raw_stream);                        \
-    return (int)LLTM_TYPED_CALL(dtype, function, __VA_ARGS__);                          \
+    return (int)call(dtype, function, __VA_ARGS__);                                     \
   }                                                                                     \
   static const int lltm_registered_cuda_##name =                                        \
-      lltm_register_pass(#name, LLTM_ON_CUDA, lltm_cuda_##name);
+      lltm_register_pass(#name, LLTM_ON_CUDA, dtypes, lltm_cuda_##name);
+#define LLTM_CUDA_PASS(name, function, ...) \
+  LLTM_CUDA_PASS_OF(name, LLTM_FULL_PRECISION, LLTM_TYPED_CALL, function, __VA_ARGS__)
+#define LLTM_CUDA_PASS_WITH_HALF(name, function, ...) \
+  LLTM_CUDA_PASS_OF(name, LLTM_WITH_HALF, LLTM_TYPED_CALL_WITH_HALF, function, __VA_ARGS__)
 #endif
 
 /* Below this many elements, waking threads costs more than a loop saves. */

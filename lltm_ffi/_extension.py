@@ -123,7 +123,9 @@ def check_cuda_compiled(function):
 
 
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
-_DTYPE_CODES = ({torch.float32: lib.LLTM_FLOAT32, torch.float64: lib.LLTM_FLOAT64}
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+_DTYPE_CODES = ({torch.float32: lib.LLTM_FLOAT32, torch.float64: lib.LLTM_FLOAT64,
+                 torch.float16: lib.LLTM_FLOAT16, torch.bfloat16: lib.LLTM_BFLOAT16}
                 if lib is not None else {})
 _current_raw_stream = _torch_internals.current_raw_stream
 
@@ -133,19 +135,32 @@ PLAIN_TENSOR_TYPES = {torch.Tensor, torch.nn.Parameter}
 
 
 def _registry():
-    """{name: (id, device types)} of every pass the compiled module
-    registered, read once: the checks consult it on every call, also while
-    torch.compile traces them, which a call into C would stop."""
+    """{name: (id, device types, {device type: dtypes})} of every pass the
+    compiled module registered, read once: the checks consult it on every
+    call, also while torch.compile traces them, which a call into C would
+    stop."""
     passes = {}
     for index in range(lib.lltm_pass_count()):
         bits = lib.lltm_pass_devices(index)
-        passes[ffi.string(lib.lltm_pass_name(index)).decode()] = (index, tuple(
-            device for device, bit in (("cpu", lib.LLTM_ON_CPU), ("cuda", lib.LLTM_ON_CUDA))
-            if bits & bit))
+        devices = tuple(device for device, bit in (("cpu", lib.LLTM_ON_CPU),
+                                                   ("cuda", lib.LLTM_ON_CUDA)) if bits & bit)
+        dtypes = {}
+        for device, bit in (("cpu", lib.LLTM_ON_CPU), ("cuda", lib.LLTM_ON_CUDA)):
+            taken = lib.lltm_pass_dtypes(index, bit)
+            dtypes[device] = tuple(dtype for dtype, code in _DTYPE_CODES.items()
+                                   if taken & (1 << code))
+        passes[ffi.string(lib.lltm_pass_name(index)).decode()] = (index, devices, dtypes)
     return passes
 
 
 PASSES = _registry() if lib is not None else {}
+
+
+def pass_dtypes(name, device_type):
+    """The dtypes the pass `name` takes on `device_type` ("cpu" or "cuda");
+    () where it has no version there."""
+    pass_devices(name)
+    return PASSES[name][2].get(device_type, ())
 
 
 def pass_devices(name):

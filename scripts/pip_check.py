@@ -77,7 +77,7 @@ def check_installed():
     if set(_extension.PASSES) != on_cpu:
         return (f"pip-check: the module registers {sorted(_extension.PASSES)}, the ops "
                 f"declare {sorted(on_cpu)} for the CPU")
-    pass_id, _ = _extension.PASSES["round_forward"]
+    pass_id = _extension.PASSES["round_forward"][0]
     if lib.lltm_run(pass_id, lib.LLTM_FLOAT32, 0, 0, [4], [], [0, 0]) != lib.LLTM_ERROR_NO_CUDA:
         return "pip-check: a CPU-only module's pass did not refuse a CUDA device"
     for name, check in op.SELF_CHECKS.items():

@@ -21,6 +21,7 @@
 static struct {
   const char* name;
   lltm_pass_function on_cpu, on_cuda;
+  int cpu_dtypes, cuda_dtypes; /* bit (1 << dtype) for each dtype taken */
 } passes[LLTM_MAX_PASSES];
 static int pass_count;
 static const char* conflict;
@@ -28,7 +29,7 @@ static int registry_full;
 
 /* Runs while the module loads, from the constructors of each source's
  * LLTM_CPU_PASS and LLTM_CUDA_PASS, one after another on one thread. */
-int lltm_register_pass(const char* name, int devices, lltm_pass_function function) {
+int lltm_register_pass(const char* name, int devices, int dtypes, lltm_pass_function function) {
   int index = 0;
   while (index < pass_count && strcmp(passes[index].name, name) != 0) ++index;
   if (index == pass_count) {
@@ -45,6 +46,11 @@ int lltm_register_pass(const char* name, int devices, lltm_pass_function functio
     return 0;
   }
   *slot = function;
+  if (devices == LLTM_ON_CUDA) {
+    passes[index].cuda_dtypes = dtypes;
+  } else {
+    passes[index].cpu_dtypes = dtypes;
+  }
   return 1;
 }
 
@@ -58,6 +64,13 @@ int lltm_pass_id(const char* name) {
 int lltm_pass_devices(int pass) {
   if (pass < 0 || pass >= pass_count) return 0;
   return (passes[pass].on_cpu ? LLTM_ON_CPU : 0) | (passes[pass].on_cuda ? LLTM_ON_CUDA : 0);
+}
+
+int lltm_pass_dtypes(int pass, int devices) {
+  if (pass < 0 || pass >= pass_count) return 0;
+  return devices == LLTM_ON_CUDA ? passes[pass].cuda_dtypes
+         : devices == LLTM_ON_CPU ? passes[pass].cpu_dtypes
+                                  : 0;
 }
 
 int lltm_pass_count(void) { return pass_count; }
@@ -76,7 +89,8 @@ static const char* own_error_string(int code) {
       return "lltm_ffi was built without CUDA support; put nvcc on PATH (or set CUDA_HOME) "
              "and rebuild with `make clean && make`";
     case LLTM_ERROR_DTYPE:
-      return "unknown element type (lltm_ffi passes take LLTM_FLOAT32 or LLTM_FLOAT64)";
+      return "an element type the pass does not take on this device (lltm_pass_dtypes says "
+             "which it takes)";
     case LLTM_ERROR_NO_MEMORY:
       return "out of host memory for a CPU pass's scratch space";
     case LLTM_ERROR_ARGUMENTS:
@@ -139,17 +153,19 @@ const char* lltm_error_string(int code) {
 int lltm_run(int pass, int dtype, int device, intptr_t stream, const int64_t* sizes,
              const double* scalars, const intptr_t* tensors) {
   if (pass < 0 || pass >= pass_count) return LLTM_ERROR_NO_PASS;
-  if (dtype != LLTM_FLOAT32 && dtype != LLTM_FLOAT64) return LLTM_ERROR_DTYPE;
+  if (dtype < LLTM_FLOAT32 || dtype > LLTM_BFLOAT16) return LLTM_ERROR_DTYPE;
   /* The addresses come as integers (cffi converts a Python list of them
    * without a cast each) and are read as pointers of the same size. */
   _Static_assert(sizeof(intptr_t) == sizeof(void*), "addresses are pointer-sized");
   const lltm_args args = {sizes, scalars, (void* const*)tensors};
   if (device == LLTM_CPU) {
     if (!passes[pass].on_cpu) return LLTM_ERROR_NO_DEVICE_PASS;
+    if (!(passes[pass].cpu_dtypes & (1 << dtype))) return LLTM_ERROR_DTYPE;
     return passes[pass].on_cpu(dtype, &args, NULL);
   }
 #ifdef LLTM_WITH_CUDA
   if (!passes[pass].on_cuda) return LLTM_ERROR_NO_DEVICE_PASS;
+  if (!(passes[pass].cuda_dtypes & (1 << dtype))) return LLTM_ERROR_DTYPE;
   return run_on_device(passes[pass].on_cuda, dtype, device, &args, (void*)stream);
 #else
   (void)stream;

@@ -44,7 +44,7 @@ def _pass_tensors(device):
 
 def _run(lib, name, sizes, tensors, device_index, stream):
     """The pass `name` through lltm_run, as _extension calls it, on `device_index`."""
-    pass_id, _ = _extension.PASSES[name]
+    pass_id = _extension.PASSES[name][0]
     return lib.lltm_run(pass_id, lib.LLTM_FLOAT32, device_index, stream, sizes, [],
                         [tensor.data_ptr() for tensor in tensors])
 

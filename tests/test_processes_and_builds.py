@@ -45,7 +45,7 @@ def _c_error():
     """An LLTMError from the C shim itself: lltm_run refuses an unknown
     element type with LLTM_ERROR_DTYPE (no tensor is read)."""
     lib = _extension.require()
-    pass_id, _ = _extension.PASSES["forward_pass"]
+    pass_id = _extension.PASSES["forward_pass"][0]
     _extension.check("forward_pass", lib.lltm_run(pass_id, 99, lib.LLTM_CPU, 0, [1, 1], [],
                                                   [0] * 4))
     raise AssertionError("lltm_run accepted dtype 99")
