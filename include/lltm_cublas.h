@@ -19,11 +19,14 @@ extern "C" {
 #endif
 
 /* What identifies a pass for the graph of its launches: every size,
- * option and address it uses, the unused tail zero. A key whose first
- * value is 0 identifies none: its pass's launches depend on more than a
- * key holds (a packed sequence's batch sizes), and are never recorded. */
+ * option and address it uses, the unused tail zero, and a packed
+ * sequence's batch sizes (batch_sizes_count of them, compared by value;
+ * NULL and 0 for dense steps). A key whose first value is 0 identifies
+ * none: its pass is never recorded. */
 typedef struct {
   int64_t values[32];
+  const int64_t* batch_sizes;
+  int64_t batch_sizes_count;
 } lltm_pass_key;
 
 /* Runs steps(context, stream), the launches of one pass (lltm_cublas_gemm

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lltm_cublas.h"
@@ -116,7 +117,7 @@ static int take_handle(int device, cudaStream_t stream, int capturing, int tf32)
 #define LLTM_GRAPHS 16
 static struct {
   int valid, device, unrecordable;
-  lltm_pass_key key;
+  lltm_pass_key key; /* its batch_sizes a copy the entry owns */
   cudaGraphExec_t graph;
   void* workspace;
   uint64_t used; /* the clock at its last use */
@@ -125,21 +126,51 @@ static uint64_t clock_now;
 
 /* The index of the entry for (device, key), or -1 with *slot the one to
  * fill: an empty one, else the least recently used, emptied. */
+static int same_key(const lltm_pass_key* a, const lltm_pass_key* b) {
+  const size_t sizes_bytes = (size_t)a->batch_sizes_count * sizeof(int64_t);
+  return memcmp(a->values, b->values, sizeof(a->values)) == 0 &&
+         a->batch_sizes_count == b->batch_sizes_count &&
+         (sizes_bytes == 0 || memcmp(a->batch_sizes, b->batch_sizes, sizes_bytes) == 0);
+}
+
+/* Empties graphs[entry], waiting for its graph's last launch. */
+static void forget_graph(int entry) {
+  if (graphs[entry].valid && graphs[entry].graph) (void)cudaGraphExecDestroy(graphs[entry].graph);
+  /* cudaFree waits for the device, so for the graph's last launch too. */
+  if (graphs[entry].workspace) (void)runtime_code(cudaFree(graphs[entry].workspace));
+  free((void*)graphs[entry].key.batch_sizes);
+  memset(&graphs[entry], 0, sizeof(graphs[entry]));
+}
+
+/* Fills the empty graphs[entry] with `key` (its batch sizes copied);
+ * 0 where the copy cannot be made. */
+static int remember_key(int device, int entry, const lltm_pass_key* key) {
+  int64_t* batch_sizes = NULL;
+  if (key->batch_sizes_count > 0) {
+    const size_t bytes = (size_t)key->batch_sizes_count * sizeof(int64_t);
+    batch_sizes = (int64_t*)malloc(bytes);
+    if (!batch_sizes) return 0;
+    memcpy(batch_sizes, key->batch_sizes, bytes);
+  }
+  graphs[entry].valid = 1;
+  graphs[entry].device = device;
+  graphs[entry].key = *key;
+  graphs[entry].key.batch_sizes = batch_sizes;
+  graphs[entry].used = ++clock_now;
+  return 1;
+}
+
 static int find_graph(int device, const lltm_pass_key* key, int* slot) {
   int found = -1, oldest = 0;
   for (int i = 0; i < LLTM_GRAPHS && found < 0; ++i) {
-    if (graphs[i].valid && graphs[i].device == device &&
-        memcmp(&graphs[i].key, key, sizeof(*key)) == 0) {
+    if (graphs[i].valid && graphs[i].device == device && same_key(&graphs[i].key, key)) {
       found = i;
     } else if (!graphs[i].valid || (graphs[oldest].valid && graphs[i].used < graphs[oldest].used)) {
       oldest = i;
     }
   }
   if (found >= 0) return found;
-  if (graphs[oldest].valid && graphs[oldest].graph) (void)cudaGraphExecDestroy(graphs[oldest].graph);
-  /* cudaFree waits for the device, so for the graph's last launch too. */
-  if (graphs[oldest].workspace) (void)runtime_code(cudaFree(graphs[oldest].workspace));
-  memset(&graphs[oldest], 0, sizeof(graphs[oldest]));
+  forget_graph(oldest);
   *slot = oldest;
   return -1;
 }
@@ -187,10 +218,7 @@ static int run_pass(int device, const lltm_pass_key* key, cudaStream_t stream, i
   int entry = -1;
   const int found = find_graph(device, key, &entry);
   if (found < 0) {
-    graphs[entry].valid = 1;
-    graphs[entry].device = device;
-    graphs[entry].key = *key;
-    graphs[entry].used = ++clock_now;
+    (void)remember_key(device, entry, key); /* not remembered: never recorded */
     return steps(context, stream);
   }
   graphs[found].used = ++clock_now;

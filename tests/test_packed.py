@@ -173,6 +173,37 @@ def test_lltm_sequence_of_a_packed_sequence_and_of_packed_rows(reverse, device, 
     assert_same_results((rows, (h_rows, c_rows)), (output, (h_n[order], c_n[order])))
 
 
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_a_replayed_pass_follows_its_batch_sizes(reverse, cuda_device, generator):
+    """The GPU records a pass that comes again as a CUDA graph and replays
+    it: two packings of as many rows in as many steps, each run three times
+    on the same tensors, give each its own results, forward and backward."""
+    state_size, features, batch = 33, 7, 3
+    weights = torch.randn(3 * state_size, state_size + features, generator=generator,
+                          dtype=torch.float64) / 4
+    bias = torch.randn(3 * state_size, generator=generator, dtype=torch.float64)
+    rows = torch.randn(9, features, generator=generator, dtype=torch.float64)
+    h0, c0 = (torch.randn(batch, state_size, generator=generator, dtype=torch.float64)
+              for _ in range(2))
+    grad = torch.randn(9, state_size, generator=generator, dtype=torch.float64)
+    arguments = [rows, weights, bias, h0, c0]
+
+    def results(device, batch_sizes):
+        leaves = [tensor.to(device).requires_grad_(True) for tensor in arguments]
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves, batch_sizes=batch_sizes,
+                                                     reverse=reverse)
+        loss = (outputs * grad.to(device)).sum() + h_n.sum() + c_n.sum()
+        return [tensor.detach().cpu() for tensor in
+                (outputs, h_n, c_n, *torch.autograd.grad(loss, leaves))]
+
+    for batch_sizes in ([3, 3, 2, 1], [3, 2, 2, 2], [3, 3, 2, 1]):
+        batch_sizes = torch.tensor(batch_sizes)
+        expected = results("cpu", batch_sizes)
+        for _ in range(3):
+            for got, reference in zip(results(cuda_device, batch_sizes), expected):
+                torch.testing.assert_close(got, reference, rtol=1e-10, atol=1e-10)
+
+
 def test_lltm_layers_of_a_packed_sequence_is_the_module(device, generator):
     module = lltm_ffi.LLTMSequence(3, 5, num_layers=2, bidirectional=True, device=device,
                                    dtype=torch.float64)

@@ -1077,8 +1077,8 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, const lltm_
 // packed_forward and packed_backward: dense or packed steps in either
 // direction (sizes: rows, steps, batch, input_features, state, reverse, then
 // the two options; backward, then grad_outputs' and grad_cells' row and
-// column strides), with the final states; packed steps (their batch sizes
-// more than a key holds) are never recorded as a graph.
+// column strides), with the final states; their key holds the batch sizes
+// too.
 template <typename Dtype>
 static int launch_forward(const lltm_pass_key& key, const lltm_walk& walk, int options,
                           int64_t input_features, int64_t state_size, const void* inputs,
@@ -1178,15 +1178,13 @@ static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
   const int options = options_at(sizes + 6);
-  lltm_pass_key key = {{0}};
-  if (!walk.batch_sizes) {
-    const lltm_pass_key dense = {{3, lltm_dtype_of<Dtype>(), walk.steps, walk.batch_size,
-                                  sizes[3], sizes[4], options & LLTM_SEQUENCE_TF32, walk.reverse,
-                                  address(inputs), address(weights), address(bias), address(h0),
-                                  address(c0), address(outputs), address(cells), address(gates),
-                                  address(final_h), address(final_cell)}};
-    key = dense;
-  }
+  const lltm_pass_key key = {{3, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
+                              sizes[3], sizes[4], options & LLTM_SEQUENCE_TF32, walk.reverse,
+                              address(inputs), address(weights), address(bias), address(h0),
+                              address(c0), address(outputs), address(cells), address(gates),
+                              address(final_h), address(final_cell)},
+                             walk.batch_sizes,
+                             walk.batch_sizes ? walk.steps : 0};
   return launch_forward<Dtype>(key, walk, options, sizes[3], sizes[4], inputs, weights, bias, h0,
                                c0, outputs, cells, gates, final_h, final_cell, stream);
 }
@@ -1205,19 +1203,16 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
   const int64_t* row_strides = sizes + 8;  // grad_outputs' (row, column), grad_cells'
   const GradStrides strides = {{sizes[2] * row_strides[0], row_strides[0], row_strides[1]},
                                {sizes[2] * row_strides[2], row_strides[2], row_strides[3]}};
-  lltm_pass_key key = {{0}};
-  if (!walk.batch_sizes) {
-    const lltm_pass_key dense = {{4, lltm_dtype_of<Dtype>(), walk.steps, walk.batch_size,
-                                  sizes[3], sizes[4], options & LLTM_SEQUENCE_TF32, walk.reverse,
-                                  address(inputs), address(weights), address(h0),
-                                  address(outputs), address(cells), address(gates),
-                                  address(grad_outputs), address(grad_cells),
-                                  address(grad_final_h), address(grad_final_cell),
-                                  address(d_gates), address(d_inputs), address(d_weights),
-                                  address(d_bias), address(d_h0), address(d_c0), row_strides[0],
-                                  row_strides[1], row_strides[2], row_strides[3]}};
-    key = dense;
-  }
+  const lltm_pass_key key = {{4, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
+                              sizes[3], sizes[4], options & LLTM_SEQUENCE_TF32, walk.reverse,
+                              address(inputs), address(weights), address(h0), address(outputs),
+                              address(cells), address(gates), address(grad_outputs),
+                              address(grad_cells), address(grad_final_h),
+                              address(grad_final_cell), address(d_gates), address(d_inputs),
+                              address(d_weights), address(d_bias), address(d_h0), address(d_c0),
+                              row_strides[0], row_strides[1], row_strides[2], row_strides[3]},
+                             walk.batch_sizes,
+                             walk.batch_sizes ? walk.steps : 0};
   return launch_backward<Dtype>(key, walk, options, sizes[3], sizes[4], strides, inputs, weights,
                                 h0, outputs, cells, gates, grad_outputs, grad_cells, grad_final_h,
                                 grad_final_cell, d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0,
