@@ -292,7 +292,7 @@ def test_cpu_only_build_refuses_cuda_through_the_c_shim(cpu_only_build):
         assert lib.lltm_cuda_compiled() == 0
         on_cpu = {{name for name, declared in op.PASSES.items() if "cpu" in declared.devices}}
         assert set(_extension.PASSES) == on_cpu, (on_cpu, _extension.PASSES)
-        for name, (pass_id, devices) in _extension.PASSES.items():
+        for name, (pass_id, devices, _) in _extension.PASSES.items():
             assert devices == ("cpu",), (name, devices)
             for dtype in (lib.LLTM_FLOAT32, lib.LLTM_FLOAT64):
                 code = lib.lltm_run(pass_id, dtype, 0, 0, [2] * 16, [0.5] * 4, [0] * 32)
