@@ -1,7 +1,7 @@
 """lltm_ffi under torch.autocast (README "Autocast"), as nn.GRU on a GPU:
 the cell, lltm_sequence, lltm_layers and the modules cast their
-floating-point arguments to the autocast dtype (bfloat16 on the CPU and
-CUDA, float16 on CUDA) and run in it, their results in that dtype; the
+floating-point arguments to the autocast dtype (bfloat16 or float16, on
+the CPU and CUDA) and run in it, their results in that dtype; the
 gradients come back to the float32 arguments through the casts. So a call
 under autocast gives exactly what the same call gives on arguments cast by
 hand, and its gradients are the half gradients cast to float32. float64
@@ -23,11 +23,6 @@ AUTOCAST = [pytest.param(torch.bfloat16, id="bfloat16"), pytest.param(torch.floa
 # the same float32 arguments: every operand is rounded to 8 (bf16) or 11
 # (fp16) significant bits; test_half.py bounds the half computation itself.
 AUTOCAST_TOLERANCES = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
-
-
-def skip_unless_autocast_runs(device, autocast_dtype):
-    if device.type == "cpu" and autocast_dtype == torch.float16:
-        pytest.skip("CPU autocast is a bfloat16 feature")
 
 
 def same_computation(device):
@@ -66,7 +61,6 @@ def assert_runs_in_the_autocast_dtype(function, arguments, grads, device, autoca
 
 @pytest.mark.parametrize("autocast_dtype", AUTOCAST)
 def test_the_cell_runs_in_the_autocast_dtype(device, generator, autocast_dtype):
-    skip_unless_autocast_runs(device, autocast_dtype)
     arguments = selfcheck.random_inputs(16, 64, 128, torch.float32, device, generator)
     grads = [torch.randn(16, 128, generator=generator).to(device) for _ in range(2)]
     new_h, new_cell = assert_runs_in_the_autocast_dtype(lltm_ffi.lltm, arguments, grads, device,
@@ -80,7 +74,6 @@ def test_the_cell_runs_in_the_autocast_dtype(device, generator, autocast_dtype):
 @pytest.mark.parametrize("autocast_dtype", AUTOCAST)
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_lltm_sequence_runs_in_the_autocast_dtype(device, generator, autocast_dtype, reverse):
-    skip_unless_autocast_runs(device, autocast_dtype)
     arguments = [torch.randn(5, 4, 8, generator=generator).to(device),
                  *selfcheck.random_inputs(4, 8, 16, torch.float32, device, generator)[1:]]
     grads = [torch.randn(shape, generator=generator).to(device)
@@ -109,7 +102,6 @@ def test_a_two_layer_bidirectional_module_runs_in_the_autocast_dtype(device, gen
     """A float32 LLTMSequence under autocast: its output and final states in
     the autocast dtype, equal to those of a copy converted to that dtype;
     its float32 parameters' gradients those of the copy's, cast."""
-    skip_unless_autocast_runs(device, autocast_dtype)
     module = lltm_ffi.LLTMSequence(6, 9, num_layers=2, bidirectional=True).to(device)
     converted = copy.deepcopy(module).to(autocast_dtype)
     lengths = [5, 2, 4] if packed else [4, 4, 4]
