@@ -9,7 +9,8 @@ import torch
 
 import lltm_ffi
 
-from . import autocast, compare, distributed, harness, kernels, overhead, sequence, tutorial
+from . import (accuracy, compare, distributed, harness, kernels, overhead, precision, sequence,
+               tutorial)
 
 # needs_cuda: why the mode refuses to run without -c (None: it runs on the CPU too).
 Mode = namedtuple("Mode", "help run needs_cuda")
@@ -22,11 +23,11 @@ MODES = {
                     "--kernels times the CUDA passes alone: it needs -c/--cuda and a GPU"),
     "overhead": Mode(f"host time of each piece of one call at {harness.TUTORIAL_SIZE}",
                      overhead.run, None),
-    "autocast": Mode("the pieces of a forward under bf16 autocast, by CUDA events (needs -c)",
-                     autocast.run, "--autocast times CUDA kernels: it needs -c/--cuda"),
     "sequence": Mode("whole sequences: cell loops, lltm_sequence, nn.LSTM, nn.GRU (with -c: "
-                     "cuDNN, CUDA graph replay and the per-step kernels too)",
-                     sequence.run, None),
+                     "cuDNN, CUDA graph replay and the per-step kernels too); with --half or "
+                     "--autocast in that precision", sequence.run, None),
+    "accuracy": Mode("the relative error against float64 of lltm_sequence's and nn.GRU's "
+                     "outputs and gradients under --half or --autocast", accuracy.run, None),
     "distributed": Mode("training steps/s with DDP on 1 and more GPUs (-c), or a gloo smoke run "
                         "on 2 CPU processes", distributed.run, None),
 }
@@ -66,13 +67,21 @@ def build_parser():
                              f"{kernels.KERNEL_REPEATS}; --distributed: steps a round, "
                              f"{distributed.DEFAULT_RUNS['cuda']} on CUDA, "
                              f"{distributed.DEFAULT_RUNS['cpu']} on CPU)")
+    reduced = parser.add_mutually_exclusive_group()
+    for flag, what in (("half", "the modules and the data in DTYPE"),
+                       ("autocast", "float32 modules and data, each forward under "
+                                    "torch.autocast(dtype=DTYPE)")):
+        reduced.add_argument(f"--{flag}", choices=precision.HALF_DTYPES, metavar="DTYPE",
+                             help=f"--sequence and --accuracy: {what} (bf16 or fp16), the loss "
+                                  "in float32")
     parser.add_argument("--tf32", action="store_true",
                         help="--sequence: allow TF32 in cuBLAS and cuDNN alike (default strict "
                              "float32)")
     parser.add_argument("-o", "--output", type=Path,
                         help="--compare's and --sequence's markdown file, a PNG chart beside it "
                              "(default bench_out/compare_{cpu,cuda}.md, "
-                             "bench_out/sequence_{cpu,cuda,cuda_tf32}.md)")
+                             "bench_out/sequence_{cpu,cuda,cuda_tf32}.md, with _half_DTYPE or "
+                             "_autocast_DTYPE before .md)")
     return parser
 
 
@@ -86,6 +95,14 @@ def check_arguments(parser, args):
         parser.error("-o/--output is for --compare and --sequence only")
     if args.tf32 and not (args.sequence and args.cuda):
         parser.error("--tf32 is for --sequence -c only (TF32 is a CUDA setting)")
+    reduced = "--half" if args.half else "--autocast" if args.autocast else None
+    if reduced and not (args.sequence or args.accuracy):
+        parser.error(f"{reduced} is for --sequence and --accuracy only")
+    if args.accuracy and not reduced:
+        parser.error("--accuracy measures a reduced precision: give --half or --autocast "
+                     "(bf16 or fp16)")
+    if reduced and (args.double or args.tf32):
+        parser.error(f"{reduced} sets the precision: -d/--double and --tf32 go without it")
     for name, mode in MODES.items():
         if getattr(args, name) and mode.needs_cuda and not args.cuda:
             parser.error(mode.needs_cuda)

@@ -182,6 +182,7 @@ def median_us(seconds):
 
 
 def dtype_name(dtype):
+    """float32 for torch.float32; a name given as text stays as it is."""
     return str(dtype).removeprefix("torch.")
 
 

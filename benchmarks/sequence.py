@@ -6,8 +6,14 @@ then lltm_sequence's per-step kernels alone. On the CPU (without -c): the
 same but the graph replay and the kernels, at the CPU's own sizes. Then two
 layers, bidirectional: LLTMSequence against nn.LSTM and nn.GRU of the same
 configuration on the same batch, and on a packed batch against nn.GRU on
-the same PackedSequence."""
+the same PackedSequence.
 
+With --half or --autocast (benchmarks/precision.py) the models run in that
+precision: lltm_sequence, nn.LSTM and nn.GRU, and lltm_sequence in float32
+beside them, at more sizes on a GPU; the two-layer table likewise."""
+
+import copy
+import math
 import statistics
 from pathlib import Path
 
@@ -17,10 +23,13 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 import lltm_ffi
 from lltm_ffi import reference
 
-from . import harness
+from . import harness, precision as precisions
 
 SEQUENCE_SHAPES = ((64, 16, 32, 128), (64, 256, 256, 512), (16, 4096, 1024, 2048))
-DEFAULT_RUNS = {128: 100, 512: 50, 2048: 5}  # by state size
+# --half and --autocast on a GPU: those, a layer of 1024 and a long sequence.
+REDUCED_SEQUENCE_SHAPES = ((64, 16, 32, 128), (64, 256, 256, 512), (32, 64, 512, 1024),
+                           (1024, 16, 768, 768), (16, 4096, 1024, 2048))
+DEFAULT_RUNS = {128: 100, 512: 50, 768: 10, 1024: 20, 2048: 5}  # by state size
 # On the CPU: the demo's sequences and the smallest above.
 CPU_SEQUENCE_SHAPES = ((20, 64, 8, 64), (64, 16, 32, 128))
 CPU_DEFAULT_RUNS = 100
@@ -50,28 +59,42 @@ def captured(train_step, device):
     return graph.replay
 
 
-def candidates(shape, device, dtype):
+def training_step(outputs_of, precision, device):
+    """Every implementation's training step: the same loss, the sum of every
+    step's output (what nn.GRU and nn.LSTM return as their outputs), in
+    float32 for a half output; the forward in `precision`'s context."""
+    def step():
+        with precision.forward(device):
+            outputs = outputs_of()
+        precisions.loss(outputs).backward()
+    return step
+
+
+def candidates(shape, device, precision):
+    """{name: training step} at `shape`: in full precision the cell's loops
+    too; in a reduced one lltm_sequence in float32 beside the others."""
     steps, batch, features, state = shape
+    dtype = precision.dtype
     inputs = torch.randn(steps, batch, features, device=device, dtype=dtype)
     module = lltm_ffi.LLTMSequence(features, state, device=device, dtype=dtype)
     lstm = torch.nn.LSTM(features, state, device=device, dtype=dtype)
     gru = torch.nn.GRU(features, state, device=device, dtype=dtype)
-
-    # Every implementation's training step: the same loss, the sum of every
-    # step's output (what nn.GRU and nn.LSTM return as their outputs).
-    def training_step(outputs_of):
-        return lambda: outputs_of().sum().backward()
-
-    loop = training_step(lambda: cell_loop(lltm_ffi.lltm, module, inputs))
-    functions = {"reference, Python loop": training_step(
-                     lambda: cell_loop(reference.lltm, module, inputs)),
-                 "lltm_ffi.lltm, Python loop": loop}
     cuda = device.type == "cuda"
-    if cuda:
-        functions["lltm_ffi.lltm loop, CUDA graph replay"] = captured(loop, device)
+    if precision.kind == "full":
+        loop = training_step(lambda: cell_loop(lltm_ffi.lltm, module, inputs), precision, device)
+        functions = {"reference, Python loop": training_step(
+                         lambda: cell_loop(reference.lltm, module, inputs), precision, device),
+                     "lltm_ffi.lltm, Python loop": loop}
+        if cuda:
+            functions["lltm_ffi.lltm loop, CUDA graph replay"] = captured(loop, device)
+    else:
+        float32 = copy.deepcopy(module).float()
+        float32_inputs = inputs.float()
+        functions = {"lltm_sequence, float32": training_step(
+            lambda: float32(float32_inputs)[0], precisions.Precision.full(torch.float32), device)}
     for name, model in (("lltm_sequence", module), ("nn.LSTM", lstm), ("nn.GRU", gru)):
         functions[f"{name} (cuDNN)" if cuda and model is not module else name] = training_step(
-            lambda model=model: model(inputs)[0])
+            lambda model=model: model(inputs)[0], precision, device)
     return functions
 
 
@@ -86,12 +109,13 @@ def spread_lengths(steps, batch):
     return [round(steps - steps / 2 * index / max(batch - 1, 1)) for index in range(batch)]
 
 
-def layered_candidates(shape, device, dtype):
+def layered_candidates(shape, device, precision):
     """{name: training step} of a two-layer bidirectional LLTMSequence,
     nn.LSTM and nn.GRU on one dense batch, and of LLTMSequence and nn.GRU on
     that batch packed, its lengths spread over [T/2, T]: the loss the sum of
-    every output."""
+    every output, in `precision`."""
     steps, batch, features, state = shape
+    dtype = precision.dtype
     configuration = {"num_layers": 2, "bidirectional": True, "device": device, "dtype": dtype}
     models = {"LLTMSequence": lltm_ffi.LLTMSequence(features, state, **configuration),
               "nn.LSTM": torch.nn.LSTM(features, state, **configuration),
@@ -99,37 +123,61 @@ def layered_candidates(shape, device, dtype):
     inputs = torch.randn(steps, batch, features, device=device, dtype=dtype)
     packed = pack_padded_sequence(inputs, torch.tensor(spread_lengths(steps, batch)))
 
-    def training_step(model, batch_input):
-        def step():
+    def step(model, batch_input):
+        def outputs():
             output = model(batch_input)[0]
-            (output.data if isinstance(output, PackedSequence) else output).sum().backward()
-        return step
+            return output.data if isinstance(output, PackedSequence) else output
+        return training_step(outputs, precision, device)
 
     cudnn = " (cuDNN)" if device.type == "cuda" else ""
-    functions = {name + ("" if name == "LLTMSequence" else cudnn): training_step(model, inputs)
+    functions = {name + ("" if name == "LLTMSequence" else cudnn): step(model, inputs)
                  for name, model in models.items()}
     for name in ("LLTMSequence", "nn.GRU"):
         label = name + ("" if name == "LLTMSequence" else cudnn)
-        functions[f"{label}, packed"] = training_step(models[name], packed)
+        functions[f"{label}, packed"] = step(models[name], packed)
     return functions
 
 
-def layered_rows(args, device, dtype, synchronize):
+def time_candidates(shape, functions, runs, warm_up_runs, synchronize, failures, table=""):
+    """Each candidate's training step at `shape`, interleaved after
+    `warm_up_runs` untimed ones: its rows [size, name, median, min] of
+    microseconds per time step, its median ({name: us}) and its seconds.
+    A peer of torch's (nn.LSTM, nn.GRU) that raises in its warm-up (one torch
+    cannot run in this precision on this device, say) is not timed: its row
+    says failed, its median is NaN, and `failures` gets a line saying why
+    (`table` after its name)."""
+    size, steps = "x".join(map(str, shape)), shape[0]
+    working = {}
+    for name, function in functions.items():
+        try:
+            harness.warm_up(function, warm_up_runs)
+        except Exception as error:
+            if not name.startswith("nn."):
+                raise
+            failures.append(f"- {name}{table} at {size} FAILED, marked failed below: "
+                            f"{type(error).__name__}: {str(error).splitlines()[0]}")
+            continue
+        working[name] = function
+    seconds = harness.interleaved(
+        working, runs, lambda function: harness.wall_clock(function, synchronize)[1])
+    medians = {name: harness.microseconds(statistics.median(seconds[name])) / steps
+               if name in seconds else math.nan for name in functions}
+    rows = [[size, name, *((f"{harness.microseconds(statistic(seconds[name])) / steps:.1f}"
+                            for statistic in (statistics.median, min)) if name in seconds
+                           else ("failed", "failed"))]
+            for name in functions]
+    return rows, medians, seconds
+
+
+def layered_rows(args, device, precision, synchronize, failures):
     """The two-layer bidirectional table's rows: microseconds per time step,
     median and minimum, each shape's candidates interleaved."""
     rows = []
     for shape in LAYERED_SHAPES:
-        steps, state = shape[0], shape[3]
+        state = shape[3]
         runs = args.runs or LAYERED_RUNS[device.type].get(state, CPU_DEFAULT_RUNS)
-        functions = layered_candidates(shape, device, dtype)
-        for function in functions.values():
-            harness.warm_up(function, 2)
-        seconds = harness.interleaved(
-            functions, runs, lambda function: harness.wall_clock(function, synchronize)[1])
-        rows += [["x".join(map(str, shape)), name,
-                  *(f"{harness.microseconds(statistic(values)) / steps:.1f}"
-                    for statistic in (statistics.median, min))]
-                 for name, values in seconds.items()]
+        rows += time_candidates(shape, layered_candidates(shape, device, precision), runs, 2,
+                                synchronize, failures, f" ({LAYERED_HEADING.lower()})")[0]
     return rows
 
 
@@ -167,56 +215,60 @@ def kernel_row(shape, function, step_microseconds):
 
 
 def run(args, device, dtype):
-    """The table at the chosen precision; the caller's TF32 settings come back after."""
+    """The table at the chosen precision (-d, --half, --autocast); the
+    caller's TF32 settings come back after."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     try:
-        return _run(args, device, dtype)
+        return _run(args, device, precisions.Precision.of(args, dtype))
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def _run(args, device, dtype):
+def shapes_of(device, precision):
+    """The sizes of the one-layer table."""
+    if device.type != "cuda":
+        return CPU_SEQUENCE_SHAPES
+    return SEQUENCE_SHAPES if precision.kind == "full" else REDUCED_SEQUENCE_SHAPES
+
+
+def _run(args, device, precision):
     synchronize = harness.synchronizer(device)
     cuda = device.type == "cuda"
-    rows, kernel_rows, medians = [], [], {}
-    shapes = SEQUENCE_SHAPES if cuda else CPU_SEQUENCE_SHAPES
+    rows, kernel_rows, medians, failures = [], [], {}, []
+    shapes = shapes_of(device, precision)
     for shape in shapes:
-        steps, state = shape[0], shape[3]
+        state = shape[3]
         runs = args.runs or (DEFAULT_RUNS[state] if cuda else CPU_DEFAULT_RUNS)
-        functions = candidates(shape, device, dtype)
-        for function in functions.values():
-            harness.warm_up(function, 3)
-        seconds = harness.interleaved(
-            functions, runs, lambda function: harness.wall_clock(function, synchronize)[1])
-        size = "x".join(map(str, shape))
-        rows += [[size, name, *(f"{harness.microseconds(statistic(values)) / steps:.1f}"
-                                for statistic in (statistics.median, min))]
-                 for name, values in seconds.items()]
-        for name, values in seconds.items():
-            medians.setdefault(name, []).append(
-                harness.microseconds(statistics.median(values)) / steps)
+        functions = candidates(shape, device, precision)
+        shape_rows, shape_medians, _ = time_candidates(shape, functions, runs, 3, synchronize,
+                                                       failures)
+        rows += shape_rows
+        for name, median in shape_medians.items():
+            medians.setdefault(name, []).append(median)
         if cuda:
-            kernel_rows.append(kernel_row(shape, functions["lltm_sequence"], harness.microseconds(
-                statistics.median(seconds["lltm_sequence"])) / steps))
+            kernel_rows.append(kernel_row(shape, functions["lltm_sequence"],
+                                          shape_medians["lltm_sequence"]))
     owner = "cuDNN's" if cuda else "PyTorch's"
-    precision = ("TF32 allowed for cuBLAS and cuDNN; " if args.tf32
-                 else "strict float32 (TF32 off for cuBLAS and cuDNN); " if cuda else "")
+    setting = (f"{precision.describe()}; " if precision.kind != "full"
+               else "TF32 allowed for cuBLAS and cuDNN; " if args.tf32
+               else "strict float32 (TF32 off for cuBLAS and cuDNN); " if cuda else "")
     paragraphs = [
-        f"Microseconds per time step ({precision}the whole training step timed"
+        f"Microseconds per time step ({setting}the whole training step timed"
         f"{' between synchronisations' if cuda else ''} and divided by the steps; interleaved "
         "runs).",
         harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
                                 "min us/step"], rows, text_columns=2)]
     if cuda:
         paragraphs += kernel_paragraphs(kernel_rows)
+    suffix = precision.flag.removeprefix("--").replace(" ", "_")
     output = args.output or Path("bench_out") / (
-        f"sequence_{device.type}{'_tf32' if args.tf32 else ''}.md")
+        f"sequence_{device.type}{'_tf32' if args.tf32 else ''}{'_' + suffix if suffix else ''}.md")
     output.parent.mkdir(parents=True, exist_ok=True)
     plot = output.with_suffix(".png")
     if harness.write_bar_chart(
             plot, f"LLTM over a sequence, {harness.device_description(device)}, "
-                  f"{'TF32' if args.tf32 else harness.dtype_name(dtype)}",
+                  f"{'TF32' if args.tf32 else precision.name}",
             ["x".join(map(str, shape)) for shape in shapes],
             {"training step per time step": medians}, "steps x batch x features x state",
             "median us per time step"):
@@ -231,11 +283,12 @@ def _run(args, device, dtype):
         "PackedSequence; the loss the sum of every output, microseconds per time step (of T) "
         "as above.",
         harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
-                                "min us/step"], layered_rows(args, device, dtype, synchronize),
+                                "min us/step"],
+                               layered_rows(args, device, precision, synchronize, failures),
                                text_columns=2)]
     text = harness.report(
         f"LLTM over a sequence against {owner} LSTM and GRU: forward and backward of the sum "
-        "of every step's output", device, dtype, *paragraphs)
+        "of every step's output", device, precision.name, *paragraphs, notes=failures)
     print(text)
     output.write_text(text + "\n")
     harness.note(f"wrote {output}" + (f" and {plot}" if plot else ""))

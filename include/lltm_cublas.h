@@ -30,23 +30,29 @@ typedef struct {
 } lltm_pass_key;
 
 /* Runs steps(context, stream), the launches of one pass (lltm_cublas_gemm
- * and kernels, all on the stream given), holding the current device's handle
- * set to strict float32 or (tf32 != 0) TF32 products, and returns its code.
- * Launching a pass's dozens of kernels costs the host more than the GPU
- * spends at middling sizes, so a pass whose key comes again is recorded as a
- * CUDA graph (on a stream of its own) the second time and replayed on
- * `stream` from then on; a pass on a stream that is capturing a graph
- * already, or whose key identifies none, runs its launches there. LLTM_ERROR_NO_CUBLAS, having run nothing,
- * where cuBLAS cannot be loaded; LLTM_ERROR_CUBLAS_CAPTURE where the handle
- * would be made while `stream` is capturing. */
-int lltm_cublas_run(const lltm_pass_key* key, cudaStream_t stream, int tf32,
+ * and kernels, all on the stream given), whose products are of the
+ * lltm_dtype `dtype`, holding the current device's handle set to strict
+ * float32 or (tf32 != 0) TF32 products (16-bit products use tensor cores
+ * either way), and returns its code. Launching a pass's dozens of kernels
+ * costs the host more than the GPU spends at middling sizes, so a pass whose
+ * key comes again is recorded as a CUDA graph (on a stream of its own) the
+ * second time and replayed on `stream` from then on; a pass on a stream that
+ * is capturing a graph already, or whose key identifies none, runs its
+ * launches there. LLTM_ERROR_NO_CUBLAS, having run nothing, where cuBLAS
+ * cannot be loaded or has no product for `dtype` (float16 and bfloat16 need
+ * cublasGemmEx); LLTM_ERROR_CUBLAS_CAPTURE where the handle would be made
+ * while `stream` is capturing. */
+int lltm_cublas_run(const lltm_pass_key* key, int dtype, cudaStream_t stream, int tf32,
                     int (*steps)(void* context, cudaStream_t stream), void* context);
 
 /* C (m x n, leading dimension ldc) = op(A) op(B) (+ C where accumulate),
  * op(X) = X^T where transpose_x (A is then k x m, B n x k), else X (A m x k,
- * B k x n). float or double by `dtype`. Only within the steps of
- * lltm_cublas_run; every size must fit an int, and k be positive.
- * LLTM_SUCCESS or the cuBLAS status as an error code. */
+ * B k x n). float, double, float16 or bfloat16 by `dtype` (an lltm_dtype);
+ * the 16-bit types by cublasGemmEx, summed in float32 (on tensor cores) and
+ * C rounded once. Only within the steps of lltm_cublas_run; every size must
+ * fit an int, and k be positive. LLTM_SUCCESS or the cuBLAS status as an
+ * error code (CUBLAS_STATUS_NOT_SUPPORTED for a dtype this cuBLAS has no
+ * product for). */
 int lltm_cublas_gemm(int dtype, int transpose_a, int transpose_b, int64_t m, int64_t n,
                      int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
                      int accumulate, void* c, int64_t ldc);

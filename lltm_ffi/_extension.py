@@ -122,8 +122,11 @@ def check_cuda_compiled(function):
         raise LLTMError(function, code, error_message(code))
 
 
-SUPPORTED_DTYPES = (torch.float32, torch.float64)
+FULL_PRECISION_DTYPES = (torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# Every dtype lltm_run knows; which of them a pass takes on a device is
+# pass_dtypes'.
+DTYPES = FULL_PRECISION_DTYPES + HALF_DTYPES
 _DTYPE_CODES = ({torch.float32: lib.LLTM_FLOAT32, torch.float64: lib.LLTM_FLOAT64,
                  torch.float16: lib.LLTM_FLOAT16, torch.bfloat16: lib.LLTM_BFLOAT16}
                 if lib is not None else {})

@@ -141,12 +141,17 @@ def _describe_gpus(report, torch, lib, ffi):
 
 
 def _describe_passes(report, extension, op):
-    """A row of the passes the module registered, each with its devices,
-    and a problem for every pass an op declares that the module lacks on a
-    device it was built for."""
+    """A row of the passes the module registered, each with its devices
+    and the dtypes it takes there, and a problem for every pass an op
+    declares that the module lacks on a device it was built for."""
     registered = extension.PASSES
-    report.row("passes", ", ".join(f"{name} ({'+'.join(devices)})"
-                                   for name, (_, devices) in registered.items()))
+
+    def dtypes(taken):
+        return "+".join(str(dtype).removeprefix("torch.") for dtype in taken)
+
+    report.row("passes", ", ".join(
+        f"{name} ({'; '.join(f'{device}: {dtypes(taken[device])}' for device in devices)})"
+        for name, (_, devices, taken) in registered.items()))
     built_for = ("cpu", "cuda") if extension.cuda_compiled() else ("cpu",)
     missing = [f"{name} on {device}" for name, declared in op.PASSES.items()
                for device in declared.devices

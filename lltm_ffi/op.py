@@ -11,10 +11,12 @@ outputs and hands sizes, scalars and tensors to C (`c`), under
         return output
 
 The annotations say what each argument must be: op.Tensor(...) a tensor
-(of the op's floating dtype, float32 or float64, unless it names another;
-with so many dimensions; optional; read through its strides; read on the
-host, a CPU tensor whatever the pass's device), int, float or bool. From
-the one function come:
+(of the op's floating dtype, unless it names another: one of the dtypes
+the pass's C sources register it for on the call's device, float32 and
+float64, and float16 and bfloat16 where they say so, the same for every
+such argument of a call; with so many dimensions; optional; read through
+its strides; read on the host, a CPU tensor whatever the pass's device),
+int, float or bool. From the one function come:
 
 - the checks: a TypeError or ValueError naming the argument, before any
   address reaches C;
@@ -41,7 +43,7 @@ import typing
 import torch
 
 from . import _extension, _torch_internals
-from ._extension import PLAIN_TENSOR_TYPES, SUPPORTED_DTYPES
+from ._extension import DTYPES, PLAIN_TENSOR_TYPES
 
 _SCALAR_SCHEMA = {int: "SymInt", float: "float", bool: "bool"}
 # What each scalar annotation accepts (a tracer's symbolic ints and floats
@@ -55,9 +57,10 @@ NAMESPACE = "lltm_ffi"
 class Tensor:
     """What a tensor argument must be. dims: its number of dimensions (an
     int, a tuple of those allowed, or None for any). dtype: None for the
-    op's floating dtype (float32 or float64, the same for every such
-    argument of a call), else the torch.dtype it must have (torch.int64 for
-    indices, say). optional: None is accepted and reaches C as NULL.
+    op's floating dtype (one the pass takes on the call's device, the same
+    for every such argument of a call), else the torch.dtype it must have
+    (torch.int64 for indices, say). optional: None is accepted and reaches
+    C as NULL.
     strided: C reads it through its strides, so it is passed as it is
     (its negative bit resolved); otherwise it is made contiguous first.
     host: C reads it on the host (sizes that a CUDA pass's launches
@@ -110,16 +113,50 @@ def use_operator(*tensors):
             or not PLAIN_TENSOR_TYPES.issuperset(map(type, tensors)))
 
 
+# Autocast's own device types that lltm_ffi runs on; asking autocast about
+# others (meta, say) raises.
+_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def autocast_dtype(tensor):
+    """The dtype torch.autocast runs lower-precision ops in on `tensor`'s
+    device type (torch.get_autocast_dtype) while it is on there; None
+    otherwise, and for anything but a CPU or CUDA tensor."""
+    if not _torch_internals.any_autocast_enabled() or not isinstance(tensor, torch.Tensor):
+        return None
+    device_type = tensor.device.type
+    if device_type not in _AUTOCAST_DEVICE_TYPES or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def autocast_cast(dtype, *arguments):
+    """`arguments` as autocast hands them to an op it runs in `dtype`: each
+    floating-point tensor in `dtype`, but float64 ones, which autocast
+    leaves as they are; anything else unchanged. Differentiable: gradients
+    come back to the tensors given in their own dtype."""
+    return tuple(argument.to(dtype)
+                 if isinstance(argument, torch.Tensor) and argument.is_floating_point()
+                 and argument.dtype is not torch.float64 else argument
+                 for argument in arguments)
+
+
 # The refusals every op shares, worded once.
+
+def _dtype_list(dtypes):
+    names = [str(dtype) for dtype in dtypes]
+    return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
+
 
 def check_tensor(op, name, tensor, dtype=None):
     """TypeError naming `name` unless `tensor` is a dense tensor of a
-    supported floating dtype (or of `dtype`, where given)."""
+    floating dtype lltm_ffi knows (or of `dtype`, where given); which of
+    them a pass takes on a device is check_dtype's."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if dtype is None and tensor.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; "
-                        "lltm_ffi supports torch.float32 and torch.float64")
+    if dtype is None and tensor.dtype not in DTYPES:
+        raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; lltm_ffi takes floating-point "
+                        f"tensors ({_dtype_list(DTYPES)}, as each op's passes allow)")
     if dtype is not None and tensor.dtype != dtype:
         raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; it must be {dtype}")
     if tensor.is_nested:
@@ -140,6 +177,19 @@ def check_matches(op, name, tensor, reference_name, reference, same_dtype=True):
     if tensor.device != reference.device:
         raise ValueError(f"{op}: {name} is on {tensor.device} but {reference_name} is on "
                          f"{reference.device}; all arguments must be on the same device")
+
+
+def check_dtype(op, name, tensor, c_pass):
+    """TypeError naming `name` unless the dtype of `tensor` is one that
+    `c_pass` (a Pass) takes on the tensor's device, listing those. Reads
+    the registry only (traceable); LLTMBuildError where the compiled module
+    is missing."""
+    device_type = tensor.device.type
+    taken = _extension.pass_dtypes(c_pass.name, device_type)
+    if tensor.dtype not in taken:
+        by = "" if op == c_pass.label else f" (its pass {c_pass.label})"
+        raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; on {device_type} {op} takes "
+                        f"{_dtype_list(taken)}{by}")
 
 
 def check_device(op, device, subject="the arguments are"):
@@ -192,6 +242,10 @@ class Pass:
         self._readable = [kind.strided if isinstance(kind, Tensor) else None
                           for _, kind in self.parameters]
         self.c = _extension.CPass(name)
+        # {device type: dtypes}: what the compiled module registered the pass
+        # for, read once (empty where the module is missing: the calls'
+        # checks then raise its LLTMBuildError).
+        self._dtypes = (_extension.PASSES[name][2] if name in _extension.PASSES else {})
         self.operator = torch.library.custom_op(
             self.label, self._run_operator, mutates_args=(), device_types=("cpu", "cuda"),
             schema=self._schema(signature.return_annotation))
@@ -252,8 +306,15 @@ class Pass:
                                 f"{type(value).__name__}")
         if first is not None:
             self.check_device(op, *first)
+        if floating is not None:
+            check_dtype(op, *floating, self)
         if self.extra_check is not None:
             self.extra_check(*args)
+
+    def takes(self, dtype, device_type):
+        """True where the compiled module runs this pass on `device_type` in
+        `dtype`: one dictionary look-up, for the checks' valid case."""
+        return dtype in self._dtypes.get(device_type, ())
 
     def check_device(self, op, name, tensor):
         """check_device for the device of `tensor` (the argument `name`), and

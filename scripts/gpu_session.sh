@@ -2,9 +2,9 @@
 # Everything that needs the GPU, in one call: build, test, benchmark.
 #
 #   scripts/gpu_session.sh [STEP...]   steps: build diag test pytest bench kernels overhead sequence
-#                                      demo sanitizers, and the distributed ones: dist-pytest
-#                                      dist-demo dist-multinode dist-bench (default: all but
-#                                      sanitizers and dist-*)
+#                                      half accuracy demo sanitizers, and the distributed ones:
+#                                      dist-pytest dist-demo dist-multinode dist-bench (default:
+#                                      all but sanitizers and dist-*)
 #
 # Each step's full log goes to $OUT/STEP.log (OUT defaults to ./gpu_out); a
 # table of steps, results and times is printed last. Wheels in .whl/ (cffi and
@@ -24,7 +24,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(build diag test pytest bench kernels overhead sequence demo)
+[ ${#steps[@]} -eq 0 ] && steps=(build diag test pytest bench kernels overhead sequence half accuracy demo)
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -46,6 +46,8 @@ command_for() {
     kernels) echo "python3 benchmark.py --kernels -c" ;;
     overhead) echo "python3 benchmark.py --overhead -c" ;;
     sequence) echo "python3 benchmark.py --sequence -c" ;;
+    half)    echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --sequence -c \$p; done" ;;
+    accuracy) echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --accuracy -c \$p; done" ;;
     sanitizers) echo "make memcheck && make racecheck && make initcheck" ;;
     demo)    echo "python3 -m examples.demo --plot $OUT/demo_loss.png" ;;
     dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider -m multi_gpu" ;;

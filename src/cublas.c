@@ -25,9 +25,20 @@ typedef int (*sgemm_function)(cublas_handle, int, int, int, int, int, const floa
 typedef int (*dgemm_function)(cublas_handle, int, int, int, int, int, const double*,
                               const double*, int, const double*, int, const double*, double*,
                               int);
+/* cublasGemmEx: transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype,
+ * ldb, beta, C, Ctype, ldc, computeType, algo. */
+typedef int (*gemm_ex_function)(cublas_handle, int, int, int, int, int, const void*, const void*,
+                                int, int, const void*, int, int, const void*, void*, int, int,
+                                int, int);
 
 enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
+enum { CUBLAS_STATUS_NOT_SUPPORTED = 15 };
+/* library_types.h's cudaDataType and cublas_api.h's cublasComputeType_t and
+ * cublasGemmAlgo_t. */
+enum { CUDA_R_16F = 2, CUDA_R_16BF = 14 };
+enum { CUBLAS_COMPUTE_32F = 68 };
+enum { CUBLAS_GEMM_DEFAULT = -1 };
 
 static struct {
   create_function create;
@@ -36,6 +47,7 @@ static struct {
   set_workspace_function set_workspace;
   sgemm_function sgemm;
   dgemm_function dgemm;
+  gemm_ex_function gemm_ex; /* NULL: no 16-bit products, float and double go on */
 } cublas;
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -56,8 +68,15 @@ static void load(void) {
   cublas.set_workspace = (set_workspace_function)dlsym(library, "cublasSetWorkspace_v2");
   cublas.sgemm = (sgemm_function)dlsym(library, "cublasSgemm_v2");
   cublas.dgemm = (dgemm_function)dlsym(library, "cublasDgemm_v2");
+  cublas.gemm_ex = (gemm_ex_function)dlsym(library, "cublasGemmEx");
   loaded = cublas.create && cublas.set_stream && cublas.set_math_mode && cublas.set_workspace &&
            cublas.sgemm && cublas.dgemm;
+}
+
+/* Whether the loaded cuBLAS has products of `dtype`. */
+static int takes(int dtype) {
+  if (dtype == LLTM_FLOAT32 || dtype == LLTM_FLOAT64) return 1;
+  return (dtype == LLTM_FLOAT16 || dtype == LLTM_BFLOAT16) && cublas.gemm_ex;
 }
 
 /* A handle per device index, made under the lock and kept; so is each
@@ -233,10 +252,10 @@ static int run_pass(int device, const lltm_pass_key* key, cudaStream_t stream, i
   return steps(context, stream);
 }
 
-int lltm_cublas_run(const lltm_pass_key* key, cudaStream_t stream, int tf32,
+int lltm_cublas_run(const lltm_pass_key* key, int dtype, cudaStream_t stream, int tf32,
                     int (*steps)(void* context, cudaStream_t stream), void* context) {
   pthread_once(&load_once, load);
-  if (!loaded) return LLTM_ERROR_NO_CUBLAS;
+  if (!loaded || !takes(dtype)) return LLTM_ERROR_NO_CUBLAS;
   int device;
   enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   int code = runtime_code(cudaGetDevice(&device));
@@ -259,12 +278,19 @@ int lltm_cublas_gemm(int dtype, int transpose_a, int transpose_b, int64_t m, int
                      int accumulate, void* c, int64_t ldc) {
   const int op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int op_b = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (!takes(dtype)) return cublas_code(CUBLAS_STATUS_NOT_SUPPORTED);
   if (dtype == LLTM_FLOAT64) {
     const double one = 1, beta = accumulate ? 1 : 0;
     return cublas_code(cublas.dgemm(current, op_a, op_b, (int)m, (int)n, (int)k, &one, a,
                                     (int)lda, b, (int)ldb, &beta, c, (int)ldc));
   }
   const float one = 1, beta = accumulate ? 1 : 0;
+  if (dtype == LLTM_FLOAT16 || dtype == LLTM_BFLOAT16) {
+    const int type = dtype == LLTM_FLOAT16 ? CUDA_R_16F : CUDA_R_16BF;
+    return cublas_code(cublas.gemm_ex(current, op_a, op_b, (int)m, (int)n, (int)k, &one, a, type,
+                                      (int)lda, b, type, (int)ldb, &beta, c, type, (int)ldc,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
   return cublas_code(cublas.sgemm(current, op_a, op_b, (int)m, (int)n, (int)k, &one, a,
                                   (int)lda, b, (int)ldb, &beta, c, (int)ldc));
 }

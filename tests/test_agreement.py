@@ -144,7 +144,7 @@ def _assert_step_results_agree(values, expected, dtype):
 @pytest.mark.parametrize("wanted", WANTED, ids="+".join)
 @pytest.mark.parametrize("shape", STEP_SHAPES, ids=shape_id)
 def test_gpu_step_paths_agree_with_reference(shape, wanted, dtype, cuda_device, generator):
-    assert cell.uses_step_kernels(*shape) == (shape != STEP_SHAPES[-1])
+    assert cell.uses_step_kernels(*shape, dtype) == (shape != STEP_SHAPES[-1])
     inputs = random_inputs(generator, shape, dtype, cuda_device)
     grads = random_grad_outputs(inputs, generator)
     outputs, gradients = outputs_and_gradients(inputs, grads, requires_grad=wanted)

@@ -21,25 +21,22 @@ from . import derivatives
 from .derivatives import or_zeros
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
-# Autocast's own device types that lltm_ffi runs on; asking autocast about
-# others (meta, say) raises.
-_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
 
 
 def _shape(tensor):
     return tuple(tensor.shape)
 
 
-def arguments_fit(input, input_dims, weights, bias, h, c, optional_bias=False):
+def arguments_fit(input, input_dims, weights, bias, h, c, forward, optional_bias=False):
     """True when input (input_dims dimensions, the last two batch and
     features), weights, bias (or, where optional_bias, None), h and c are
-    usable together with the cell's shapes, all of one supported dtype on
-    one device: the valid case of the cell and the sequence, in one
-    expression; False, never an exception, otherwise, for the caller's own
-    diagnosis."""
+    usable together with the cell's shapes, all of one dtype on one device
+    that the pass `forward` (an op.Pass) takes them in: the valid case of
+    the cell and the sequence, in one expression; False, never an
+    exception, otherwise, for the caller's own diagnosis."""
     try:
         dtype, device = input.dtype, input.device
-        if (input.dim() != input_dims or dtype not in op.SUPPORTED_DTYPES
+        if (input.dim() != input_dims or not forward.takes(dtype, device.type)
                 or input.layout is not torch.strided):
             return False
         no_bias = bias is None and optional_bias
@@ -60,21 +57,21 @@ def arguments_fit(input, input_dims, weights, bias, h, c, optional_bias=False):
 
 def check_arguments(input, weights, bias, old_h, old_cell):
     """Raises TypeError or ValueError, naming the argument, for anything the C
-    passes cannot take; returns nothing when all five are usable together.
-    The common, valid case costs one expression; the diagnosis runs only
-    when it fails."""
-    if not arguments_fit(input, 2, weights, bias, old_h, old_cell):
-        diagnose("lltm", _ARGUMENT_NAMES, 2, (input, weights, bias, old_h, old_cell))
-    if not input.is_cpu:
-        op.check_device("lltm", input.device)
+    passes cannot take (LLTMError for a CUDA device the module was built
+    without); returns nothing when all five are usable together. The
+    common, valid case costs one expression; the diagnosis runs only when
+    it fails."""
+    if not arguments_fit(input, 2, weights, bias, old_h, old_cell, forward_pass):
+        diagnose("lltm", _ARGUMENT_NAMES, 2, (input, weights, bias, old_h, old_cell),
+                 forward_pass)
 
 
-def diagnose(function, names, input_dims, tensors, optional_bias=False):
+def diagnose(function, names, input_dims, tensors, forward, optional_bias=False):
     """The TypeError or ValueError, naming the argument, for arguments that
     arguments_fit refused: `function` (lltm or lltm_sequence) called with
     `tensors` (input, weights, bias, h, c) named `names`, its input of
-    `input_dims` dimensions (the last two batch and features); a bias of
-    None is no bias where optional_bias."""
+    `input_dims` dimensions (the last two batch and features), to run the
+    pass `forward`; a bias of None is no bias where optional_bias."""
     input_name, _, _, h_name, c_name = names
     input, weights, bias, h, c = tensors
     if bias is None and optional_bias:
@@ -83,6 +80,8 @@ def diagnose(function, names, input_dims, tensors, optional_bias=False):
         op.check_tensor(function, name, tensor)
     for name, tensor in zip(names[1:], tensors[1:]):
         op.check_matches(function, name, tensor, input_name, tensors[0])
+    op.check_device(function, input.device)
+    op.check_dtype(function, input_name, input, forward)
     if input.dim() != input_dims:
         layout = "(steps, batch, input_features)" if input_dims == 3 else "(batch, input_features)"
         raise ValueError(f"{function}: {input_name} must have {input_dims} dimensions {layout}, "
@@ -268,13 +267,14 @@ def step_multiply_adds(batch_size, input_features, state_size):
     return batch_size * 3 * state_size * (state_size + input_features)
 
 
-def uses_step_kernels(batch_size, input_features, state_size):
+def uses_step_kernels(batch_size, input_features, state_size, dtype):
     """True where a GPU call is one step in lltm_ffi's own kernels
     (step_forward) rather than torch's products around the fused pointwise
-    pass: the one place that decides."""
+    pass: the one place that decides. The step passes must take `dtype`."""
     limit = (_CAPTURED_STEP_MULTIPLY_ADDS if torch.cuda.is_current_stream_capturing()
              else STEP_MULTIPLY_ADDS)
-    return step_multiply_adds(batch_size, input_features, state_size) <= limit
+    return (step_multiply_adds(batch_size, input_features, state_size) <= limit
+            and step_forward.takes(dtype, "cuda") and step_backward.takes(dtype, "cuda"))
 
 
 # The differentiable cell -------------------------------------------------------
@@ -313,7 +313,7 @@ class LLTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
-        if input.is_cuda and uses_step_kernels(*input.shape, old_h.shape[1]):
+        if input.is_cuda and uses_step_kernels(*input.shape, old_h.shape[1], input.dtype):
             X = None  # C reads old_h and input where they are
             new_h, new_cell, gates = step_forward.run(input, weights, bias, old_h, old_cell)
         else:
@@ -419,32 +419,15 @@ def _batch_first(tensor, dim, batch_size):
 
 
 def _traced_lltm(input, weights, bias, old_h, old_cell):
-    """The cell through the registered operator, for torch.compile, tracers,
-    subclasses and autocast. Inside torch.func's transforms (torch.compile of
+    """The cell through the registered operator, for torch.compile, tracers
+    and subclasses. Inside torch.func's transforms (torch.compile of
     torch.func.grad, say) the pointwise pass runs in torch ops instead: the
     operators' autograd does not support those transforms."""
     X = torch.cat((old_h, input), dim=1)
-    gates = torch.nn.functional.linear(X, weights, bias).to(old_cell.dtype)
+    gates = torch.nn.functional.linear(X, weights, bias)
     if _torch_internals.functorch_transforms_active():
         return derivatives.forward_pass(gates, old_cell)
     return forward_pass.operator(gates, old_cell)
-
-
-def _autocast_lltm(input, weights, bias, old_h, old_cell, device_type):
-    """Under autocast the matrix products run in the autocast dtype, as nn.Linear
-    would, and the pointwise passes in float32 on the upcast gates; new_h and
-    new_cell come out float32."""
-    for name, tensor in zip(_ARGUMENT_NAMES, (input, weights, bias, old_h, old_cell)):
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-            raise TypeError(f"lltm: {name} has dtype {getattr(tensor, 'dtype', type(tensor))}; "
-                            "lltm_ffi under autocast takes floating-point tensors")
-    input, weights, bias, old_h, old_cell = (
-        tensor.float() for tensor in (input, weights, bias, old_h, old_cell))
-    check_arguments(input, weights, bias, old_h, old_cell)
-    matmul_dtype = torch.get_autocast_dtype(device_type)
-    with torch.autocast(device_type, enabled=False):
-        return _traced_lltm(input.to(matmul_dtype), weights.to(matmul_dtype),
-                            bias.to(matmul_dtype), old_h.to(matmul_dtype), old_cell)
 
 
 def lltm(input, weights, bias, old_h, old_cell):
@@ -452,15 +435,18 @@ def lltm(input, weights, bias, old_h, old_cell):
 
     input (batch, input_features); weights (3 * state_size, state_size +
     input_features), its columns ordered [old_h, input]; bias (3 * state_size)
-    or (1, 3 * state_size); old_h and old_cell (batch, state_size). float32 or
-    float64, all on one CPU or CUDA device. Under torch.autocast the matrix
-    products run in the autocast dtype and the rest in float32 (float32 out).
+    or (1, 3 * state_size); old_h and old_cell (batch, state_size). All of one
+    dtype (float32, float64, float16 or bfloat16, as the C passes take it on
+    the device), all on one CPU or CUDA device; the results have that dtype.
+    Under torch.autocast the floating-point arguments (but float64 ones) are
+    cast to the autocast dtype and the whole cell runs in it, results too.
     """
     if op.plain_eager(input, weights, bias, old_h, old_cell):
         return _apply_plain(input, weights, bias, old_h, old_cell)
-    device_type = input.device.type if isinstance(input, torch.Tensor) else "cpu"
-    if device_type in _AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
-        return _autocast_lltm(input, weights, bias, old_h, old_cell, device_type)
+    autocast = op.autocast_dtype(input)
+    if autocast is not None:
+        with torch.autocast(input.device.type, enabled=False):
+            return lltm(*op.autocast_cast(autocast, input, weights, bias, old_h, old_cell))
     if op.use_operator(input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
         return _traced_lltm(input, weights, bias, old_h, old_cell)

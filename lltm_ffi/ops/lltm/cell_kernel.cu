@@ -12,7 +12,8 @@
 
 // The kernels move Pack<Dtype, kWidth>: kWidth consecutive elements of a row
 // in one access, 16 bytes when the row length and every pointer allow it
-// (more bytes in flight per thread), else one element.
+// (more bytes in flight per thread), else one element. Each element is
+// computed in its math type (lltm_math.cuh).
 template <typename Dtype, int kWidth>
 struct alignas(sizeof(Dtype) * kWidth) Pack {
   Dtype value[kWidth];
@@ -87,8 +88,12 @@ __global__ void lltm_forward_kernel(const int64_t count, const Index packs_per_r
     P h, cell;
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
-      cell_forward(pre.input.value[k], pre.output.value[k], pre.candidate.value[k],
-                   old.value[k], &h.value[k], &cell.value[k]);
+      math_t<Dtype> h_value, cell_value;
+      cell_forward(to_math(pre.input.value[k]), to_math(pre.output.value[k]),
+                   to_math(pre.candidate.value[k]), to_math(old.value[k]), &h_value,
+                   &cell_value);
+      h.value[k] = to_storage<Dtype>(h_value);
+      cell.value[k] = to_storage<Dtype>(cell_value);
     }
     reinterpret_cast<P*>(new_cell)[index] = cell;
     reinterpret_cast<P*>(new_h)[index] = h;
@@ -146,10 +151,15 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
     P d_old, d_input_gate, d_output_gate, d_candidate_cell;
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
-      cell_backward(d_h.value[k], d_cell.value[k], cell.value[k], pre.input.value[k],
-                    pre.output.value[k], pre.candidate.value[k], &d_old.value[k],
-                    &d_input_gate.value[k], &d_output_gate.value[k],
-                    &d_candidate_cell.value[k]);
+      math_t<Dtype> d_old_value, d_input_value, d_output_value, d_candidate_value;
+      cell_backward(to_math(d_h.value[k]), to_math(d_cell.value[k]), to_math(cell.value[k]),
+                    to_math(pre.input.value[k]), to_math(pre.output.value[k]),
+                    to_math(pre.candidate.value[k]), &d_old_value, &d_input_value,
+                    &d_output_value, &d_candidate_value);
+      d_old.value[k] = to_storage<Dtype>(d_old_value);
+      d_input_gate.value[k] = to_storage<Dtype>(d_input_value);
+      d_output_gate.value[k] = to_storage<Dtype>(d_output_value);
+      d_candidate_cell.value[k] = to_storage<Dtype>(d_candidate_value);
     }
     reinterpret_cast<P*>(d_old_cell)[index] = d_old;
     d_gate_packs[gate_index] = d_input_gate;
@@ -196,9 +206,11 @@ static cudaError_t launch_backward(int64_t batch_size, int64_t state_size,
   return cudaSuccess;
 }
 
-// The passes, in the argument order of their declarations in cell.py.
-LLTM_CUDA_PASS(forward_pass, launch_forward, args->sizes[0], args->sizes[1], args->tensors[0],
-               args->tensors[1], args->tensors[2], args->tensors[3], stream)
-LLTM_CUDA_PASS(backward_pass, launch_backward, args->sizes[0], args->sizes[1], args->sizes + 2,
-               args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
-               args->tensors[4], args->tensors[5], stream)
+// The passes, in the argument order of their declarations in cell.py; every
+// element type, the 16-bit ones computing in float (lltm_math.cuh).
+LLTM_CUDA_PASS_WITH_HALF(forward_pass, launch_forward, args->sizes[0], args->sizes[1],
+                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
+                         stream)
+LLTM_CUDA_PASS_WITH_HALF(backward_pass, launch_backward, args->sizes[0], args->sizes[1],
+                         args->sizes + 2, args->tensors[0], args->tensors[1], args->tensors[2],
+                         args->tensors[3], args->tensors[4], args->tensors[5], stream)

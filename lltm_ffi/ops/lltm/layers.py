@@ -96,7 +96,9 @@ def lltm_layers(inputs, weights, biases, h0, c0, *, bidirectional=False, dropout
 
     Differentiable in inputs, every weight and bias, h0 and c0. On a GPU the
     two directions of a layer run at the same time (streams joined); the
-    layers follow one another.
+    layers follow one another. Under torch.autocast the floating-point
+    arguments (but float64 ones) are cast to the autocast dtype once, and
+    every layer runs in it, as lltm_sequence does.
     """
     directions = 2 if bidirectional else 1
     weights = list(weights)
@@ -111,6 +113,16 @@ def lltm_layers(inputs, weights, biases, h0, c0, *, bidirectional=False, dropout
     if isinstance(inputs, PackedSequence):
         return _packed_layers(inputs, weights, biases, h0, c0, bidirectional, dropout, training,
                               batch_sizes)
+    autocast = op.autocast_dtype(inputs)
+    if autocast is not None:
+        # Once for all layers and both directions, rather than in each
+        # lltm_sequence.
+        inputs, h0, c0, *parameters = op.autocast_cast(autocast, inputs, h0, c0, *weights,
+                                                       *biases)
+        with torch.autocast(inputs.device.type, enabled=False):
+            return lltm_layers(inputs, parameters[:len(weights)], parameters[len(weights):], h0,
+                               c0, bidirectional=bidirectional, dropout=dropout,
+                               training=training, batch_sizes=batch_sizes)
     op.check_tensor("lltm_layers", "weights[0]", weights[0])
     state_size = weights[0].shape[0] // 3
     batch = (inputs.shape[1] if batch_sizes is None and isinstance(inputs, torch.Tensor)

@@ -1,11 +1,17 @@
 // CUDA device code, for .cu files only: what the cell's kernels
-// (lltm_kernel.cu) and the sequence's (sequence_kernel.cu) share, the
-// activations in each element type's own precision and one element of the
-// cell, forward and backward.
+// (cell_kernel.cu, step_kernel.cu) and the sequence's (sequence_kernel.cu)
+// share, the activations in each math type's precision (lltm_math.cuh:
+// float for float, __half and __nv_bfloat16, double for double) and one
+// element of the cell, forward and backward. Callers convert at their loads
+// and stores.
 #ifndef LLTM_CELL_H
 #define LLTM_CELL_H
 
 #include <stdint.h>
+
+#include <type_traits>
+
+#include "lltm_math.cuh"
 
 // Overloads rather than one generic call: float math stays in float and
 // double math in double (no float-only intrinsic ever sees a double).
@@ -35,25 +41,33 @@ __device__ __forceinline__ Dtype d_elu(Dtype z) {
   return z > Dtype(0) ? Dtype(1) : exp_of(z);
 }
 
+template <typename Math>
+struct IsMath {
+  static const bool value = std::is_same<Math, float>::value || std::is_same<Math, double>::value;
+};
+
 // One element of the forward pass: new_h and new_cell from the three gate
-// pre-activations and old_cell.
+// pre-activations and old_cell, in a math type.
 template <typename Dtype>
 __device__ __forceinline__ void cell_forward(Dtype input_pre, Dtype output_pre,
                                              Dtype candidate_pre, Dtype old_cell, Dtype* new_h,
                                              Dtype* new_cell) {
+  static_assert(IsMath<Dtype>::value, "the cell computes in float or double (math_t)");
   const Dtype cell = old_cell + elu(candidate_pre) * sigmoid(input_pre);
   *new_cell = cell;
   *new_h = tanh_of(cell) * sigmoid(output_pre);
 }
 
 // One element of the backward pass: d_old_cell and the three gate gradients
-// from the output gradients, new_cell and the gate pre-activations.
+// from the output gradients, new_cell and the gate pre-activations, in a
+// math type.
 template <typename Dtype>
 __device__ __forceinline__ void cell_backward(Dtype d_h, Dtype d_cell, Dtype new_cell,
                                               Dtype input_pre, Dtype output_pre,
                                               Dtype candidate_pre, Dtype* d_old_cell,
                                               Dtype* d_input, Dtype* d_output,
                                               Dtype* d_candidate) {
+  static_assert(IsMath<Dtype>::value, "the cell computes in float or double (math_t)");
   const Dtype input_gate = sigmoid(input_pre);
   const Dtype output_gate = sigmoid(output_pre);
   const Dtype tanh_new_cell = tanh_of(new_cell);
@@ -65,8 +79,8 @@ __device__ __forceinline__ void cell_backward(Dtype d_h, Dtype d_cell, Dtype new
   *d_candidate = input_gate * d_new_cell * d_elu(candidate_pre);
 }
 
-// The launchers take untyped pointers (one C signature for both element
-// types); the kernels take typed ones.
+// The launchers take untyped pointers (one C signature for every element
+// type); the kernels take typed ones.
 template <typename Dtype>
 static inline const Dtype* as(const void* pointer) { return static_cast<const Dtype*>(pointer); }
 template <typename Dtype>

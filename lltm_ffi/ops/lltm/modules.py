@@ -141,7 +141,8 @@ class LLTMSequence(torch.nn.Module):
         what = "input is a PackedSequence whose data" if packed else "input"
         op.check_tensor("LLTMSequence", "input" if not packed else "input.data", data)
         weights = self.weights_l0
-        if data.dtype != weights.dtype:
+        # Under autocast, as nn.GRU, the layers cast both to the autocast dtype.
+        if data.dtype != weights.dtype and op.autocast_dtype(data) is None:
             raise TypeError(f"LLTMSequence: {what} has dtype {data.dtype} but the module's "
                             f"parameters have {weights.dtype}; convert one to the other "
                             "(module.to(dtype))")
@@ -200,7 +201,8 @@ class LLTMSequence(torch.nn.Module):
                                  f"num_directions, state_size) = ({layers}, {self.state_size})")
             check_state("LLTMSequence", f"state {name}", tensor, layers, batch, self.state_size)
             weights = self.weights_l0
-            if tensor.dtype != weights.dtype or tensor.device != weights.device:
+            if tensor.device != weights.device or (tensor.dtype != weights.dtype
+                                                   and op.autocast_dtype(tensor) is None):
                 raise TypeError(f"LLTMSequence: state {name} has dtype {tensor.dtype} on "
                                 f"{tensor.device} but the module's parameters have "
                                 f"{weights.dtype} on {weights.device}")

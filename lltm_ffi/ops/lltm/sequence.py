@@ -13,8 +13,9 @@ own rows only (no work on padding); the reverse direction starts each
 sequence at its own last element, reading the same rows in place.
 
 As for the cell, eager calls go through the autograd.Function that op.Op
-builds, which calls C directly; torch.compile and autocast go through the
-registered operators.
+builds, which calls C directly; torch.compile and tracers go through the
+registered operators. Under autocast the arguments are cast to the
+autocast dtype first, and the call runs in it.
 
 On a GPU the matrix products go through cuBLAS (loaded by the C code at run
 time; the recurrent ones past the sizes the persistent kernels take), with
@@ -38,15 +39,16 @@ _ARGUMENT_NAMES = ("inputs", "weights", "bias", "h0", "c0")
 _shape = cell._shape
 
 
-def check_arguments(inputs, weights, bias, h0, c0, optional_bias=False):
+def check_arguments(inputs, weights, bias, h0, c0, optional_bias=False, forward=None):
     """TypeError or ValueError, naming the argument, for anything the C loop
-    cannot take (bias None too, where optional_bias). The common, valid case
-    costs one expression; the diagnosis runs only when it fails."""
-    if not cell.arguments_fit(inputs, 3, weights, bias, h0, c0, optional_bias):
+    of the pass `forward` (sequence_forward by default) cannot take (bias
+    None too, where optional_bias; LLTMError for a CUDA device the module
+    was built without). The common, valid case costs one expression; the
+    diagnosis runs only when it fails."""
+    forward = forward or sequence_forward
+    if not cell.arguments_fit(inputs, 3, weights, bias, h0, c0, forward, optional_bias):
         cell.diagnose("lltm_sequence", _ARGUMENT_NAMES, 3, (inputs, weights, bias, h0, c0),
-                      optional_bias)
-    if not inputs.is_cpu:
-        op.check_device("lltm_sequence", inputs.device)
+                      forward, optional_bias)
 
 
 def _options():
@@ -357,22 +359,17 @@ def _dual(*tensors):
         forward_ad.unpack_dual(tensor).tangent is not None for tensor in tensors)
 
 
-def _autocast_enabled(inputs):
-    return (isinstance(inputs, torch.Tensor) and inputs.device.type in ("cpu", "cuda")
-            and torch.is_autocast_enabled(inputs.device.type))
-
-
-def _forward(differentiable, arguments, plain, autocast):
+def _forward(differentiable, arguments, plain):
     """The forward pass of `differentiable` (sequence or packed) on checked
     arguments, by the path the call takes: straight into C for plain eager
-    calls; the operator under tracers, subclasses and autocast; refused
-    under forward mode and torch.func's transforms."""
+    calls; the operator under tracers and subclasses; refused under forward
+    mode and torch.func's transforms."""
     if plain:
         return differentiable._apply(*arguments)
     tensors = [argument for argument in arguments if isinstance(argument, torch.Tensor)]
     if _torch_internals.functorch_transforms_active() or _dual(*tensors):
         raise NotImplementedError(_UNSUPPORTED_TRANSFORMS)
-    if autocast or op.use_operator(*tensors):
+    if op.use_operator(*tensors):
         return differentiable.forward.operator(*arguments)
     return differentiable.function.apply(*arguments)
 
@@ -398,41 +395,44 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
     its own sequences only, in C.
 
     Differentiable in inputs, weights, bias, h0 and c0 through every
-    output. Under torch.autocast it runs in float32 (float32 out), the
-    arguments cast to float32.
+    output. All of one dtype (float32, float64, float16 or bfloat16, as the
+    C passes take it on the device); the results have that dtype. Under
+    torch.autocast the floating-point arguments (but float64 ones) are cast
+    to the autocast dtype and the sequence runs in it, results too.
     """
     if isinstance(inputs, PackedSequence):
         return _packed_sequence(inputs, weights, bias, h0, c0, batch_sizes, reverse)
     tensors = [tensor for tensor in (inputs, weights, bias, h0, c0, batch_sizes)
                if tensor is not None]
     plain = op.plain_eager(*tensors)
-    autocast = not plain and _autocast_enabled(inputs)
-    if autocast:
-        inputs, weights, bias, h0, c0 = (
-            tensor.float() if isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
-            else tensor for tensor in (inputs, weights, bias, h0, c0))
+    autocast = None if plain else op.autocast_dtype(inputs)
+    if autocast is not None:
+        with torch.autocast(inputs.device.type, enabled=False):
+            return lltm_sequence(*op.autocast_cast(autocast, inputs, weights, bias, h0, c0),
+                                 batch_sizes=batch_sizes, reverse=reverse)
     if batch_sizes is not None:
         arguments = (inputs, weights, bias, h0, c0, batch_sizes, bool(reverse))
         packed_forward.check(arguments, "lltm_sequence")
         if inputs.shape[0] == 0:
             return inputs.new_empty(0, h0.shape[1]), (h0, c0)
-        outputs, _, _, h_n, c_n = _forward(packed, arguments, plain, autocast)
+        outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
         return outputs, (h_n, c_n)
-    check_arguments(inputs, weights, bias, h0, c0, optional_bias=True)
+    loop = packed_forward if reverse or bias is None else sequence_forward
+    check_arguments(inputs, weights, bias, h0, c0, optional_bias=True, forward=loop)
     steps, batch_size, input_features = inputs.shape
     if steps == 0:
         return inputs.new_empty(0, *h0.shape), (h0, c0)
-    if reverse or bias is None:
+    if loop is packed_forward:
         outputs, _, _, h_n, c_n = _forward(
             packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0,
-                     None, bool(reverse)), plain, autocast)
+                     None, bool(reverse)), plain)
         return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
     if plain and steps == 1 and inputs.is_cuda and cell.uses_step_kernels(
-            batch_size, input_features, h0.shape[1]):
+            batch_size, input_features, h0.shape[1], inputs.dtype):
         # One step is a call of the cell, in its step kernels.
         new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
         return new_h.unsqueeze(0), (new_h, new_cell)
-    outputs, cells = _forward(sequence, (inputs, weights, bias, h0, c0), plain, autocast)[:2]
+    outputs, cells = _forward(sequence, (inputs, weights, bias, h0, c0), plain)[:2]
     return outputs, (outputs[-1], cells[-1])
 
 

@@ -14,6 +14,12 @@
 // pass, for small batch x state and dense steps; otherwise each step's
 // recurrent product by cuBLAS and a pointwise kernel for its gate math; and,
 // without cuBLAS, a step-by-step kernel that does both.
+//
+// Every element type: tensors hold it, the arithmetic runs in its math type
+// (lltm_math.cuh: float for __half and __nv_bfloat16), converting at each
+// load and store. The state a step hands the next (h, the cell, and going
+// back their gradients) passes through the tensors that hold it, in the
+// element type, on every path alike.
 
 #include <cooperative_groups.h>
 
@@ -35,11 +41,12 @@
 static const int kTile = 16;
 static const int kTileThreads = kTile * kTile;
 
-// Product slices as deep as 48 KB of static shared memory allows: fewer
-// slices, fewer waits on memory and barriers in the step's critical path.
-template <typename Dtype>
+// Product slices (of the math type) as deep as 48 KB of static shared
+// memory allows: fewer slices, fewer waits on memory and barriers in the
+// step's critical path.
+template <typename Math>
 struct Depth {
-  static const int kDepth = sizeof(Dtype) == 4 ? 128 : 64;
+  static const int kDepth = sizeof(Math) == 4 ? 128 : 64;
 };
 
 static int tile_blocks(int64_t batch_size, int64_t state_size) {
@@ -73,9 +80,10 @@ struct GradStrides {
 // Element (row, column) of one step of an output gradient (that step's
 // first element at `step`, NULL for zeros), read through its strides.
 template <typename Dtype>
-__device__ __forceinline__ Dtype gradient_at(const Dtype* step, const int64_t (&strides)[3],
-                                             int64_t row, int64_t column) {
-  return step ? step[row * strides[1] + column * strides[2]] : Dtype(0);
+__device__ __forceinline__ math_t<Dtype> gradient_at(const Dtype* step,
+                                                     const int64_t (&strides)[3], int64_t row,
+                                                     int64_t column) {
+  return step ? to_math(step[row * strides[1] + column * strides[2]]) : math_t<Dtype>(0);
 }
 
 // One step of a walk (lltm_steps.h) as its forward kernels see it: its row
@@ -111,12 +119,14 @@ static StepState<Dtype> step_state(const lltm_step& step, int64_t state_size, co
 // The cell's forward math on element `element` (row `row`) of a step, from
 // its three pre-activations; new_h and new_cell are the step's.
 template <typename Dtype>
-__device__ __forceinline__ void step_cell_forward(const Dtype (&pre)[3],
+__device__ __forceinline__ void step_cell_forward(const math_t<Dtype> (&pre)[3],
                                                   const StepState<Dtype>& state, int64_t row,
                                                   int64_t element, Dtype* new_h,
                                                   Dtype* new_cell) {
-  Dtype h, cell;
-  cell_forward(pre[0], pre[1], pre[2], state.old_cell(row)[element], &h, &cell);
+  math_t<Dtype> h_value, cell_value;
+  cell_forward(pre[0], pre[1], pre[2], to_math(state.old_cell(row)[element]), &h_value,
+               &cell_value);
+  const Dtype h = to_storage<Dtype>(h_value), cell = to_storage<Dtype>(cell_value);
   new_h[element] = h;
   new_cell[element] = cell;
   if (state.final_h && row >= state.continued) {
@@ -161,22 +171,38 @@ static StepGradients<Dtype> step_gradients(const lltm_walk& walk, const lltm_ste
 template <typename Dtype>
 __device__ __forceinline__ void step_cell_backward(const StepGradients<Dtype>& gradients,
                                                    int64_t row, int64_t column, int64_t element,
-                                                   Dtype carried_h, const Dtype* carried_cell,
-                                                   Dtype new_cell, const Dtype* gate,
+                                                   math_t<Dtype> carried_h,
+                                                   const Dtype* carried_cell,
+                                                   math_t<Dtype> new_cell, const Dtype* gate,
                                                    int64_t state_size, Dtype* d_cell,
                                                    Dtype* d_gate) {
+  typedef math_t<Dtype> Math;
   const bool continues = row < gradients.continued;
-  const Dtype start_h = continues ? carried_h
-                                  : gradients.final_h ? gradients.final_h[element] : Dtype(0);
-  const Dtype start_cell = continues ? carried_cell[element]
-                                     : gradients.final_cell ? gradients.final_cell[element]
-                                                            : Dtype(0);
-  Dtype d_old_cell;
+  const Math start_h = continues ? carried_h
+                       : gradients.final_h ? to_math(gradients.final_h[element])
+                                           : Math(0);
+  const Math start_cell = continues ? to_math(carried_cell[element])
+                          : gradients.final_cell ? to_math(gradients.final_cell[element])
+                                                 : Math(0);
+  Math d_old_cell, d_input, d_output, d_candidate;
   cell_backward(gradient_at(gradients.output, gradients.strides.outputs, row, column) + start_h,
                 gradient_at(gradients.cell, gradients.strides.cells, row, column) + start_cell,
-                new_cell, gate[0], gate[state_size], gate[2 * state_size], &d_old_cell,
-                &d_gate[0], &d_gate[state_size], &d_gate[2 * state_size]);
-  if (d_cell) d_cell[element] = d_old_cell;
+                new_cell, to_math(gate[0]), to_math(gate[state_size]),
+                to_math(gate[2 * state_size]), &d_old_cell, &d_input, &d_output, &d_candidate);
+  d_gate[0] = to_storage<Dtype>(d_input);
+  d_gate[state_size] = to_storage<Dtype>(d_output);
+  d_gate[2 * state_size] = to_storage<Dtype>(d_candidate);
+  if (d_cell) d_cell[element] = to_storage<Dtype>(d_old_cell);
+}
+
+// A step's pre-activation from its sum in the math type: kept in the step's
+// gates (rounded, for a 16-bit type) and handed to the cell as kept there,
+// as the backward pass, which recomputes from the gates, sees it.
+template <typename Dtype>
+__device__ __forceinline__ math_t<Dtype> keep_gate(Dtype* gate, math_t<Dtype> sum) {
+  const Dtype kept = to_storage<Dtype>(sum);
+  *gate = kept;
+  return to_math(kept);
 }
 
 // Forward step: gates (which hold the step's input part) += bias + old_h
@@ -188,29 +214,31 @@ __global__ void lltm_sequence_forward_kernel(
     const Dtype* __restrict__ weights, const int64_t weights_row_stride,
     const StepState<Dtype> state, Dtype* __restrict__ new_h, Dtype* __restrict__ new_cell,
     Dtype* __restrict__ gates) {
-  const int kDepth = Depth<Dtype>::kDepth;
-  __shared__ Dtype h_slice[kTile][kDepth];
-  __shared__ Dtype w_slice[3][kTile][kDepth + 1];
+  typedef math_t<Dtype> Math;
+  const int kDepth = Depth<Math>::kDepth;
+  __shared__ Math h_slice[kTile][kDepth];
+  __shared__ Math w_slice[3][kTile][kDepth + 1];
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   TILE_LOOP(row0, column0, batch_size, state_size) {
-    Dtype sum[3] = {0, 0, 0};
+    Math sum[3] = {0, 0, 0};
     for (int64_t k0 = 0; k0 < state_size; k0 += kDepth) {
       for (int i = threadIdx.x; i < kTile * kDepth; i += kTileThreads) {
         const int r = i / kDepth, k = i % kDepth;
         const bool k_in = k0 + k < state_size;
         const int64_t row = row0 + r, column = column0 + r;
         h_slice[r][k] = k_in && row < batch_size
-            ? state.old_h(row)[row * state_size + k0 + k] : Dtype(0);
+            ? to_math(state.old_h(row)[row * state_size + k0 + k]) : Math(0);
 #pragma unroll
         for (int g = 0; g < 3; ++g) {
           w_slice[g][r][k] = k_in && column < state_size
-              ? weights[(g * state_size + column) * weights_row_stride + k0 + k] : Dtype(0);
+              ? to_math(weights[(g * state_size + column) * weights_row_stride + k0 + k])
+              : Math(0);
         }
       }
       __syncthreads();
 #pragma unroll 8
       for (int k = 0; k < kDepth; ++k) {
-        const Dtype h = h_slice[ty][k];
+        const Math h = h_slice[ty][k];
 #pragma unroll
         for (int g = 0; g < 3; ++g) sum[g] += h * w_slice[g][tx][k];
       }
@@ -219,12 +247,12 @@ __global__ void lltm_sequence_forward_kernel(
     const int64_t row = row0 + ty, column = column0 + tx;
     if (row < batch_size && column < state_size) {
       const int64_t gate = row * 3 * state_size + column;
-      Dtype pre[3];
+      Math pre[3];
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        pre[g] = gates[gate + g * state_size] + (bias ? bias[g * state_size + column] : Dtype(0)) +
-                 sum[g];
-        gates[gate + g * state_size] = pre[g];
+        pre[g] = keep_gate(&gates[gate + g * state_size],
+                           to_math(gates[gate + g * state_size]) +
+                               (bias ? to_math(bias[g * state_size + column]) : Math(0)) + sum[g]);
       }
       step_cell_forward(pre, state, row, row * state_size + column, new_h, new_cell);
     }
@@ -260,22 +288,23 @@ __global__ void lltm_sequence_backward_kernel(
     const int64_t weights_row_stride, const Dtype* __restrict__ d_gates_next,
     const StepGradients<Dtype> gradients, const Dtype* __restrict__ cells,
     const Dtype* __restrict__ gates, Dtype* __restrict__ d_cell, Dtype* __restrict__ d_gates) {
-  const int kDepth = Depth<Dtype>::kDepth;
-  __shared__ Dtype g_slice[kTile][kDepth];
-  __shared__ Dtype w_slice[kDepth][kTile + 1];
+  typedef math_t<Dtype> Math;
+  const int kDepth = Depth<Math>::kDepth;
+  __shared__ Math g_slice[kTile][kDepth];
+  __shared__ Math w_slice[kDepth][kTile + 1];
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   const int64_t gates_size = 3 * state_size;
   TILE_LOOP(row0, column0, batch_size, state_size) {
-    Dtype sum = 0;
+    Math sum = 0;
     for (int64_t k0 = 0; d_gates_next && k0 < gates_size; k0 += kDepth) {
       for (int i = threadIdx.x; i < kTile * kDepth; i += kTileThreads) {
         const int r = i / kDepth, k = i % kDepth;
         const int64_t row = row0 + r;
         g_slice[r][k] = row < gradients.continued && k0 + k < gates_size
-            ? d_gates_next[row * gates_size + k0 + k] : Dtype(0);
+            ? to_math(d_gates_next[row * gates_size + k0 + k]) : Math(0);
         const int kw = i / kTile, c = i % kTile;
         w_slice[kw][c] = column0 + c < state_size && k0 + kw < gates_size
-            ? weights[(k0 + kw) * weights_row_stride + column0 + c] : Dtype(0);
+            ? to_math(weights[(k0 + kw) * weights_row_stride + column0 + c]) : Math(0);
       }
       __syncthreads();
 #pragma unroll 8
@@ -285,7 +314,7 @@ __global__ void lltm_sequence_backward_kernel(
     const int64_t row = row0 + ty, column = column0 + tx;
     if (row < batch_size && column < state_size) {
       const int64_t element = row * state_size + column, gate = row * gates_size + column;
-      step_cell_backward(gradients, row, column, element, sum, d_cell, cells[element],
+      step_cell_backward(gradients, row, column, element, sum, d_cell, to_math(cells[element]),
                          gates + gate, state_size, d_cell, d_gates + gate);
     }
   }
@@ -332,11 +361,11 @@ __global__ void lltm_product_kernel(const int64_t m, const int64_t n, const int6
                                     const bool accumulate, Dtype* c, const int64_t ldc) {
   CUDA_KERNEL_LOOP(index, m * n) {
     const int64_t i = index / n, j = index % n;
-    Dtype sum = accumulate ? c[i * ldc + j] : Dtype(0);
+    math_t<Dtype> sum = accumulate ? to_math(c[i * ldc + j]) : math_t<Dtype>(0);
     for (int64_t p = 0; p < k; ++p) {
-      sum += a[i * a_row + p * a_column] * b[p * b_row + j * b_column];
+      sum += to_math(a[i * a_row + p * a_column]) * to_math(b[p * b_row + j * b_column]);
     }
-    c[i * ldc + j] = sum;
+    c[i * ldc + j] = to_storage<Dtype>(sum);
   }
 }
 
@@ -360,31 +389,33 @@ static int product(bool cublas, cudaStream_t stream, int64_t m, int64_t n, int64
 
 // sums[c] = the sum of column c of a dense (rows, columns) matrix: a block
 // of kSumThreads per 32 columns, each thread summing every 32nd row of its
-// column, then the block the 32 partial sums: the same order every run.
+// column, then the block the 32 partial sums: the same order every run,
+// all in the math type.
 static const int kSumThreads = 1024;
 
 template <typename Dtype>
 __global__ void __launch_bounds__(kSumThreads) lltm_column_sums_kernel(
     const int64_t rows, const int64_t columns, const Dtype* __restrict__ matrix,
     Dtype* __restrict__ sums) {
-  __shared__ Dtype partial[kSumThreads / 32][33];
+  typedef math_t<Dtype> Math;
+  __shared__ Math partial[kSumThreads / 32][33];
   const int lane = threadIdx.x % 32, group = threadIdx.x / 32;
   for (int64_t column0 = (int64_t)blockIdx.x * 32; column0 < columns;
        column0 += (int64_t)gridDim.x * 32) {
     const int64_t column = column0 + lane;
-    Dtype sum = 0;
+    Math sum = 0;
     if (column < columns) {
 #pragma unroll 4
       for (int64_t row = group; row < rows; row += kSumThreads / 32) {
-        sum += matrix[row * columns + column];
+        sum += to_math(matrix[row * columns + column]);
       }
     }
     partial[group][lane] = sum;
     __syncthreads();
     if (group == 0 && column < columns) {
-      Dtype total = 0;
+      Math total = 0;
       for (int g = 0; g < kSumThreads / 32; ++g) total += partial[g][lane];
-      sums[column] = total;
+      sums[column] = to_storage<Dtype>(total);
     }
     __syncthreads();
   }
@@ -402,14 +433,16 @@ __global__ void lltm_sequence_gates_forward_kernel(
     const int64_t count, const int64_t state_size, const Dtype* __restrict__ bias,
     const StepState<Dtype> state, Dtype* __restrict__ gates, Dtype* __restrict__ new_h,
     Dtype* __restrict__ new_cell) {
+  typedef math_t<Dtype> Math;
   CUDA_KERNEL_LOOP(index, count) {
     const int64_t row = index / state_size, column = index - row * state_size;
     const int64_t gate = index + 2 * row * state_size;  // row * 3 * state + column
-    Dtype pre[3];
+    Math pre[3];
 #pragma unroll
     for (int g = 0; g < 3; ++g) {
-      pre[g] = gates[gate + g * state_size] + (bias ? bias[g * state_size + column] : Dtype(0));
-      gates[gate + g * state_size] = pre[g];
+      pre[g] = keep_gate(&gates[gate + g * state_size],
+                         to_math(gates[gate + g * state_size]) +
+                             (bias ? to_math(bias[g * state_size + column]) : Math(0)));
     }
     step_cell_forward(pre, state, row, index, new_h, new_cell);
   }
@@ -465,8 +498,9 @@ __global__ void lltm_sequence_gates_backward_kernel(
     const int64_t row = index / state_size, column = index - row * state_size;
     const int64_t gate = index + 2 * row * state_size;
     step_cell_backward(gradients, row, column, index,
-                       row < gradients.continued ? d_h_next[index] : Dtype(0), d_cell,
-                       cells[index], gates + gate, state_size, d_cell, d_gates + gate);
+                       row < gradients.continued ? to_math(d_h_next[index]) : math_t<Dtype>(0),
+                       d_cell, to_math(cells[index]), gates + gate, state_size, d_cell,
+                       d_gates + gate);
   }
 }
 
@@ -528,6 +562,12 @@ static int sequence_backward_cublas_steps(const lltm_walk& walk, int64_t state_s
 //
 // Shared memory holds rows padded to a multiple of the vector width (plus one
 // vector, so that the rows of a warp's lanes fall into different banks).
+//
+// The weights and the staged state stay in the element type there, a 16-bit
+// one too: half the bytes of float, so a 16-bit pass fits the persistent
+// kernels at larger sizes than a float32 one (plan_persistent sizes by
+// sizeof(Dtype)), and staging the state is a plain copy. The dot products
+// widen each element to the math type as they read it and sum there.
 template <typename Dtype>
 struct Vector;
 template <>
@@ -540,6 +580,16 @@ struct Vector<double> {
   typedef double2 type;
   static const int kWidth = 2;
 };
+template <>
+struct Vector<__half> {
+  typedef uint4 type;
+  static const int kWidth = 8;
+};
+template <>
+struct Vector<__nv_bfloat16> {
+  typedef uint4 type;
+  static const int kWidth = 8;
+};
 
 template <typename Dtype>
 __host__ __device__ static int64_t padded(int64_t length) {
@@ -549,30 +599,36 @@ __host__ __device__ static int64_t padded(int64_t length) {
 
 // sums[n] += a . b_n over this lane's share of `length` (a multiple of the
 // vector width): vector `part`, part + parts, ...; b_n is row n of `b` (kRows
-// rows, `stride` apart). a and b are shared memory.
+// rows, `stride` apart). a and b are shared memory, 16-byte aligned, each
+// row too.
 template <typename Dtype, int kRows>
 __device__ __forceinline__ void dot_rows(const Dtype* a, const Dtype* b, int64_t stride,
                                          int64_t length, int part, int parts,
-                                         Dtype (&sums)[kRows]) {
+                                         math_t<Dtype> (&sums)[kRows]) {
   typedef typename Vector<Dtype>::type V;
   const int kWidth = Vector<Dtype>::kWidth;
   for (int64_t k = part * kWidth; k < length; k += parts * kWidth) {
     const V x = *reinterpret_cast<const V*>(a + k);
     const Dtype* xs = reinterpret_cast<const Dtype*>(&x);
+    math_t<Dtype> xm[kWidth];
+#pragma unroll
+    for (int w = 0; w < kWidth; ++w) xm[w] = to_math(xs[w]);
 #pragma unroll
     for (int n = 0; n < kRows; ++n) {
       const V y = *reinterpret_cast<const V*>(b + n * stride + k);
       const Dtype* ys = reinterpret_cast<const Dtype*>(&y);
 #pragma unroll
-      for (int w = 0; w < kWidth; ++w) sums[n] += xs[w] * ys[w];
+      for (int w = 0; w < kWidth; ++w) sums[n] += xm[w] * to_math(ys[w]);
     }
   }
 }
 
 // The sums of the `parts` consecutive lanes (a power of two, at most a warp)
-// that each hold a share of the same dot products, in every one of them.
-template <typename Dtype, int kRows>
-__device__ __forceinline__ void sum_parts(int parts, Dtype (&sums)[kRows]) {
+// that each hold a share of the same dot products, in every one of them; in
+// the math type.
+template <typename Math, int kRows>
+__device__ __forceinline__ void sum_parts(int parts, Math (&sums)[kRows]) {
+  static_assert(IsMath<Math>::value, "partial sums are shuffled in float or double");
   for (int offset = parts / 2; offset > 0; offset /= 2) {
 #pragma unroll
     for (int n = 0; n < kRows; ++n) sums[n] += __shfl_xor_sync(0xffffffffu, sums[n], offset);
@@ -613,7 +669,7 @@ __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_
 #pragma unroll 8
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     const int r = i / width, k = i - r * width;
-    target[i] = k < length ? __ldcg(source + r * length + k) : Dtype(0);
+    target[i] = k < length ? __ldcg(source + r * length + k) : to_storage<Dtype>(0);
   }
 }
 
@@ -640,24 +696,25 @@ static const int64_t kPersistentElements = 16384;
 // group's first lane, finish(at, sums, inputs) with what load(at, inputs)
 // read for it. The first element's inputs are loaded before stage() (the
 // wait for the other blocks' state), so that their latency hides behind it.
-// Every lane runs the same iterations, for the shuffles in sum_parts.
-template <typename Dtype, int kColumns, int kSums, int kInputs, typename Load, typename Stage,
+// Every lane runs the same iterations, for the shuffles in sum_parts. Sums
+// and inputs are of the math type Math.
+template <typename Math, int kColumns, int kSums, int kInputs, typename Load, typename Stage,
           typename Product, typename Finish>
 __device__ __forceinline__ void persistent_step(int64_t column0, int64_t elements,
                                                 int64_t state_size, Load load, Stage stage,
                                                 Product product, Finish finish) {
   const int parts = parts_per_element(elements), part = threadIdx.x % parts;
-  Dtype first[kInputs] = {};
+  Math first[kInputs] = {};
   const BlockElement<kColumns> first_element(threadIdx.x / parts, column0, elements, state_size);
   if (part == 0 && first_element.active) load(first_element, first);
   stage();
   for (int64_t e0 = 0; e0 < elements; e0 += blockDim.x / parts) {
     const BlockElement<kColumns> at(e0 + threadIdx.x / parts, column0, elements, state_size);
-    Dtype sums[kSums] = {};
+    Math sums[kSums] = {};
     if (at.active) product(at, part, parts, sums);
     sum_parts(parts, sums);
     if (!at.active || part != 0) continue;
-    Dtype inputs[kInputs];
+    Math inputs[kInputs];
 #pragma unroll
     for (int i = 0; i < kInputs; ++i) inputs[i] = first[i];
     if (e0) load(at, inputs);
@@ -676,6 +733,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     const int64_t weights_row_stride, const int reverse, const Dtype* __restrict__ bias,
     const Dtype* __restrict__ weights, const Dtype* h0, const Dtype* c0, Dtype* outputs,
     Dtype* cells, Dtype* gates, Dtype* final_h, Dtype* final_cell) {
+  typedef math_t<Dtype> Math;
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t stride = padded<Dtype>(state_size);
   Dtype* w = reinterpret_cast<Dtype*>(shared);  // row g * kColumns + c: gate g of column c
@@ -685,7 +743,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     const int64_t row = i / stride, k = i % stride;
     const int64_t column = column0 + row % kColumns, gate_row = row / kColumns * state_size;
     w[i] = k < state_size && column < state_size
-        ? weights[(gate_row + column) * weights_row_stride + k] : Dtype(0);
+        ? weights[(gate_row + column) * weights_row_stride + k] : to_storage<Dtype>(0);
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
@@ -697,35 +755,35 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     Dtype* final_h_now = order + 1 == steps ? final_h : NULL;
     // An element's input part of its gates plus the bias, and its old cell,
     // which this lane wrote.
-    auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[4]) {
+    auto load = [&](const BlockElement<kColumns>& at, Math (&inputs)[4]) {
       const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        inputs[g] = gates[gate + g * state_size] +
-                    (bias ? bias[g * state_size + at.column] : Dtype(0));
+        inputs[g] = to_math(gates[gate + g * state_size]) +
+                    (bias ? to_math(bias[g * state_size + at.column]) : Math(0));
       }
-      inputs[3] = old_cell[at.element];
+      inputs[3] = to_math(old_cell[at.element]);
     };
     auto stage = [&] {
       __syncthreads();
       stage_rows(old_h, (int)batch_size, state_size, h, stride);
       __syncthreads();
     };
-    auto product = [&](const BlockElement<kColumns>& at, int part, int parts, Dtype (&sums)[3]) {
+    auto product = [&](const BlockElement<kColumns>& at, int part, int parts, Math (&sums)[3]) {
       dot_rows(h + at.row * stride, w + (at.column - column0) * stride, kColumns * stride,
                stride, part, parts, sums);
     };
-    auto finish = [&](const BlockElement<kColumns>& at, const Dtype (&sums)[3],
-                      const Dtype (&inputs)[4]) {
+    auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[3],
+                      const Math (&inputs)[4]) {
       const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
-      Dtype pre[3];
+      Math pre[3];
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        pre[g] = inputs[g] + sums[g];
-        gates[gate + g * state_size] = pre[g];
+        pre[g] = keep_gate(&gates[gate + g * state_size], inputs[g] + sums[g]);
       }
-      Dtype new_h, new_cell;
-      cell_forward(pre[0], pre[1], pre[2], inputs[3], &new_h, &new_cell);
+      Math h_value, cell_value;
+      cell_forward(pre[0], pre[1], pre[2], inputs[3], &h_value, &cell_value);
+      const Dtype new_h = to_storage<Dtype>(h_value), new_cell = to_storage<Dtype>(cell_value);
       outputs[t * step + at.element] = new_h;
       cells[t * step + at.element] = new_cell;
       if (final_h_now) {
@@ -733,8 +791,8 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
         final_cell[at.element] = new_cell;
       }
     };
-    persistent_step<Dtype, kColumns, 3, 4>(column0, batch_size * kColumns, state_size, load,
-                                           stage, product, finish);
+    persistent_step<Math, kColumns, 3, 4>(column0, batch_size * kColumns, state_size, load, stage,
+                                          product, finish);
     grid.sync();
   }
 }
@@ -753,6 +811,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     const GradStrides strides, const Dtype* __restrict__ grad_final_h,
     const Dtype* __restrict__ grad_final_cell, const Dtype* __restrict__ cells,
     const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
+  typedef math_t<Dtype> Math;
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t gates_size = 3 * state_size;
   const int64_t stride = padded<Dtype>(gates_size);
@@ -762,7 +821,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   for (int64_t i = threadIdx.x; i < kColumns * stride; i += blockDim.x) {
     const int64_t c = i / stride, k = i % stride;
     w[i] = k < gates_size && column0 + c < state_size
-        ? weights[k * weights_row_stride + column0 + c] : Dtype(0);
+        ? weights[k * weights_row_stride + column0 + c] : to_storage<Dtype>(0);
   }
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
@@ -777,19 +836,19 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     // An element's output and cell gradients (with the final states' at the
     // last step visited), its cell, its gates and the gradient carried to
     // its cell, which this lane wrote.
-    auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[7]) {
+    auto load = [&](const BlockElement<kColumns>& at, Math (&inputs)[7]) {
       if (t < 0) return;
       const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
       inputs[0] = gradient_at(grad_output, strides.outputs, at.row, at.column);
       inputs[1] = gradient_at(grad_cell, strides.cells, at.row, at.column);
-      inputs[2] = cells[t * step + at.element];
+      inputs[2] = to_math(cells[t * step + at.element]);
 #pragma unroll
-      for (int g = 0; g < 3; ++g) inputs[3 + g] = gates[gate + g * state_size];
+      for (int g = 0; g < 3; ++g) inputs[3 + g] = to_math(gates[gate + g * state_size]);
       if (d_gates_next) {
-        inputs[6] = d_c0[at.element];
+        inputs[6] = to_math(d_c0[at.element]);
       } else {
-        inputs[0] += grad_final_h ? grad_final_h[at.element] : Dtype(0);
-        inputs[6] = grad_final_cell ? grad_final_cell[at.element] : Dtype(0);
+        inputs[0] += grad_final_h ? to_math(grad_final_h[at.element]) : Math(0);
+        inputs[6] = grad_final_cell ? to_math(grad_final_cell[at.element]) : Math(0);
       }
     };
     auto stage = [&] {
@@ -798,25 +857,29 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
       stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
       __syncthreads();
     };
-    auto product = [&](const BlockElement<kColumns>& at, int part, int parts, Dtype (&sums)[1]) {
+    auto product = [&](const BlockElement<kColumns>& at, int part, int parts, Math (&sums)[1]) {
       if (d_gates_next) {
         dot_rows(g + at.row * stride, w + (at.column - column0) * stride, stride, stride, part,
                  parts, sums);
       }
     };
-    auto finish = [&](const BlockElement<kColumns>& at, const Dtype (&sums)[1],
-                      const Dtype (&inputs)[7]) {
+    auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[1],
+                      const Math (&inputs)[7]) {
       if (t < 0) {
-        d_h0[at.element] = sums[0];
+        d_h0[at.element] = to_storage<Dtype>(sums[0]);
         return;
       }
       const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
+      Math d_old_cell, d_input, d_output, d_candidate;
       cell_backward(inputs[0] + sums[0], inputs[6] + inputs[1], inputs[2], inputs[3], inputs[4],
-                    inputs[5], &d_c0[at.element], &d_gates[gate], &d_gates[gate + state_size],
-                    &d_gates[gate + 2 * state_size]);
+                    inputs[5], &d_old_cell, &d_input, &d_output, &d_candidate);
+      d_c0[at.element] = to_storage<Dtype>(d_old_cell);
+      d_gates[gate] = to_storage<Dtype>(d_input);
+      d_gates[gate + state_size] = to_storage<Dtype>(d_output);
+      d_gates[gate + 2 * state_size] = to_storage<Dtype>(d_candidate);
     };
-    persistent_step<Dtype, kColumns, 1, 7>(column0, batch_size * kColumns, state_size, load,
-                                           stage, product, finish);
+    persistent_step<Math, kColumns, 1, 7>(column0, batch_size * kColumns, state_size, load, stage,
+                                          product, finish);
     grid.sync();
   }
 }
@@ -908,9 +971,10 @@ static int call_steps(void* steps, cudaStream_t stream) {
 }
 
 template <typename Steps>
-static int run_pass(const lltm_pass_key& key, cudaStream_t stream, int options, Steps steps) {
+static int run_pass(const lltm_pass_key& key, int dtype, cudaStream_t stream, int options,
+                    Steps steps) {
   if (!(options & LLTM_SEQUENCE_OWN_KERNELS)) {
-    const int code = lltm_cublas_run(&key, stream, options & LLTM_SEQUENCE_TF32,
+    const int code = lltm_cublas_run(&key, dtype, stream, options & LLTM_SEQUENCE_TF32,
                                      call_steps<Steps>, &steps);
     if (code != LLTM_ERROR_NO_CUBLAS) return code;
   }
@@ -1086,7 +1150,7 @@ static int launch_forward(const lltm_pass_key& key, const lltm_walk& walk, int o
                           void* outputs, void* cells, void* gates, void* final_h,
                           void* final_cell, cudaStream_t stream) {
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
-  return run_pass(key, stream, options, [&](bool cublas, cudaStream_t on) {
+  return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
     return sequence_forward_steps<Dtype>(cublas, on, walk, input_features, state_size,
                                          as<Dtype>(inputs), as<Dtype>(weights), as<Dtype>(bias),
                                          as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs),
@@ -1107,7 +1171,7 @@ static int launch_backward(const lltm_pass_key& key, const lltm_walk& walk, int 
   // Past one step d_h0 and d_c0 carry the gradients between steps.
   if (walk.steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
-  return run_pass(key, stream, options, [&](bool cublas, cudaStream_t on) {
+  return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
     return sequence_backward_steps<Dtype>(
         cublas, on, walk, input_features, state_size, as<Dtype>(inputs), as<Dtype>(weights),
         as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
@@ -1239,28 +1303,32 @@ extern "C" cudaError_t lltm_launch_step_gates_backward(
     int dtype, int64_t batch_size, int64_t state_size, const int64_t* grad_strides,
     const void* grad_h, const void* grad_cell, const void* new_cell, const void* gates,
     void* d_old_cell, void* d_gates, cudaStream_t stream) {
-  return LLTM_TYPED_CALL(dtype, step_gates_backward, batch_size, state_size, grad_strides, grad_h,
-                         grad_cell, new_cell, gates, d_old_cell, d_gates, stream);
+  return LLTM_TYPED_CALL_WITH_HALF(dtype, step_gates_backward, batch_size, state_size,
+                                   grad_strides, grad_h, grad_cell, new_cell, gates, d_old_cell,
+                                   d_gates, stream);
 }
 
-// The passes, in the argument order of their declarations in sequence.py.
-LLTM_CUDA_PASS(sequence_forward, launch_sequence_forward, args->sizes[0], args->sizes[1],
-               args->sizes[2], args->sizes[3], options_at(args->sizes + 4), args->tensors[0],
-               args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
-               args->tensors[5], args->tensors[6], args->tensors[7], stream)
-LLTM_CUDA_PASS(sequence_backward, launch_sequence_backward, args->sizes[0], args->sizes[1],
-               args->sizes[2], args->sizes[3], options_at(args->sizes + 4), args->sizes + 6,
-               args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
-               args->tensors[4], args->tensors[5], args->tensors[6], args->tensors[7],
-               args->tensors[8], args->tensors[9], args->tensors[10], args->tensors[11],
-               args->tensors[12], args->tensors[13], stream)
-LLTM_CUDA_PASS(packed_forward, launch_packed_forward, args->sizes, args->tensors[5],
-               args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
-               args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
-               args->tensors[9], args->tensors[10], stream)
-LLTM_CUDA_PASS(packed_backward, launch_packed_backward, args->sizes, args->tensors[3],
-               args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
-               args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
-               args->tensors[9], args->tensors[10], args->tensors[11], args->tensors[12],
-               args->tensors[13], args->tensors[14], args->tensors[15], args->tensors[16],
-               stream)
+// The passes, in the argument order of their declarations in sequence.py;
+// every element type.
+LLTM_CUDA_PASS_WITH_HALF(sequence_forward, launch_sequence_forward, args->sizes[0],
+                         args->sizes[1], args->sizes[2], args->sizes[3],
+                         options_at(args->sizes + 4), args->tensors[0], args->tensors[1],
+                         args->tensors[2], args->tensors[3], args->tensors[4], args->tensors[5],
+                         args->tensors[6], args->tensors[7], stream)
+LLTM_CUDA_PASS_WITH_HALF(sequence_backward, launch_sequence_backward, args->sizes[0],
+                         args->sizes[1], args->sizes[2], args->sizes[3],
+                         options_at(args->sizes + 4), args->sizes + 6, args->tensors[0],
+                         args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
+                         args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
+                         args->tensors[9], args->tensors[10], args->tensors[11],
+                         args->tensors[12], args->tensors[13], stream)
+LLTM_CUDA_PASS_WITH_HALF(packed_forward, launch_packed_forward, args->sizes, args->tensors[5],
+                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
+                         args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
+                         args->tensors[9], args->tensors[10], stream)
+LLTM_CUDA_PASS_WITH_HALF(packed_backward, launch_packed_backward, args->sizes, args->tensors[3],
+                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
+                         args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
+                         args->tensors[9], args->tensors[10], args->tensors[11],
+                         args->tensors[12], args->tensors[13], args->tensors[14],
+                         args->tensors[15], args->tensors[16], stream)

@@ -17,6 +17,11 @@
 // more than kMaxElements (2^30) elements, as cell.py's rule keeps them, and
 // 64-bit index arithmetic would cost the products a large share of their
 // instructions.
+//
+// The products run in the math type (lltm_math.cuh: float for the 16-bit
+// element types): the operands convert each element as they read it, the
+// tiles in shared memory and the sums hold the math type, and the epilogues
+// round once, as they store.
 
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
@@ -39,23 +44,24 @@ struct Tile {
 };
 
 // The operands, read by (row, column) of the product's A (m x k) or B (k x
-// n); kAlongColumns: consecutive columns are adjacent in memory (else
-// consecutive rows), which decides how a tile is staged so that neighbouring
-// threads read neighbouring addresses.
+// n), each element in the math type Math; kAlongColumns: consecutive columns
+// are adjacent in memory (else consecutive rows), which decides how a tile
+// is staged so that neighbouring threads read neighbouring addresses.
 
 // [old_h, input] (batch, state + input_features), columns from `first` on;
 // its column state + input_features is all ones (for the bias's gradient).
 template <typename Dtype>
 struct StepInputs {
+  typedef math_t<Dtype> Math;
   static const bool kAlongColumns = true;
   const Dtype* old_h;
   const Dtype* input;
   int state_size, input_features, first;
-  __device__ Dtype operator()(int row, int column) const {
+  __device__ Math operator()(int row, int column) const {
     column += first;
-    if (column < state_size) return old_h[row * state_size + column];
+    if (column < state_size) return to_math(old_h[row * state_size + column]);
     column -= state_size;
-    return column < input_features ? input[row * input_features + column] : Dtype(1);
+    return column < input_features ? to_math(input[row * input_features + column]) : Math(1);
   }
 };
 
@@ -64,33 +70,37 @@ struct StepInputs {
 // the weights.
 template <typename Dtype>
 struct GateWeights {
+  typedef math_t<Dtype> Math;
   static const bool kAlongColumns = false;
   const Dtype* weights;
   int state_size, row_length;
-  __device__ Dtype operator()(int row, int column) const {
-    return weights[((column % 3) * state_size + column / 3) * row_length + row];
+  __device__ Math operator()(int row, int column) const {
+    return to_math(weights[((column % 3) * state_size + column / 3) * row_length + row]);
   }
 };
 
 // The weights (3 * state, state + input_features), columns from `first` on.
 template <typename Dtype>
 struct Weights {
+  typedef math_t<Dtype> Math;
   static const bool kAlongColumns = true;
   const Dtype* weights;
   int row_length, first;
-  __device__ Dtype operator()(int row, int column) const {
-    return weights[row * row_length + first + column];
+  __device__ Math operator()(int row, int column) const {
+    return to_math(weights[row * row_length + first + column]);
   }
 };
 
 // d_gates (batch, 3 * state), or its transpose.
 template <typename Dtype, bool kTransposed>
 struct GateGradients {
+  typedef math_t<Dtype> Math;
   static const bool kAlongColumns = !kTransposed;
   const Dtype* d_gates;
   int gates_size;
-  __device__ Dtype operator()(int row, int column) const {
-    return kTransposed ? d_gates[column * gates_size + row] : d_gates[row * gates_size + column];
+  __device__ Math operator()(int row, int column) const {
+    return to_math(kTransposed ? d_gates[column * gates_size + row]
+                               : d_gates[row * gates_size + column]);
   }
 };
 
@@ -99,13 +109,13 @@ struct GateGradients {
 // start + e; zeros outside the operand. read() takes it into registers
 // (consecutive threads at neighbouring addresses), write() into
 // tile[d][e].
-template <typename Dtype, int kExtent, bool kIsA, typename Operand>
+template <typename Math, int kExtent, bool kIsA, typename Operand>
 struct Slice {
   static const int kCount = kDepth * kExtent / kThreads;
   // Consecutive threads take consecutive depths of one element where the
   // operand's depth runs along memory.
   static const bool kAlongDepth = kIsA == Operand::kAlongColumns;
-  Dtype values[kCount];
+  Math values[kCount];
 
   __device__ __forceinline__ static void place(int i, int* d, int* e) {
     *d = kAlongDepth ? i % kDepth : i / kExtent;
@@ -119,11 +129,11 @@ struct Slice {
       place(threadIdx.x + l * kThreads, &d, &e);
       const int position = start + e, k = k0 + d;
       values[l] = position < extent && k < depth
-          ? (kIsA ? operand(position, k) : operand(k, position)) : Dtype(0);
+          ? (kIsA ? operand(position, k) : operand(k, position)) : Math(0);
     }
   }
   template <int kStride>
-  __device__ __forceinline__ void write(Dtype (*tile)[kStride]) const {
+  __device__ __forceinline__ void write(Math (*tile)[kStride]) const {
 #pragma unroll
     for (int l = 0; l < kCount; ++l) {
       int d, e;
@@ -152,28 +162,28 @@ __device__ __forceinline__ void read_rows(const Dtype* row, Dtype (&values)[kRow
   }
 }
 
-// C = A B (m x n, depth k), each thread's kRows x kColumns handed to
-// epilogue(row, first column, values) for rows below m; the epilogue checks
-// its columns against n.
-template <typename Dtype, int kRows, typename A, typename B, typename Epilogue>
+// C = A B (m x n, depth k) in the math type Math, each thread's kRows x
+// kColumns handed to epilogue(row, first column, values) for rows below m;
+// the epilogue checks its columns against n.
+template <typename Math, int kRows, typename A, typename B, typename Epilogue>
 __global__ void __launch_bounds__(kThreads) lltm_step_product_kernel(
     const int m, const int n, const int k, const A a, const B b, const Epilogue epilogue) {
   const int kTileRows = Tile<kRows>::kTileRows;
   // Padding: rows of a_tile stay 16-byte aligned, and slices staged along
   // the depth write each row's elements into different banks.
-  __shared__ __align__(16) Dtype a_tile[kDepth][kTileRows + 4];
-  __shared__ Dtype b_tile[kDepth][kTileColumns + 1];
+  __shared__ __align__(16) Math a_tile[kDepth][kTileRows + 4];
+  __shared__ Math b_tile[kDepth][kTileColumns + 1];
   const int tx = threadIdx.x % kThreadsX, ty = threadIdx.x / kThreadsX;
   const int column_tiles = (n + kTileColumns - 1) / kTileColumns;
   const int tiles = (m + kTileRows - 1) / kTileRows * column_tiles;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int row0 = tile / column_tiles * kTileRows;
     const int column0 = tile % column_tiles * kTileColumns;
-    Slice<Dtype, kTileRows, true, A> a_slice;
-    Slice<Dtype, kTileColumns, false, B> b_slice;
+    Slice<Math, kTileRows, true, A> a_slice;
+    Slice<Math, kTileColumns, false, B> b_slice;
     a_slice.read(a, row0, m, 0, k);
     b_slice.read(b, column0, n, 0, k);
-    Dtype sums[kRows][kColumns] = {};
+    Math sums[kRows][kColumns] = {};
     for (int k0 = 0; k0 < k; k0 += kDepth) {
       a_slice.write(a_tile);
       b_slice.write(b_tile);
@@ -184,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) lltm_step_product_kernel(
       }
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
-        Dtype a_values[kRows], b_values[kColumns];
+        Math a_values[kRows], b_values[kColumns];
         read_rows<kRows>(&a_tile[d][ty * kRows], a_values);
 #pragma unroll
         for (int j = 0; j < kColumns; ++j) b_values[j] = b_tile[d][tx * kColumns + j];
@@ -210,13 +220,13 @@ static int tile_count(int m, int n) {
   return (m + tile_rows - 1) / tile_rows * ((n + kTileColumns - 1) / kTileColumns);
 }
 
-template <typename Dtype, int kRows, typename A, typename B, typename Epilogue>
+template <typename Math, int kRows, typename A, typename B, typename Epilogue>
 static cudaError_t launch_tiles(int m, int n, int k, const A& a, const B& b,
                                const Epilogue& epilogue, cudaStream_t stream) {
   const int tiles = tile_count<kRows>(m, n);
   const int blocks = tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS;
-  lltm_step_product_kernel<Dtype, kRows><<<blocks, kThreads, 0, stream>>>(m, n, k, a, b,
-                                                                          epilogue);
+  lltm_step_product_kernel<Math, kRows><<<blocks, kThreads, 0, stream>>>(m, n, k, a, b,
+                                                                         epilogue);
   CUDA_POST_KERNEL_CHECK;
   return cudaSuccess;
 }
@@ -225,37 +235,45 @@ static cudaError_t launch_tiles(int m, int n, int k, const A& a, const B& b,
 // twice over on the largest GPUs (132 on an H100), else of 32: on an H100
 // at 256x256x512 the forward product took 43 us in 256 tiles of 32 rows,
 // the weights' gradient 37 us in 408 tiles of 64; tiles of 128 rows made
-// both slower.
-template <typename Dtype, typename A, typename B, typename Epilogue>
+// both slower. The product runs in A's math type, which is B's.
+template <typename A, typename B, typename Epilogue>
 static cudaError_t launch_product(int m, int n, int k, const A& a, const B& b,
                                   const Epilogue& epilogue, cudaStream_t stream) {
+  typedef typename A::Math Math;
+  static_assert(std::is_same<Math, typename B::Math>::value, "one math type a product");
   if (m == 0 || n == 0) return cudaSuccess;
-  if (tile_count<4>(m, n) >= 256) return launch_tiles<Dtype, 4>(m, n, k, a, b, epilogue, stream);
-  return launch_tiles<Dtype, 2>(m, n, k, a, b, epilogue, stream);
+  if (tile_count<4>(m, n) >= 256) return launch_tiles<Math, 4>(m, n, k, a, b, epilogue, stream);
+  return launch_tiles<Math, 2>(m, n, k, a, b, epilogue, stream);
 }
 
 // The forward pass's epilogue: the three gates of state column
 // first_column / 3 of a batch row, plus the bias, kept in gates, then the
-// cell.
+// cell. The cell takes the pre-activations as gates keeps them (rounded, for
+// a 16-bit type), as the backward pass, which recomputes from gates, does.
 template <typename Dtype>
 struct CellEpilogue {
+  typedef math_t<Dtype> Math;
   int state_size;
   const Dtype* bias;
   const Dtype* old_cell;
   Dtype* new_h;
   Dtype* new_cell;
   Dtype* gates;
-  __device__ void operator()(int row, int first_column, const Dtype (&values)[kColumns]) const {
+  __device__ void operator()(int row, int first_column, const Math (&values)[kColumns]) const {
     const int column = first_column / 3;
     if (column >= state_size) return;
     const int element = row * state_size + column, gate = row * 3 * state_size + column;
-    Dtype pre[3];
+    Math pre[3];
 #pragma unroll
     for (int g = 0; g < 3; ++g) {
-      pre[g] = values[g] + bias[g * state_size + column];
-      gates[gate + g * state_size] = pre[g];
+      const Dtype kept = to_storage<Dtype>(values[g] + to_math(bias[g * state_size + column]));
+      gates[gate + g * state_size] = kept;
+      pre[g] = to_math(kept);
     }
-    cell_forward(pre[0], pre[1], pre[2], old_cell[element], &new_h[element], &new_cell[element]);
+    Math h, cell;
+    cell_forward(pre[0], pre[1], pre[2], to_math(old_cell[element]), &h, &cell);
+    new_h[element] = to_storage<Dtype>(h);
+    new_cell[element] = to_storage<Dtype>(cell);
   }
 };
 
@@ -272,15 +290,16 @@ struct SplitEpilogue {
   int low_length;
   Dtype* high;
   int high_length;
-  __device__ void operator()(int row, int first_column, const Dtype (&values)[kColumns]) const {
+  __device__ void operator()(int row, int first_column,
+                             const math_t<Dtype> (&values)[kColumns]) const {
 #pragma unroll
     for (int j = 0; j < kColumns; ++j) {
       const int column = first + first_column + j;
       if (column >= last) return;
       if (column < split) {
-        if (low) low[row * low_length + column] = values[j];
+        if (low) low[row * low_length + column] = to_storage<Dtype>(values[j]);
       } else if (high) {
-        high[row * high_length + column - split] = values[j];
+        high[row * high_length + column - split] = to_storage<Dtype>(values[j]);
       }
     }
   }
@@ -296,8 +315,8 @@ static cudaError_t launch_step_forward(int batch_size, int input_features, int s
   const GateWeights<Dtype> w = {as<Dtype>(weights), state_size, state_size + input_features};
   const CellEpilogue<Dtype> cell = {state_size,       as<Dtype>(bias),     as<Dtype>(old_cell),
                                     as<Dtype>(new_h), as<Dtype>(new_cell), as<Dtype>(gates)};
-  return launch_product<Dtype>(batch_size, 3 * state_size, state_size + input_features, x, w,
-                               cell, stream);
+  return launch_product(batch_size, 3 * state_size, state_size + input_features, x, w, cell,
+                        stream);
 }
 
 // A step's argument gradients from its gate gradients (d_gates, which
@@ -321,7 +340,7 @@ static cudaError_t launch_step_gradients(int batch_size, int input_features, int
     const SplitEpilogue<Dtype> epilogue = {first, first + columns, row_length,
                                            as<Dtype>(d_weights), row_length,
                                            as<Dtype>(d_bias), 1};
-    status = launch_product<Dtype>(gates_size, columns, batch_size, g, x, epilogue, stream);
+    status = launch_product(gates_size, columns, batch_size, g, x, epilogue, stream);
   }
   if (status == cudaSuccess && (d_old_h || d_input)) {
     const int first = d_old_h ? 0 : state_size;
@@ -331,7 +350,7 @@ static cudaError_t launch_step_gradients(int batch_size, int input_features, int
     const SplitEpilogue<Dtype> epilogue = {first, last, state_size,
                                            as<Dtype>(d_old_h), state_size,
                                            as<Dtype>(d_input), input_features};
-    status = launch_product<Dtype>(batch_size, last - first, gates_size, g, w, epilogue, stream);
+    status = launch_product(batch_size, last - first, gates_size, g, w, epilogue, stream);
   }
   return status;
 }
@@ -369,8 +388,9 @@ static int step_backward(int64_t batch_size, int64_t input_features, int64_t sta
                                       tensors[9], tensors[10], tensors[11], stream);
 }
 
-// The passes, in the argument order of their declarations in cell.py.
-LLTM_CUDA_PASS(step_forward, step_forward, args->sizes[0], args->sizes[1], args->sizes[2],
-               args->tensors, stream)
-LLTM_CUDA_PASS(step_backward, step_backward, args->sizes[0], args->sizes[1], args->sizes[2],
-               args->sizes + 3, args->tensors, stream)
+// The passes, in the argument order of their declarations in cell.py; every
+// element type.
+LLTM_CUDA_PASS_WITH_HALF(step_forward, step_forward, args->sizes[0], args->sizes[1],
+                         args->sizes[2], args->tensors, stream)
+LLTM_CUDA_PASS_WITH_HALF(step_backward, step_backward, args->sizes[0], args->sizes[1],
+                         args->sizes[2], args->sizes + 3, args->tensors, stream)

@@ -270,7 +270,7 @@ def valid_arguments(dtype=torch.float32):
     (1, [[0, 1, 1, 2, 2]], TypeError, "roi_pool: rois must be a torch.Tensor"),
     (0, torch.zeros(3, 6, 6), ValueError, "roi_pool: input must have 4 dimensions"),
     (0, torch.zeros(2, 3, 6, 6, dtype=torch.float16), TypeError,
-     "roi_pool: input has dtype torch.float16"),
+     "roi_pool: rois has dtype torch.float32 but input has torch.float16"),
     (2, 0, ValueError, "roi_pool: pooled_height must be from 1 to 2**31 - 1, got 0"),
     (3, -2, ValueError, "roi_pool: pooled_width must be from 1 to 2**31 - 1, got -2"),
     (2, 2**31, ValueError, "roi_pool: pooled_height must be from 1 to 2**31 - 1"),

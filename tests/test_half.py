@@ -1,0 +1,484 @@
+"""bfloat16 and float16 end to end: the cell, lltm_sequence, stacked and
+bidirectional layers (dense and packed), round_ste and the modules take
+either half dtype on the CPU and the GPU and return it. Outputs and every
+gradient are compared with a float64 computation from the same values,
+next to the same computation done by torch in the half dtype: lltm_ffi's
+error may be at most ERROR_FACTOR times torch's plus SLACK_UNITS units of
+roundoff of the dtype. Then the refusals (mixed dtypes, an op whose passes
+take no half), the operators (opcheck, torch.compile), non-contiguous
+arguments, and a CUDA graph of a half training step. Autocast is in
+test_autocast.py."""
+
+import copy
+
+import pytest
+import torch
+from torch.library import opcheck
+from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
+
+import lltm_ffi
+from builders import broadcast_rows, misaligned, odd_strides, transposed
+from conftest import raises_with, reference_sequence
+from layers_reference import reference_layers
+from lltm_ffi import _extension, op, reference, selfcheck
+
+HALVES = [pytest.param(torch.bfloat16, id="bfloat16"), pytest.param(torch.float16, id="float16")]
+# The unit roundoff u of each dtype: half the distance from 1 to the next number.
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+# lltm_ffi and torch round at different places (lltm_ffi's C keeps some sums
+# and intermediates in float32 and rounds what it stores; torch rounds after
+# every op), so neither is the more accurate everywhere, but their errors
+# are of one size: within a factor 2 of each other, plus a few units of
+# roundoff for a tensor where torch's error happens to be far below its
+# usual size (storing a result in the dtype alone costs up to u).
+ERROR_FACTOR = 2.0
+SLACK_UNITS = 2.0
+# Above this, torch's own error in the dtype says the inputs are too
+# ill-conditioned for the comparison to mean anything: a test setup error.
+MEANINGFUL = 0.1
+
+
+def assert_as_accurate_as_torch(got, in_torch, exact, dtype):
+    """For each named result: lltm_ffi's (got) has `dtype` and a relative
+    error against `exact` (float64) of at most ERROR_FACTOR times that of
+    the same result computed by torch in `dtype` (in_torch), plus
+    SLACK_UNITS units of roundoff."""
+    assert got.keys() == in_torch.keys() == exact.keys()
+    failures = []
+    for name, wanted in exact.items():
+        value, same = got[name], in_torch[name]
+        assert value is not None and same is not None, f"{name}: no gradient"
+        assert value.dtype == dtype, f"{name} has dtype {value.dtype}, expected {dtype}"
+        assert value.shape == wanted.shape, f"{name}: shape {tuple(value.shape)}"
+        assert wanted.norm() > 0, f"{name}: the float64 result is zero, a vacuous comparison"
+        error = selfcheck.relative_error(value.cpu(), wanted.cpu())
+        torch_error = selfcheck.relative_error(same.cpu(), wanted.cpu())
+        assert torch_error < MEANINGFUL, f"{name}: torch's own error {torch_error:.3g}"
+        bound = ERROR_FACTOR * torch_error + SLACK_UNITS * UNIT_ROUNDOFF[dtype]
+        if not error <= bound:  # NaN fails
+            failures.append(f"{name}: relative error {error:.3g} > {bound:.3g} "
+                            f"(torch's in {dtype}: {torch_error:.3g})")
+    assert not failures, "; ".join(failures)
+
+
+def rounded(tensors, dtype, device):
+    """Each tensor in `dtype` on `device`, and the same values in float64 on
+    the CPU: both computations start from exactly the same numbers."""
+    halves = [None if tensor is None else tensor.to(dtype).to(device) for tensor in tensors]
+    return halves, [None if tensor is None else tensor.cpu().double() for tensor in halves]
+
+
+def with_gradients(function, arguments, grads, names):
+    """{name: result} of function(*leaves) (a flat tuple of tensors) and the
+    gradients of every argument (d_ + its name) of the sum of each result
+    times its gradient in `grads` (cast to the result's dtype)."""
+    leaves = [argument.detach().clone().requires_grad_(True) for argument in arguments]
+    results = function(*leaves)
+    loss = sum((result * grad.to(result.device, result.dtype)).sum()
+               for result, grad in zip(results, grads))
+    gradients = torch.autograd.grad(loss, leaves)
+    return {**dict(zip(names[0], results)),
+            **{f"d_{name}": gradient for name, gradient in zip(names[1], gradients)}}
+
+
+def random_grads(shapes, generator):
+    return [torch.randn(shape, generator=generator, dtype=torch.float64) for shape in shapes]
+
+
+# The cell ------------------------------------------------------------------------------
+
+CELL_SHAPES = [(1, 7, 5), (3, 7, 33)]  # batch, input_features, state_size
+CELL_NAMES = (("new_h", "new_cell"), ("input", "weights", "bias", "old_h", "old_cell"))
+
+
+def cell_results(function, arguments, grads):
+    return with_gradients(lambda *leaves: function(*leaves), arguments, grads, CELL_NAMES)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("shape", CELL_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+def test_cell_is_as_accurate_as_torch_in_the_dtype(shape, dtype, device, generator):
+    arguments = selfcheck.random_inputs(*shape, torch.float64, "cpu", generator)
+    grads = random_grads([(shape[0], shape[2])] * 2, generator)
+    halves, doubles = rounded(arguments, dtype, device)
+    got = cell_results(lltm_ffi.lltm, halves, grads)
+    assert_as_accurate_as_torch(got, cell_results(reference.lltm, halves, grads),
+                                cell_results(reference.lltm, doubles, grads), dtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_cell_module_converted_to_the_dtype(dtype, device, generator):
+    """LLTM(...).to(dtype) runs in dtype, its gradients too."""
+    rnn = lltm_ffi.LLTM(7, 5).to(device, dtype)
+    X, h, C = (torch.randn(3, size, generator=generator).to(device, dtype) for size in (7, 5, 5))
+    new_h, new_cell = rnn(X, (h, C))
+    assert new_h.dtype == new_cell.dtype == dtype
+    (new_h.float().sum() + new_cell.float().sum()).backward()
+    assert rnn.weights.grad.dtype == rnn.bias.grad.dtype == dtype
+    expected = lltm_ffi.lltm(X, rnn.weights.detach(), rnn.bias.detach(), h, C)
+    torch.testing.assert_close((new_h, new_cell), expected, rtol=0, atol=0)
+
+
+# Whole sequences -----------------------------------------------------------------------
+
+SEQUENCE_NAMES = (("outputs", "h_n", "c_n"), ("inputs", "weights", "bias", "h0", "c0"))
+
+
+def ffi_sequence(reverse):
+    def run(*arguments):
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*arguments, reverse=reverse)
+        return outputs, h_n, c_n
+    return run
+
+
+def torch_sequence(reverse):
+    """The tutorial's cell looped in torch, in the arguments' dtype."""
+    def run(inputs, *rest):
+        outputs, (h_n, c_n) = reference_sequence(inputs.flip(0) if reverse else inputs, *rest)
+        return outputs.flip(0) if reverse else outputs, h_n, c_n
+    return run
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("steps", [1, 6])
+@pytest.mark.parametrize("shape", CELL_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+def test_sequence_is_as_accurate_as_torch_in_the_dtype(shape, steps, reverse, dtype, device,
+                                                       generator):
+    batch, features, state = shape
+    arguments = [torch.randn(steps, batch, features, generator=generator, dtype=torch.float64),
+                 *selfcheck.random_inputs(*shape, torch.float64, "cpu", generator)[1:]]
+    grads = random_grads([(steps, batch, state), (batch, state), (batch, state)], generator)
+    halves, doubles = rounded(arguments, dtype, device)
+    got = with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES)
+    assert_as_accurate_as_torch(
+        got, with_gradients(torch_sequence(reverse), halves, grads, SEQUENCE_NAMES),
+        with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES), dtype)
+
+
+# Each GPU path of the recurrence (ARCHITECTURE.md, "The sequence's paths"): the
+# step kernels (one step), the persistent kernels, cuBLAS's products (run,
+# then recorded, then replayed: three calls), and with LLTM_CUBLAS=0 the
+# step-by-step kernels.
+GPU_PATHS = [((1, 16, 32, 128), "1"), ((5, 3, 4, 9), "1"), ((5, 33, 7, 520), "1"),
+             ((5, 33, 7, 520), "0")]
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("shape, cublas", GPU_PATHS,
+                         ids=[f"{'x'.join(map(str, shape))}-LLTM_CUBLAS={cublas}"
+                              for shape, cublas in GPU_PATHS])
+def test_every_gpu_path_is_as_accurate_as_torch(shape, cublas, dtype, cuda_device, generator,
+                                                monkeypatch):
+    monkeypatch.setenv("LLTM_CUBLAS", cublas)
+    steps, batch, features, state = shape
+    arguments = [torch.randn(steps, batch, features, generator=generator, dtype=torch.float64),
+                 *selfcheck.random_inputs(batch, features, state, torch.float64, "cpu",
+                                          generator)[1:]]
+    grads = random_grads([(steps, batch, state), (batch, state), (batch, state)], generator)
+    halves, doubles = rounded(arguments, dtype, cuda_device)
+    in_torch = with_gradients(torch_sequence(False), halves, grads, SEQUENCE_NAMES)
+    exact = with_gradients(torch_sequence(False), doubles, grads, SEQUENCE_NAMES)
+    for _ in range(3):
+        got = with_gradients(ffi_sequence(False), halves, grads, SEQUENCE_NAMES)
+        assert_as_accurate_as_torch(got, in_torch, exact, dtype)
+
+
+# Stacked, bidirectional, packed ----------------------------------------------------------
+
+LENGTHS = [5, 2, 4]  # unsorted: the packed batch's own order differs
+
+
+def layers_results(module, sequences, h0, c0, grads, packed, by_lltm_ffi):
+    """Every sequence's outputs (concatenated), h_n and c_n of `module` over
+    `sequences` from (h0, c0), and the gradients of the sequences, h0, c0
+    and every parameter of the sum of each result times its gradient in
+    `grads` ((each sequence's output gradient, h_n's, c_n's)). by_lltm_ffi:
+    the module's own call on the batch (packed, or dense steps); otherwise
+    the reference loop over its parameters, one sequence at a time."""
+    sequences = [sequence.detach().clone().requires_grad_(True) for sequence in sequences]
+    h0, c0 = (state.detach().clone().requires_grad_(True) for state in (h0, c0))
+    if by_lltm_ffi and packed:
+        output, (h_n, c_n) = module(pack_sequence(sequences, enforce_sorted=False), (h0, c0))
+        padded, _ = pad_packed_sequence(output)
+        outputs = [padded[:len(sequence), index] for index, sequence in enumerate(sequences)]
+    elif by_lltm_ffi:
+        output, (h_n, c_n) = module(torch.stack(sequences, dim=1), (h0, c0))
+        outputs = list(output.unbind(1))
+    else:
+        outputs, h_n, c_n = reference_layers(module, sequences, h0, c0)
+    output_grads, h_grad, c_grad = grads
+    results = {"outputs": torch.cat(outputs), "h_n": h_n, "c_n": c_n}
+    loss = sum((result * grad.to(result.device, result.dtype)).sum()
+               for result, grad in zip(results.values(),
+                                       (torch.cat(output_grads), h_grad, c_grad)))
+    names, parameters = zip(*module.named_parameters())
+    gradients = torch.autograd.grad(loss, [h0, c0, *parameters, *sequences])
+    return {**results, "d_h0": gradients[0], "d_c0": gradients[1],
+            **{f"d_{name}": gradient for name, gradient in zip(names, gradients[2:])},
+            "d_inputs": torch.cat(gradients[2 + len(names):])}
+
+
+LAYERS = [pytest.param((1, False, False), id="1-layer-no-bias"),
+          pytest.param((2, True, True), id="2-layer-bidirectional")]
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("layers", LAYERS)
+def test_layers_are_as_accurate_as_torch_in_the_dtype(layers, packed, dtype, device, generator):
+    num_layers, bidirectional, bias = layers
+    module = lltm_ffi.LLTMSequence(7, 5, num_layers=num_layers, bias=bias,
+                                   bidirectional=bidirectional, dtype=torch.float64)
+    # The test's seeded values, not the initialiser's (torch's global generator).
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_((torch.rand(parameter.shape, generator=generator,
+                                        dtype=torch.float64) * 2 - 1) / 5 ** 0.5)
+    lengths = LENGTHS if packed else [4] * len(LENGTHS)
+    directions = 2 if bidirectional else 1
+    sequences = [torch.randn(length, 7, generator=generator, dtype=torch.float64)
+                 for length in lengths]
+    state_shape = (num_layers * directions, len(lengths), 5)
+    h0, c0 = random_grads([state_shape] * 2, generator)
+    grads = ([torch.randn(length, directions * 5, generator=generator, dtype=torch.float64)
+              for length in lengths], *random_grads([state_shape] * 2, generator))
+    half_module = copy.deepcopy(module).to(device, dtype)
+    (*sequences, h0, c0), _ = rounded([*sequences, h0, c0], dtype, device)
+    exact_module = copy.deepcopy(half_module).cpu().double()
+    got = layers_results(half_module, sequences, h0, c0, grads, packed, by_lltm_ffi=True)
+    in_torch = layers_results(half_module, sequences, h0, c0, grads, packed, by_lltm_ffi=False)
+    exact = layers_results(exact_module, [sequence.cpu().double() for sequence in sequences],
+                           h0.cpu().double(), c0.cpu().double(), grads, packed,
+                           by_lltm_ffi=False)
+    assert_as_accurate_as_torch(got, in_torch, exact, dtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_sequence_module_converted_to_the_dtype(dtype, device, generator):
+    """LLTMSequence(...).to(dtype): the zero initial state, batch_first and
+    unbatched inputs in dtype; its outputs and gradients in dtype."""
+    module = lltm_ffi.LLTMSequence(7, 5, num_layers=2, bidirectional=True,
+                                   batch_first=True).to(device, dtype)
+    inputs = torch.randn(3, 4, 7, generator=generator).to(device, dtype)
+    output, (h_n, c_n) = module(inputs)
+    assert output.dtype == h_n.dtype == c_n.dtype == dtype
+    assert output.shape == (3, 4, 10) and h_n.shape == (4, 3, 5)
+    output.float().square().sum().backward()
+    assert all(parameter.grad.dtype == dtype and parameter.grad.abs().sum() > 0
+               for parameter in module.parameters())
+    single, (h_single, _) = module(inputs[1])
+    assert single.dtype == h_single.dtype == dtype
+    torch.testing.assert_close(single, output[1])
+
+
+# round_ste -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_round_ste(dtype, device, generator):
+    x = (torch.rand(5, 33, generator=generator) * 2 - 0.5).to(device, dtype)
+    half, zero, one = (torch.tensor(value, dtype=dtype) for value in (0.5, 0.0, 1.0))
+    # 0.5 and its neighbours in the dtype
+    x[0, :3] = torch.stack((half, torch.nextafter(half, zero), torch.nextafter(half, one)))
+    leaf = x.clone().requires_grad_(True)
+    y = lltm_ffi.round_ste(leaf)
+    assert y.dtype == dtype
+    assert torch.equal(y, (x >= 0.5).to(dtype))
+    assert y[0, :3].tolist() == [1, 0, 1]
+    assert 0 < y.sum() < y.numel()
+    grad = torch.randn(x.shape, generator=generator).to(device, dtype)
+    y.backward(grad)
+    assert torch.equal(leaf.grad, grad)
+
+
+# Refusals -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("name", CELL_NAMES[1])
+def test_a_half_argument_among_float32_ones_is_refused_naming_it(name, dtype, device,
+                                                                  generator):
+    arguments = list(selfcheck.random_inputs(3, 7, 5, torch.float32, device, generator))
+    index = CELL_NAMES[1].index(name)
+    arguments[index] = arguments[index].to(dtype)
+    # Each argument is compared with the input: a half input makes weights the odd one.
+    message = (f"lltm: weights has dtype torch.float32 but input has {dtype}" if name == "input"
+               else f"lltm: {name} has dtype {dtype} but input has torch.float32")
+    with raises_with(TypeError, message, "same dtype"):
+        lltm_ffi.lltm(*arguments)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_mixed_half_dtypes_are_refused_naming_the_argument(dtype, device, generator):
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+    arguments = [torch.randn(4, 3, 7, generator=generator),
+                 *selfcheck.random_inputs(3, 7, 5, torch.float32, "cpu", generator)[1:]]
+    arguments = [argument.to(device, dtype) for argument in arguments]
+    arguments[4] = arguments[4].to(other)
+    with raises_with(TypeError, f"lltm_sequence: c0 has dtype {other} but inputs has {dtype}",
+                     "same dtype"):
+        lltm_ffi.lltm_sequence(*arguments)
+    module = lltm_ffi.LLTMSequence(7, 5).to(device, dtype)
+    with raises_with(TypeError, f"LLTMSequence: input has dtype {other}", str(dtype)):
+        module(arguments[0].to(other))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_an_op_whose_passes_take_no_half_refuses_it_naming_the_argument(dtype, device):
+    """roi_pool's C passes take float32 and float64 only: the refusal names
+    the argument and lists what the op takes on the device, as the
+    registry says."""
+    taken = _extension.pass_dtypes("roi_pool_forward", device.type)
+    assert taken == (torch.float32, torch.float64)
+    input = torch.rand(1, 2, 6, 6, device=device, dtype=dtype)
+    rois = torch.tensor([[0, 0, 0, 4, 4]], device=device, dtype=dtype)
+    with raises_with(TypeError, f"roi_pool: input has dtype {dtype}; on {device.type} roi_pool "
+                     "takes torch.float32 and torch.float64"):
+        lltm_ffi.roi_pool(input, rois, 2, 2, 1.0)
+    with raises_with(TypeError, f"lltm_ffi::roi_pool_forward: input has dtype {dtype}; on "
+                     f"{device.type} lltm_ffi::roi_pool_forward takes torch.float32 and "
+                     "torch.float64"):
+        torch.ops.lltm_ffi.roi_pool_forward(input, rois, 2, 2, 1.0)
+
+
+def test_the_lltm_passes_take_both_halves_on_every_device_they_run_on():
+    """The registry the checks read: every pass of the LLTM and round_ste,
+    forward and backward alike, takes the four dtypes wherever it runs;
+    roi_pool's take two."""
+    halves = {"lltm", "round_ste"}
+    for name, declared in op.PASSES.items():
+        folder = declared.body.__module__.split(".")[2]
+        for device_type in declared.devices:
+            if device_type == "cuda" and not lltm_ffi.CUDA_COMPILED:
+                continue
+            expected = _extension.DTYPES if folder in halves else _extension.FULL_PRECISION_DTYPES
+            assert _extension.pass_dtypes(name, device_type) == expected, (name, device_type)
+
+
+# The operators ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_the_operators_pass_opcheck(dtype, device, generator):
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator).to(device, dtype)
+
+    gates, old_cell, grad_h, grad_cell = normal(3, 15), normal(3, 5), normal(3, 5), normal(3, 5)
+    opcheck(torch.ops.lltm_ffi.forward_pass.default,
+            (gates.requires_grad_(True), old_cell.requires_grad_(True)))
+    new_h, new_cell = torch.ops.lltm_ffi.forward_pass(gates.detach(), old_cell.detach())
+    opcheck(torch.ops.lltm_ffi.backward_pass.default,
+            (grad_h, grad_cell, new_cell, gates.detach()))
+    arguments = [normal(4, 3, 7), *(tensor.to(device, dtype) for tensor in selfcheck.random_inputs(
+        3, 7, 5, torch.float32, "cpu", generator)[1:])]
+    opcheck(torch.ops.lltm_ffi.sequence_forward.default,
+            [argument.clone().requires_grad_(True) for argument in arguments])
+    outputs, cells, gates = torch.ops.lltm_ffi.sequence_forward(*arguments)
+    opcheck(torch.ops.lltm_ffi.sequence_backward.default,
+            (*arguments[:4], outputs, cells, gates, torch.randn_like(outputs),
+             torch.randn_like(cells)))
+    rows, batch_sizes = arguments[0][:, :2].reshape(-1, 7)[:7], torch.tensor([2, 2, 2, 1])
+    packed = (rows, arguments[1], arguments[2], arguments[3][:2], arguments[4][:2], batch_sizes)
+    for reverse in (False, True):
+        opcheck(torch.ops.lltm_ffi.packed_forward.default,
+                (*[tensor.clone().requires_grad_(True) for tensor in packed[:5]], batch_sizes,
+                 reverse))
+        outputs, cells, gates, h_n, c_n = torch.ops.lltm_ffi.packed_forward(*packed, reverse)
+        opcheck(torch.ops.lltm_ffi.packed_backward.default,
+                (*packed[:4], batch_sizes, reverse, outputs, cells, gates,
+                 torch.randn_like(outputs), None, torch.randn_like(h_n), torch.randn_like(c_n)))
+    opcheck(torch.ops.lltm_ffi.round_forward.default, (normal(2, 9),))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_compile_fullgraph_of_a_half_sequence_matches_eager(dtype, device, generator):
+    torch._dynamo.reset()
+    module = lltm_ffi.LLTMSequence(7, 5, num_layers=2, bidirectional=True,
+                                   batch_first=True).to(device, dtype)
+    inputs = torch.randn(3, 6, 7, generator=generator).to(device, dtype)
+
+    def loss(inputs):
+        output, (h_n, c_n) = module(inputs)
+        return output.float().square().mean() + c_n.float().sum()
+
+    eager = loss(inputs)
+    eager_grads = torch.autograd.grad(eager, list(module.parameters()))
+    explanation = torch._dynamo.explain(loss)(inputs)
+    assert explanation.graph_break_count == 0
+    assert "lltm_ffi.sequence_forward" in "\n".join(graph.code for graph in explanation.graphs)
+    compiled = torch.compile(loss, fullgraph=True)(inputs)
+    compiled_grads = torch.autograd.grad(compiled, list(module.parameters()))
+    torch.testing.assert_close(compiled, eager)
+    for value, expected in zip(compiled_grads, eager_grads):
+        assert value.dtype == dtype
+        torch.testing.assert_close(value, expected)
+
+
+# Layouts --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("layout", [misaligned, odd_strides, transposed],
+                         ids=lambda layout: layout.__name__)
+def test_non_contiguous_half_arguments_give_the_contiguous_results(layout, dtype, device,
+                                                                   generator):
+    """Every argument of the cell in `layout`, and the gradients of the
+    outputs broadcast: the results of dense ones (exactly on the CPU: the
+    same computation)."""
+    arguments = [tensor.to(dtype) for tensor in
+                 selfcheck.random_inputs(3, 7, 9, torch.float32, device, generator)]
+    grads = [broadcast_rows(torch.randn(3, 9, generator=generator).to(device, dtype))
+             for _ in range(2)]
+    dense = cell_results(lltm_ffi.lltm, arguments, grads)
+    views = [layout(argument) for argument in arguments]
+    assert all(not view.is_contiguous() or view.data_ptr() % 16 for view in views)
+    leaves = [view.detach().requires_grad_(True) for view in views]
+    new_h, new_cell = lltm_ffi.lltm(*leaves)
+    torch.autograd.backward((new_h, new_cell), grads)
+    got = {"new_h": new_h, "new_cell": new_cell,
+           **{f"d_{name}": leaf.grad for name, leaf in zip(CELL_NAMES[1], leaves)}}
+    exact = {"rtol": 0, "atol": 0} if device.type == "cpu" else {}
+    for name, value in got.items():
+        torch.testing.assert_close(value, dense[name], **exact,
+                                   msg=lambda message, name=name: f"{name}: {message}")
+
+
+# CUDA graphs ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("state_size", [16, 420], ids=["persistent", "cublas"])
+def test_cuda_graph_capture_of_a_half_training_step(state_size, dtype, cuda_device, generator):
+    """A captured training step of a two-layer bidirectional half module
+    (forward, backward, SGD) trains it as eager steps train a copy."""
+    module = lltm_ffi.LLTMSequence(4, state_size, num_layers=2, bidirectional=True,
+                                   device=cuda_device, dtype=dtype)
+    inputs = torch.randn(6, 8, 4, generator=generator).to(cuda_device, dtype)
+
+    def train(model, optimizer):
+        output, (h_n, _) = model(inputs)
+        (output.float().square().mean() + h_n.float().sum()).backward()
+        optimizer.step()
+
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
+    warm_up = torch.cuda.Stream(cuda_device)
+    warm_up.wait_stream(torch.cuda.current_stream(cuda_device))
+    with torch.cuda.stream(warm_up):
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            train(module, optimizer)
+    torch.cuda.current_stream(cuda_device).wait_stream(warm_up)
+    eager = copy.deepcopy(module)
+    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.5)
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        train(module, optimizer)
+    before = [parameter.detach().clone() for parameter in module.parameters()]
+    for _ in range(2):
+        graph.replay()
+        eager_optimizer.zero_grad(set_to_none=True)
+        train(eager, eager_optimizer)
+    torch.cuda.synchronize(cuda_device)
+    assert any(not torch.equal(parameter, old) for parameter, old in
+               zip(module.parameters(), before)), "the replays changed no parameter"
+    for (name, parameter), trained in zip(module.named_parameters(), eager.parameters()):
+        assert parameter.dtype == dtype
+        torch.testing.assert_close(parameter, trained, msg=lambda message, name=name:
+                                   f"{name}: {message}")
