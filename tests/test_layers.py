@@ -135,7 +135,8 @@ def test_agrees_with_the_reference_cell(case, device, generator):
 
 
 # Each GPU path of the recurrence: the persistent kernels (small batch x
-# state), cuBLAS's products (past them), and with LLTM_CUBLAS=0 lltm_ffi's
+# state; the cluster kernels instead on compute capability 9.0 and newer),
+# cuBLAS's products (past them), and with LLTM_CUBLAS=0 lltm_ffi's
 # step-by-step kernels.
 GPU_PATHS = [((5, 3, 4), 6, "1"), ((3, 130, 4), 130, "1"), ((3, 130, 4), 130, "0")]
 

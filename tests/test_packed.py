@@ -102,8 +102,9 @@ def test_agrees_with_the_reference_cell_on_each_sequence(case, device, generator
 # The GPU's paths for packed steps: cuBLAS's products, and with
 # LLTM_CUBLAS=0 the step-by-step kernels, on a small batch and on a batch of
 # 40 with lengths spread over 1 to 9 (past the kernels' tiles); sequences all
-# as long are dense steps, which the persistent kernels take up to their
-# batch x state, cuBLAS's products past it.
+# as long are dense steps, which the persistent kernels (the cluster kernels
+# on compute capability 9.0 and newer) take up to their batch x state,
+# cuBLAS's products past it.
 GPU_CASES = [(LENGTHS, 5, "1"), (LENGTHS, 5, "0"),
              ([9 - index % 9 for index in range(40)], 33, "1"),
              ([9 - index % 9 for index in range(40)], 33, "0"), ([4, 4, 4], 5, "1"),

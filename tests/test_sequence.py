@@ -22,7 +22,8 @@ from conftest import raises_with, reference_sequence, skip_without_gpu
 # on a GPU the persistent kernels take all but the last two: 130 x 130 is past
 # their batch x state limit, and 1100 state columns need more blocks than a
 # GPU of up to 137 multiprocessors holds at once, so the step-by-step kernels
-# run those.
+# run those. On compute capability 9.0 and newer the cluster kernels take
+# most of them instead (test_cluster.py runs both with and without them).
 SHAPES = [(1, 1, 3, 5), (1, 16, 32, 128), (5, 3, 4, 7), (37, 2, 5, 17), (7, 1, 9, 33),
           (4, 19, 6, 40), (6, 300, 3, 24), (2, 130, 4, 130), (3, 2, 5, 1100)]
 # Past the persistent kernels: cuBLAS's products on a GPU, or with

@@ -7,14 +7,18 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
-// A sequence pass's options, from its tf32 and own-kernels sizes.
+// A sequence pass's options, from its tf32 and kernels sizes.
 enum {
   // The matrix products of float32 may use TF32 (where they go through
   // cuBLAS), as torch.backends.cuda.matmul.allow_tf32 lets torch's own.
   LLTM_SEQUENCE_TF32 = 1,
   // lltm_ffi's own kernels for every matrix product even where cuBLAS can
   // be loaded.
-  LLTM_SEQUENCE_OWN_KERNELS = 2
+  LLTM_SEQUENCE_OWN_KERNELS = 2,
+  // Never the cluster kernels (cluster_kernel.cu) for the recurrence: the
+  // persistent kernels or the step loops instead, as before compute
+  // capability 9.0.
+  LLTM_SEQUENCE_NO_CLUSTER = 4
 };
 
 // One step's cell backward pass (sequence_kernel.cu): d_gates (batch,

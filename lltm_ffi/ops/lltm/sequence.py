@@ -18,10 +18,12 @@ registered operators. Under autocast the arguments are cast to the
 autocast dtype first, and the call runs in it.
 
 On a GPU the matrix products go through cuBLAS (loaded by the C code at run
-time; the recurrent ones past the sizes the persistent kernels take), with
-TF32 where torch.backends.cuda.matmul.allow_tf32 allows it for torch's own
-products; LLTM_CUBLAS=0 in the environment has lltm_ffi's own kernels do
-them all instead.
+time; the recurrent ones past the sizes the cluster and persistent kernels
+take), with TF32 where torch.backends.cuda.matmul.allow_tf32 allows it for
+torch's own products; LLTM_CUBLAS=0 in the environment has lltm_ffi's own
+kernels do them all instead. LLTM_CLUSTER=0 keeps the recurrence off the
+cluster kernels (compute capability 9.0 and newer), on the paths older GPUs
+take.
 """
 
 import os
@@ -52,9 +54,13 @@ def check_arguments(inputs, weights, bias, h0, c0, optional_bias=False, forward=
 
 
 def _options():
-    """The C passes' options: (tf32, own_kernels), read at each call as torch
-    reads its own TF32 setting."""
-    return (int(torch.backends.cuda.matmul.allow_tf32), int(os.environ.get("LLTM_CUBLAS") == "0"))
+    """The C passes' options: (tf32, kernels), read at each call as torch
+    reads its own TF32 setting. kernels' bit 0 is LLTM_CUBLAS=0 (lltm_ffi's
+    own kernels for every product), bit 1 LLTM_CLUSTER=0 (never the cluster
+    kernels for the recurrence)."""
+    own_kernels = os.environ.get("LLTM_CUBLAS") == "0"
+    no_cluster = os.environ.get("LLTM_CLUSTER") == "0"
+    return int(torch.backends.cuda.matmul.allow_tf32), int(own_kernels) | int(no_cluster) << 1
 
 
 @op.c_pass("sequence_forward", check=check_arguments)

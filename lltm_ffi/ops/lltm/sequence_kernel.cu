@@ -9,11 +9,13 @@
 // recurrent path: before the forward loop every step's input part of its
 // gates, after the backward loop the gradients of the inputs and the
 // weights (by cuBLAS, or lltm_ffi's own kernel where cuBLAS cannot be
-// loaded) and of the bias. Three paths for the recurrence, chosen per pass
-// (sequence_forward_steps says how): the persistent kernels, one launch a
-// pass, for small batch x state and dense steps; otherwise each step's
-// recurrent product by cuBLAS and a pointwise kernel for its gate math; and,
-// without cuBLAS, a step-by-step kernel that does both.
+// loaded) and of the bias. Four paths for the recurrence, chosen per pass
+// in one place (plan_recurrence): on compute capability 9.0 and newer the
+// cluster kernels (cluster_kernel.cu), one ordinary launch a pass, for dense
+// steps of a state up to 256; the persistent kernels, one cooperative
+// launch a pass, for small batch x state and dense steps; otherwise each
+// step's recurrent product by cuBLAS and a pointwise kernel for its gate
+// math; and, without cuBLAS, a step-by-step kernel that does both.
 //
 // Every element type: tensors hold it, the arithmetic runs in its math type
 // (lltm_math.cuh: float for __half and __nv_bfloat16), converting at each
@@ -25,6 +27,7 @@
 
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
+#include "lltm_cluster.h"
 #include "lltm_cublas.h"
 #include "lltm_kernels.h"
 #include "lltm_op.h"
@@ -960,7 +963,47 @@ static int launch_persistent(const PersistentPlan& plan, void** arguments, cudaS
                                      plan.shared_bytes, stream);
 }
 
+// The path of a pass's recurrence, decided here alone: the cluster kernels
+// where lltm_plan_cluster lays them out (dense steps, compute capability 9.0
+// and newer, a state of at most 256, every cluster resident at once; its
+// thresholds are in cluster_kernel.cu) and the options allow them (not
+// LLTM_SEQUENCE_NO_CLUSTER); else the persistent kernels where
+// plan_persistent lays them out; else (neither plan set) the cuBLAS loop
+// where cuBLAS runs, or the step-by-step kernels.
+struct RecurrencePlan {
+  lltm_cluster_plan cluster;
+  PersistentPlan persistent;
+};
+
+template <typename Dtype>
+static RecurrencePlan plan_recurrence(bool backward, const lltm_walk& walk, int64_t state_size,
+                                      int options) {
+  RecurrencePlan plan = {{NULL, 0, 0, 0, 0}, {NULL, 0, 0}};
+  if (walk.batch_sizes) return plan;
+  if (!(options & LLTM_SEQUENCE_NO_CLUSTER)) {
+    plan.cluster = lltm_plan_cluster(lltm_dtype_of<Dtype>(), backward, walk.steps,
+                                     walk.batch_size, state_size);
+    if (plan.cluster.kernel) return plan;
+  }
+  if (backward) {
+    const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_backward_persistent_kernel);
+    plan.persistent = plan_persistent<Dtype>(walk.steps, walk.batch_size, state_size, 1,
+                                             3 * state_size, kernels);
+  } else {
+    const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_forward_persistent_kernel);
+    plan.persistent = plan_persistent<Dtype>(walk.steps, walk.batch_size, state_size, 3,
+                                             state_size, kernels);
+  }
+  return plan;
+}
+
 static int64_t address(const void* pointer) { return (int64_t)(uintptr_t)pointer; }
+
+// The options a pass's graph depends on, for its key: TF32 changes the
+// products, no-cluster the recurrence's kernels (own kernels record no graph).
+static int64_t key_options(int options) {
+  return options & (LLTM_SEQUENCE_TF32 | LLTM_SEQUENCE_NO_CLUSTER);
+}
 
 // Runs steps(cublas, stream), a pass's launches, through lltm_cublas_run
 // (cublas true) where the options allow and cuBLAS can be loaded, else
@@ -982,12 +1025,12 @@ static int run_pass(const lltm_pass_key& key, int dtype, cudaStream_t stream, in
 }
 
 // The forward pass: every step's input part of its gates, then the
-// recurrence by the persistent kernel where its plan allows (dense steps
-// only), else by the cuBLAS path where cuBLAS runs, else by the
-// step-by-step kernels. final_h NULL: no final state kept.
+// recurrence by the path plan_recurrence gives. final_h NULL: no final
+// state kept.
 template <typename Dtype>
-static int sequence_forward_steps(bool cublas, cudaStream_t stream, const lltm_walk& walk,
-                                  int64_t input_features, int64_t state_size,
+static int sequence_forward_steps(bool cublas, cudaStream_t stream, int options,
+                                  const lltm_walk& walk, int64_t input_features,
+                                  int64_t state_size,
                                   const Dtype* inputs, const Dtype* weights, const Dtype* bias,
                                   const Dtype* h0, const Dtype* c0, Dtype* outputs, Dtype* cells,
                                   Dtype* gates, Dtype* final_h, Dtype* final_cell) {
@@ -996,18 +1039,20 @@ static int sequence_forward_steps(bool cublas, cudaStream_t stream, const lltm_w
                                   inputs, input_features, false, weights + state_size, columns,
                                   true, false, gates, 3 * state_size);
   if (code != LLTM_SUCCESS) return code;
-  if (!walk.batch_sizes) {
-    const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_forward_persistent_kernel);
-    const PersistentPlan plan = plan_persistent<Dtype>(walk.steps, walk.batch_size, state_size,
-                                                       3, state_size, kernels);
-    if (plan.blocks) {
-      int64_t steps = walk.steps, batch_size = walk.batch_size;
-      int reverse = walk.reverse;
-      void* arguments[] = {&steps,   &batch_size, &state_size, &columns, &reverse,
-                           &bias,    &weights,    &h0,         &c0,      &outputs,
-                           &cells,   &gates,      &final_h,    &final_cell};
-      return launch_persistent(plan, arguments, stream);
-    }
+  const RecurrencePlan plan = plan_recurrence<Dtype>(false, walk, state_size, options);
+  if (plan.cluster.kernel) {
+    return lltm_launch_cluster_forward(&plan.cluster, lltm_dtype_of<Dtype>(), walk.steps,
+                                       walk.batch_size, state_size, columns, walk.reverse, bias,
+                                       weights, h0, c0, outputs, cells, gates, final_h,
+                                       final_cell, stream);
+  }
+  if (plan.persistent.blocks) {
+    int64_t steps = walk.steps, batch_size = walk.batch_size;
+    int reverse = walk.reverse;
+    void* arguments[] = {&steps,   &batch_size, &state_size, &columns, &reverse,
+                         &bias,    &weights,    &h0,         &c0,      &outputs,
+                         &cells,   &gates,      &final_h,    &final_cell};
+    return launch_persistent(plan.persistent, arguments, stream);
   }
   if (cublas) {
     return sequence_forward_cublas_steps<Dtype>(walk, state_size, columns, bias, weights, h0, c0,
@@ -1068,13 +1113,14 @@ static int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk
 }
 
 // The backward pass: the recurrence as in the forward pass, then the
-// gradients of h0 (where the persistent kernel has not given it), the
-// inputs (d_gates times the input weights), the weights (d_gates^T times
-// each step's [old h, x]) and the bias (d_gates summed over every row),
-// each where wanted.
+// gradients of h0 (where the cluster or persistent kernel has not given
+// it), the inputs (d_gates times the input weights), the weights (d_gates^T
+// times each step's [old h, x]) and the bias (d_gates summed over every
+// row), each where wanted.
 template <typename Dtype>
-static int sequence_backward_steps(bool cublas, cudaStream_t stream, const lltm_walk& walk,
-                                   int64_t input_features, int64_t state_size,
+static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options,
+                                   const lltm_walk& walk, int64_t input_features,
+                                   int64_t state_size,
                                    const Dtype* inputs, const Dtype* weights, const Dtype* h0,
                                    const Dtype* outputs, const Dtype* cells, const Dtype* gates,
                                    const Dtype* grad_outputs, const Dtype* grad_cells,
@@ -1084,21 +1130,24 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, const lltm_
                                    Dtype* d_c0) {
   int64_t columns = state_size + input_features;
   const int64_t gates_size = 3 * state_size;
-  PersistentPlan plan = {NULL, 0, 0};
-  if (!walk.batch_sizes) {
-    const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_backward_persistent_kernel);
-    plan = plan_persistent<Dtype>(walk.steps, walk.batch_size, state_size, 1, gates_size,
-                                  kernels);
-  }
+  const RecurrencePlan plan = plan_recurrence<Dtype>(true, walk, state_size, options);
   int code;
-  if (plan.blocks) {
+  if (plan.cluster.kernel) {
+    const int64_t grad_strides[6] = {strides.outputs[0], strides.outputs[1], strides.outputs[2],
+                                     strides.cells[0],   strides.cells[1],   strides.cells[2]};
+    code = lltm_launch_cluster_backward(&plan.cluster, lltm_dtype_of<Dtype>(), walk.steps,
+                                        walk.batch_size, state_size, columns, walk.reverse,
+                                        weights, grad_outputs, grad_cells, grad_strides,
+                                        grad_final_h, grad_final_cell, cells, gates, d_gates,
+                                        d_h0, d_c0, stream);
+  } else if (plan.persistent.blocks) {
     int64_t steps = walk.steps, batch_size = walk.batch_size;
     int reverse = walk.reverse;
     void* arguments[] = {&steps,      &batch_size,   &state_size,      &columns,
                          &reverse,    &weights,      &grad_outputs,    &grad_cells,
                          &strides,    &grad_final_h, &grad_final_cell, &cells,
                          &gates,      &d_gates,      &d_h0,            &d_c0};
-    code = launch_persistent(plan, arguments, stream);
+    code = launch_persistent(plan.persistent, arguments, stream);
   } else {
     code = cublas ? sequence_backward_cublas_steps<Dtype>(
                         walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
@@ -1151,7 +1200,7 @@ static int launch_forward(const lltm_pass_key& key, const lltm_walk& walk, int o
                           void* final_cell, cudaStream_t stream) {
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
   return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
-    return sequence_forward_steps<Dtype>(cublas, on, walk, input_features, state_size,
+    return sequence_forward_steps<Dtype>(cublas, on, options, walk, input_features, state_size,
                                          as<Dtype>(inputs), as<Dtype>(weights), as<Dtype>(bias),
                                          as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs),
                                          as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(final_h),
@@ -1173,8 +1222,8 @@ static int launch_backward(const lltm_pass_key& key, const lltm_walk& walk, int 
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
   return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
     return sequence_backward_steps<Dtype>(
-        cublas, on, walk, input_features, state_size, as<Dtype>(inputs), as<Dtype>(weights),
-        as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
+        cublas, on, options, walk, input_features, state_size, as<Dtype>(inputs),
+        as<Dtype>(weights), as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
         as<Dtype>(grad_outputs), as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h),
         as<Dtype>(grad_final_cell), as<Dtype>(d_gates), as<Dtype>(d_inputs),
         as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0), as<Dtype>(d_c0));
@@ -1192,7 +1241,7 @@ static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t in
     return LLTM_ERROR_ARGUMENTS;
   }
   const lltm_pass_key key = {{1, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
-                              state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
+                              state_size, key_options(options), address(inputs),
                               address(weights), address(bias), address(h0), address(c0),
                               address(outputs), address(cells), address(gates)}};
   return launch_forward<Dtype>(key, walk, options, input_features, state_size, inputs, weights,
@@ -1215,7 +1264,7 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
   const GradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
                                {grad_strides[3], grad_strides[4], grad_strides[5]}};
   const lltm_pass_key key = {{2, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
-                              state_size, options & LLTM_SEQUENCE_TF32, address(inputs),
+                              state_size, key_options(options), address(inputs),
                               address(weights), address(h0), address(outputs), address(cells),
                               address(gates), address(grad_outputs), address(grad_cells),
                               address(d_gates), address(d_inputs), address(d_weights),
@@ -1228,9 +1277,12 @@ static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t i
                                 stream);
 }
 
-// The options of a pass whose sizes hold tf32 and own_kernels at `flags`.
+// The options of a pass whose sizes hold tf32 and kernels at `flags`:
+// kernels' bit 0 is own kernels, bit 1 no cluster kernels (sequence.py's
+// _options).
 static int options_at(const int64_t* flags) {
-  return (flags[0] ? LLTM_SEQUENCE_TF32 : 0) | (flags[1] ? LLTM_SEQUENCE_OWN_KERNELS : 0);
+  return (flags[0] ? LLTM_SEQUENCE_TF32 : 0) | (flags[1] & 1 ? LLTM_SEQUENCE_OWN_KERNELS : 0) |
+         (flags[1] & 2 ? LLTM_SEQUENCE_NO_CLUSTER : 0);
 }
 
 template <typename Dtype>
@@ -1243,7 +1295,7 @@ static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
   if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
   const int options = options_at(sizes + 6);
   const lltm_pass_key key = {{3, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
-                              sizes[3], sizes[4], options & LLTM_SEQUENCE_TF32, walk.reverse,
+                              sizes[3], sizes[4], key_options(options), walk.reverse,
                               address(inputs), address(weights), address(bias), address(h0),
                               address(c0), address(outputs), address(cells), address(gates),
                               address(final_h), address(final_cell)},
@@ -1268,7 +1320,7 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
   const GradStrides strides = {{sizes[2] * row_strides[0], row_strides[0], row_strides[1]},
                                {sizes[2] * row_strides[2], row_strides[2], row_strides[3]}};
   const lltm_pass_key key = {{4, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
-                              sizes[3], sizes[4], options & LLTM_SEQUENCE_TF32, walk.reverse,
+                              sizes[3], sizes[4], key_options(options), walk.reverse,
                               address(inputs), address(weights), address(h0), address(outputs),
                               address(cells), address(gates), address(grad_outputs),
                               address(grad_cells), address(grad_final_h),

@@ -1,0 +1,818 @@
+// The recurrence of a dense sequence pass held in thread-block clusters
+// (compute capability 9.0 and newer), Caffe style behind the extern "C"
+// launchers of lltm_cluster.h; sequence_kernel.cu's plan_recurrence decides
+// when it runs.
+//
+// Why clusters. The persistent kernels (sequence_kernel.cu) synchronise the
+// whole grid once a step (about 1.1 us on an H200) and stage the whole
+// state from global memory every step; and two cooperative launches on two
+// streams are serialised by the driver, so the two directions of a
+// bidirectional layer cannot overlap. A cluster launch is an ordinary
+// launch: two of them run at once, and a step's only synchronisation is the
+// cluster's hardware barrier, the state travelling between the blocks'
+// shared memories (distributed shared memory), never through global memory.
+//
+// Layout. A cluster of C blocks runs the whole sequence of R batch rows
+// (rows are independent in the recurrence, so clusters never wait for one
+// another: grid = C x ceil(batch / R)). Block r of a cluster owns state
+// columns [r P, (r + 1) P), P = ceil(state / C), and holds in registers
+// the hidden weights those columns need, loaded once a pass: forward, the
+// rows of their three gates (3P x state); backward, the columns of W_h
+// they are (3 state x P). A warp owns kColumns (2, or 1 where a row is
+// long) of the block's columns, each lane a kWidth-element vector (float4,
+// double2) of every kChunks of a weight row, interleaved so that the warp's
+// vector loads of the shared state are consecutive (no bank conflicts).
+//
+// A forward step, in each block: every warp takes the dot products of its
+// columns' 3 x kColumns weight rows with the R rows of the previous h,
+// which every block holds whole in shared memory (double-buffered); sums
+// them over the warp (warp_reduce_scatter: each lane ends with one of the
+// warp's sums, in fewer shuffles than reducing each sum alone); then every
+// lane computes the cell of one (row, column) element of the warp's, the
+// same element in 32 / (R kColumns) lanes (the redundant copies cost
+// nothing in SIMT and let the stores below fan out): the step's input part
+// of the gates and the bias were read one step ahead, the old cell is kept
+// in a register across steps. The new h goes to the other buffer of every
+// block of the cluster (st.shared::cluster, a lane a destination), then one
+// cluster barrier: arrive (release) once the new h is pushed; the next
+// step's inputs read and the step's global writes (gates, outputs, cells)
+// issued while the others arrive; wait (acquire). The double buffer makes one barrier a step
+// enough: a block writes a buffer at step n + 1 only after every block has
+// arrived at step n, having read that buffer at step n.
+//
+// A backward step: every block owns the d_gates of its columns' three
+// gates (the cell's backward pass needs only its own element's d_h and
+// d_cell); it pushes its R x 3P d_gates to every block, so that each holds
+// the whole R x 3 state of them, and each computes d_h for its own columns
+// (the dot products with its 3 state x P slice of W_h) at the next step.
+// The other scheme, each block's partial products over its own gates
+// reduce-scattered to the columns' owners, moves a third of the data but
+// needs the block's d_gates shared among its warps first: a second barrier
+// a step, which costs more than the bytes it saves.
+//
+// Cost per step (expected, to be measured): one cluster barrier, one
+// shared-memory round trip, a few dozen FMAs and ~10-35 shuffles a lane,
+// the cell's transcendental functions: under a microsecond. Registers
+// (nvcc 13.0, sm_90, -Xptxas -v): 63 forward and 72 backward for float,
+// a state up to 128, a row a cluster; up to the cap of 128 for double at 4
+// rows; no spills in any of the 30 kernels.
+//
+// Element types: Dtype is the storage type, Math (ClusterMath) the type of
+// the arithmetic, the state exchanged and the weights held: the same for
+// float and double, float for __half and __nv_bfloat16. The
+// state and gradients exchanged are rounded to Dtype first, so that the
+// recurrence reads what the tensors saved for the backward pass hold.
+//
+// Only sm_90 and newer run these kernels: their bodies are compiled only
+// there (LLTM_CLUSTER_ARCH), empty for older targets, and the plan never
+// chooses them on a device older than 9.0 or where the module's code for
+// them was compiled for an older target.
+
+#include <limits.h>
+
+#include <mutex>
+
+#include "caffe_cuda_macro.h"
+#include "lltm_cell.h"
+#include "lltm_cluster.h"
+#include "lltm_op.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LLTM_CLUSTER_ARCH 1
+#else
+#define LLTM_CLUSTER_ARCH 0
+#endif
+
+// The plan's thresholds and targets: first guesses from the design, each to
+// be set by measurement on an H200 (sequence passes of 64 steps, batch 1 to
+// 256, state 5 to 256, each way, against the persistent kernels and the
+// cuBLAS loop; measured figures to be filled in here).
+//
+// Fewer columns a block: less work in a step's critical path, but a larger
+// cluster (its barrier and its pushes grow with it). Measured: (to fill in).
+static const int kClusterBlockColumns = 16;
+// Clusters up to this size are portable; larger ones (to kClusterMaxSize)
+// only where a block's weights would not fit in registers otherwise.
+static const int kClusterPortableSize = 8;
+static const int kClusterMaxSize = 16;
+// The largest state the weights-in-registers scheme takes: 256 is 48
+// registers of weights a lane in a block of at most kClusterMaxThreads.
+static const int64_t kClusterMaxState = 256;
+// The fewest steps for which a cluster pass beats the other paths. One
+// step still saves the cuBLAS loop a launch. Measured: (to fill in).
+static const int64_t kClusterMinSteps = 1;
+// At most this many waves of clusters: past one, each wave runs the whole
+// sequence after the one before, and cuBLAS's batched products win at such
+// batch sizes. Measured: (to fill in).
+static const int kClusterMaxWaves = 1;
+
+// A block's threads at most: 16 warps of kColumns columns each. Registers
+// are then at most 128 a thread (__launch_bounds__).
+static const int kClusterMaxThreads = 512;
+
+namespace {
+
+// The arithmetic's type for a storage type (see the header comment).
+template <typename Dtype>
+struct ClusterMath {
+  typedef Dtype type;
+};
+template <>
+struct ClusterMath<__half> {
+  typedef float type;
+};
+template <>
+struct ClusterMath<__nv_bfloat16> {
+  typedef float type;
+};
+
+// The 16-byte vector of the arithmetic's type: what a lane reads of the
+// shared state at once.
+template <typename Math>
+struct ClusterVector;
+template <>
+struct ClusterVector<float> {
+  typedef float4 type;
+  static const int kWidth = 4;
+};
+template <>
+struct ClusterVector<double> {
+  typedef double2 type;
+  static const int kWidth = 2;
+};
+
+}  // namespace
+
+// Columns a warp owns, by kChunks (vectors a lane holds of each weight row):
+// 2, or 1 for 4 chunks, so that a lane's weights are 24 or 48 registers
+// (3 gates x kColumns x kChunks x kWidth elements).
+__host__ __device__ constexpr int cluster_warp_columns(int chunks) { return chunks <= 2 ? 2 : 1; }
+
+#if LLTM_CLUSTER_ARCH
+
+// This block's rank in its cluster, the cluster's size, and which cluster
+// of the grid it is.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+__device__ __forceinline__ unsigned cluster_blocks() {
+  unsigned size;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+  return size;
+}
+
+__device__ __forceinline__ unsigned cluster_index() {
+  unsigned index;
+  asm("mov.u32 %0, %%clusterid.x;" : "=r"(index));
+  return index;
+}
+
+// The cluster barrier in its two halves: arrive publishes this thread's
+// earlier writes (release, cluster scope), wait returns once every thread of
+// the cluster has arrived and makes their writes visible (acquire). Every
+// thread of every block takes part in each barrier.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// Stores value at `local`'s place in the shared memory of block `rank` of
+// the cluster (this block's own too).
+__device__ __forceinline__ void store_in_block(float* local, unsigned rank, float value) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(local);
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(value) : "memory");
+}
+
+__device__ __forceinline__ void store_in_block(double* local, unsigned rank, double value) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(local);
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
+  asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(remote), "d"(value) : "memory");
+}
+
+// One level of warp_reduce_scatter: lanes whose bit `offset` is set keep
+// the upper half of their kCount values, the others the lower half, each
+// adding its partner's copy of the half it keeps (one shuffle a kept value).
+template <int kCount, int kHalf>
+struct ReduceLevel {
+  template <typename T>
+  static __device__ __forceinline__ void run(T (&values)[kCount], int lane) {
+    const int offset = 32 * kHalf / kCount;
+    const bool upper = (lane & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      const T send = upper ? values[i] : values[i + kHalf];
+      const T keep = upper ? values[i + kHalf] : values[i];
+      values[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+    ReduceLevel<kCount, kHalf / 2>::run(values, lane);
+  }
+};
+
+template <int kCount>
+struct ReduceLevel<kCount, 0> {
+  template <typename T>
+  static __device__ __forceinline__ void run(T (&)[kCount], int) {}
+};
+
+// The sums over the warp's 32 lanes of each of kCount values (a power of two,
+// at most 32): lane l ends with sum number l / (32 / kCount), returned.
+// kCount - 1 + log2(32 / kCount) shuffles instead of 5 kCount.
+template <int kCount, typename T>
+__device__ __forceinline__ T warp_reduce_scatter(T (&values)[kCount], int lane) {
+  static_assert(kCount >= 1 && kCount <= 32 && (kCount & (kCount - 1)) == 0,
+                "a power of two, at most a warp");
+  ReduceLevel<kCount, kCount / 2>::run(values, lane);
+  T sum = values[0];
+#pragma unroll
+  for (int offset = 16 / kCount; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+  return sum;
+}
+
+// A lane that holds sum number `index` after warp_reduce_scatter<kCount>.
+template <int kCount>
+__device__ __forceinline__ int holder_of(int index) {
+  return index * (32 / kCount);
+}
+
+#endif  // LLTM_CLUSTER_ARCH
+
+// Where a lane is in the layout (see the header comment): its block's
+// columns, its warp's first column, and the (row, column) element whose
+// cell it computes, the lane's element.
+template <int kColumns, int kRows>
+struct ClusterLane {
+  int lane;
+  unsigned rank, blocks;
+  int64_t block_columns;  // P
+  int64_t warp_column;    // the warp's first column among its block's
+  int64_t first_column;   // the warp's first column among the state's
+  int64_t first_row;      // the cluster's first batch row
+  int element, unit, row_offset;
+  int64_t column, row;
+  bool active;  // its element is the state's and the batch's
+
+#if LLTM_CLUSTER_ARCH
+  __device__ ClusterLane(int64_t state_size, int64_t batch_size)
+      : lane((int)(threadIdx.x % 32)), rank(cluster_rank()), blocks(cluster_blocks()),
+        block_columns((state_size + blocks - 1) / blocks),
+        warp_column((int64_t)(threadIdx.x / 32) * kColumns),
+        first_column(rank * block_columns + warp_column),
+        first_row((int64_t)cluster_index() * kRows), element(lane % (kColumns * kRows)),
+        unit(element % kColumns), row_offset(element / kColumns), column(first_column + unit),
+        row(first_row + row_offset),
+        active(owns(unit, state_size) && row < batch_size) {}
+#endif
+
+  // Whether the warp's column `u` is one of its block's and of the state's.
+  __device__ bool owns(int u, int64_t state_size) const {
+    return warp_column + u < block_columns && first_column + u < state_size;
+  }
+};
+
+// The forward recurrence (lltm_cluster.h, lltm_launch_cluster_forward): the
+// layout and the step as the header comment says. Shared memory: the state
+// of the cluster's rows, twice (kRows rows of kSpan elements each).
+template <typename Dtype, int kChunks, int kRows>
+__global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_cluster_kernel(
+    const int64_t steps, const int64_t batch_size, const int64_t state_size,
+    const int64_t weights_row_stride, const int reverse, const Dtype* __restrict__ bias,
+    const Dtype* __restrict__ weights, const Dtype* __restrict__ h0,
+    const Dtype* __restrict__ c0, Dtype* outputs, Dtype* cells, Dtype* gates, Dtype* final_h,
+    Dtype* final_cell) {
+#if LLTM_CLUSTER_ARCH
+  typedef typename ClusterMath<Dtype>::type Math;
+  typedef typename ClusterVector<Math>::type Vector;
+  const int kWidth = ClusterVector<Math>::kWidth;
+  const int kColumns = cluster_warp_columns(kChunks);
+  const int kElements = kColumns * kRows;  // a warp's (row, column) elements
+  const int kSums = 4 * kElements;         // a warp's gate sums, 3 used of each 4
+  const int kSpan = kChunks * 32 * kWidth;  // a state row in shared memory
+  extern __shared__ __align__(16) unsigned char shared[];
+  Math* buffers = reinterpret_cast<Math*>(shared);
+  const ClusterLane<kColumns, kRows> at(state_size, batch_size);
+  const int64_t gates_size = 3 * state_size;
+
+  // Row g * state + column of W_h, this lane's vectors of it.
+  Math w[kColumns][3][kChunks][kWidth];
+#pragma unroll
+  for (int u = 0; u < kColumns; ++u) {
+    const bool owned = at.owns(u, state_size);
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+      const Dtype* row = weights + (g * state_size + at.first_column + u) * weights_row_stride;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+        for (int v = 0; v < kWidth; ++v) {
+          const int64_t k = (int64_t)(at.lane + 32 * c) * kWidth + v;
+          w[u][g][c][v] = owned && k < state_size ? static_cast<Math>(row[k]) : Math(0);
+        }
+      }
+    }
+  }
+  // Buffer 0 holds h0's rows; everything else (the columns past the state,
+  // rows past the batch) zeros, which stay so.
+  for (int i = threadIdx.x; i < 2 * kRows * kSpan; i += blockDim.x) {
+    const int64_t row = at.first_row + i / kSpan % kRows, k = i % kSpan;
+    buffers[i] = i < kRows * kSpan && k < state_size && row < batch_size
+        ? static_cast<Math>(h0[row * state_size + k]) : Math(0);
+  }
+  Math bias_of[3], inputs[3];
+#pragma unroll
+  for (int g = 0; g < 3; ++g) {
+    bias_of[g] = at.active && bias ? static_cast<Math>(bias[g * state_size + at.column]) : Math(0);
+  }
+  // The input part of the gates plus the bias, of the step at `order`.
+  auto load_inputs = [&](int64_t order, Math(&values)[3]) {
+    const int64_t t = reverse ? steps - 1 - order : order;
+    const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+      values[g] = at.active ? static_cast<Math>(gates[gate + g * state_size]) + bias_of[g]
+                            : Math(0);
+    }
+  };
+  load_inputs(0, inputs);
+  Math cell = at.active ? static_cast<Math>(c0[at.row * state_size + at.column]) : Math(0);
+  // Every block of the cluster runs, its buffers ready, before any block
+  // writes into another's.
+  cluster_arrive();
+  cluster_wait();
+
+  for (int64_t order = 0; order < steps; ++order) {
+    const int64_t t = reverse ? steps - 1 - order : order;
+    const bool last = order + 1 == steps;
+    const Math* h = buffers + (order & 1) * kRows * kSpan;
+    Math* h_next = buffers + ((order + 1) & 1) * kRows * kSpan;
+    // sums[g * kElements + e]: gate g of element e (row e / kColumns,
+    // column e % kColumns of the warp's).
+    Math sums[kSums];
+#pragma unroll
+    for (int i = 0; i < kSums; ++i) sums[i] = Math(0);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const Vector x =
+            *reinterpret_cast<const Vector*>(h + r * kSpan + (at.lane + 32 * c) * kWidth);
+        const Math* xs = reinterpret_cast<const Math*>(&x);
+#pragma unroll
+        for (int u = 0; u < kColumns; ++u) {
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+#pragma unroll
+            for (int v = 0; v < kWidth; ++v) {
+              sums[g * kElements + r * kColumns + u] += xs[v] * w[u][g][c][v];
+            }
+          }
+        }
+      }
+    }
+    const Math sum = warp_reduce_scatter(sums, at.lane);
+    Math pre[3];
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+      pre[g] = inputs[g] +
+               __shfl_sync(0xffffffffu, sum, holder_of<kSums>(g * kElements + at.element));
+    }
+    Math new_h, new_cell;
+    cell_forward(pre[0], pre[1], pre[2], cell, &new_h, &new_cell);
+    const Dtype stored_h = static_cast<Dtype>(new_h), stored_cell = static_cast<Dtype>(new_cell);
+    if (!last) {
+      if (at.active) {
+        Math* target = h_next + at.row_offset * kSpan + at.column;
+        for (unsigned rank = at.lane / kElements; rank < at.blocks; rank += 32 / kElements) {
+          store_in_block(target, rank, static_cast<Math>(stored_h));
+        }
+      }
+      cluster_arrive();
+    }
+    // The next step's inputs are read after the arrive, whose release
+    // would otherwise wait for them too: they arrive while the barrier
+    // completes and the next product is taken.
+    Math next_inputs[3] = {Math(0), Math(0), Math(0)};
+    if (!last) load_inputs(order + 1, next_inputs);
+    if (at.active && at.lane < kElements) {
+      const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
+#pragma unroll
+      for (int g = 0; g < 3; ++g) gates[gate + g * state_size] = static_cast<Dtype>(pre[g]);
+      const int64_t element = (t * batch_size + at.row) * state_size + at.column;
+      outputs[element] = stored_h;
+      cells[element] = stored_cell;
+      if (last && final_h) {
+        final_h[at.row * state_size + at.column] = stored_h;
+        final_cell[at.row * state_size + at.column] = stored_cell;
+      }
+    }
+    cell = static_cast<Math>(stored_cell);
+#pragma unroll
+    for (int g = 0; g < 3; ++g) inputs[g] = next_inputs[g];
+    // No block exits while another may still write into its shared memory:
+    // the last step writes into none.
+    if (!last) cluster_wait();
+  }
+#endif
+}
+
+// The output gradients' (step, row, column) strides, outputs' then cells'.
+struct ClusterGradStrides {
+  int64_t outputs[3], cells[3];
+};
+
+// The backward recurrence (lltm_cluster.h, lltm_launch_cluster_backward):
+// the steps in the reverse of the walk's order, then d_h0. Shared memory:
+// the d_gates of the cluster's rows, twice (kRows x 3 gates x kSpan
+// elements, each gate's state columns from the start of its span).
+template <typename Dtype, int kChunks, int kRows>
+__global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_cluster_kernel(
+    const int64_t steps, const int64_t batch_size, const int64_t state_size,
+    const int64_t weights_row_stride, const int reverse, const Dtype* __restrict__ weights,
+    const Dtype* __restrict__ grad_outputs, const Dtype* __restrict__ grad_cells,
+    const ClusterGradStrides strides, const Dtype* __restrict__ grad_final_h,
+    const Dtype* __restrict__ grad_final_cell, const Dtype* __restrict__ cells,
+    const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
+#if LLTM_CLUSTER_ARCH
+  typedef typename ClusterMath<Dtype>::type Math;
+  typedef typename ClusterVector<Math>::type Vector;
+  const int kWidth = ClusterVector<Math>::kWidth;
+  const int kColumns = cluster_warp_columns(kChunks);
+  const int kElements = kColumns * kRows;
+  const int kSpan = kChunks * 32 * kWidth;
+  const int kRowSpan = 3 * kSpan;  // a row's d_gates in shared memory
+  extern __shared__ __align__(16) unsigned char shared[];
+  Math* buffers = reinterpret_cast<Math*>(shared);
+  const ClusterLane<kColumns, kRows> at(state_size, batch_size);
+  const int64_t gates_size = 3 * state_size;
+
+  // Column `column` of W_h, rows g * state + k: this lane's vectors of it.
+  Math w[kColumns][3][kChunks][kWidth];
+#pragma unroll
+  for (int u = 0; u < kColumns; ++u) {
+    const bool owned = at.owns(u, state_size);
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+        for (int v = 0; v < kWidth; ++v) {
+          const int64_t k = (int64_t)(at.lane + 32 * c) * kWidth + v;
+          w[u][g][c][v] = owned && k < state_size
+              ? static_cast<Math>(weights[(g * state_size + k) * weights_row_stride +
+                                          at.first_column + u])
+              : Math(0);
+        }
+      }
+    }
+  }
+  for (int i = threadIdx.x; i < 2 * kRows * kRowSpan; i += blockDim.x) buffers[i] = Math(0);
+  // What the cell's backward pass reads at the step at `order`: the
+  // output and cell gradients, the new cell and the three pre-activations.
+  auto load_inputs = [&](int64_t order, Math(&values)[6]) {
+    const int64_t t = reverse ? steps - 1 - order : order;
+    if (!at.active) {
+#pragma unroll
+      for (int i = 0; i < 6; ++i) values[i] = Math(0);
+      return;
+    }
+    values[0] = grad_outputs
+        ? static_cast<Math>(grad_outputs[t * strides.outputs[0] + at.row * strides.outputs[1] +
+                                         at.column * strides.outputs[2]])
+        : Math(0);
+    values[1] = grad_cells
+        ? static_cast<Math>(grad_cells[t * strides.cells[0] + at.row * strides.cells[1] +
+                                       at.column * strides.cells[2]])
+        : Math(0);
+    values[2] = static_cast<Math>(cells[(t * batch_size + at.row) * state_size + at.column]);
+    const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
+#pragma unroll
+    for (int g = 0; g < 3; ++g) values[3 + g] = static_cast<Math>(gates[gate + g * state_size]);
+  };
+  // d_h of the lane's element from the d_gates in `d_next`: their dot
+  // product with its column of W_h, summed over the warp.
+  auto product = [&](const Math* d_next) {
+    Math sums[kElements];
+#pragma unroll
+    for (int i = 0; i < kElements; ++i) sums[i] = Math(0);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const Vector x = *reinterpret_cast<const Vector*>(d_next + r * kRowSpan + g * kSpan +
+                                                            (at.lane + 32 * c) * kWidth);
+          const Math* xs = reinterpret_cast<const Math*>(&x);
+#pragma unroll
+          for (int u = 0; u < kColumns; ++u) {
+#pragma unroll
+            for (int v = 0; v < kWidth; ++v) sums[r * kColumns + u] += xs[v] * w[u][g][c][v];
+          }
+        }
+      }
+    }
+    const Math sum = warp_reduce_scatter(sums, at.lane);
+    return __shfl_sync(0xffffffffu, sum, holder_of<kElements>(at.element));
+  };
+  const int64_t state_element = at.row * state_size + at.column;
+  const Math d_h_final =
+      at.active && grad_final_h ? static_cast<Math>(grad_final_h[state_element]) : Math(0);
+  // The gradient carried to the lane's cell, from the final cell's.
+  Math d_cell =
+      at.active && grad_final_cell ? static_cast<Math>(grad_final_cell[state_element]) : Math(0);
+  Math inputs[6];
+  load_inputs(steps - 1, inputs);
+  cluster_arrive();
+  cluster_wait();
+
+  for (int64_t order = steps - 1; order >= 0; --order) {
+    const int64_t t = reverse ? steps - 1 - order : order;
+    const int64_t visited = steps - 1 - order;  // steps done before this one
+    // The d_gates of the step visited after this one (none for the last
+    // visited), and where this one's go.
+    const Math* d_next = buffers + (visited & 1) * kRows * kRowSpan;
+    Math* d_here = buffers + ((visited + 1) & 1) * kRows * kRowSpan;
+    const Math d_h = inputs[0] + (visited == 0 ? d_h_final : product(d_next));
+    Math d_old_cell, d_gate[3];
+    cell_backward(d_h, d_cell + inputs[1], inputs[2], inputs[3], inputs[4], inputs[5],
+                  &d_old_cell, &d_gate[0], &d_gate[1], &d_gate[2]);
+    Dtype stored[3];
+#pragma unroll
+    for (int g = 0; g < 3; ++g) stored[g] = static_cast<Dtype>(d_gate[g]);
+    // The first step visited's d_gates make d_h0, where wanted.
+    const bool exchange = order > 0 || d_h0;
+    if (exchange) {
+      if (at.active) {
+        Math* target = d_here + at.row_offset * kRowSpan + at.column;
+        for (unsigned rank = at.lane / kElements; rank < at.blocks; rank += 32 / kElements) {
+#pragma unroll
+          for (int g = 0; g < 3; ++g) {
+            store_in_block(target + g * kSpan, rank, static_cast<Math>(stored[g]));
+          }
+        }
+      }
+      cluster_arrive();
+    }
+    // After the arrive, as in the forward kernel.
+    Math next_inputs[6] = {Math(0), Math(0), Math(0), Math(0), Math(0), Math(0)};
+    if (order > 0) load_inputs(order - 1, next_inputs);
+    if (at.active && at.lane < kElements) {
+      const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
+#pragma unroll
+      for (int g = 0; g < 3; ++g) d_gates[gate + g * state_size] = stored[g];
+    }
+    d_cell = d_old_cell;
+#pragma unroll
+    for (int i = 0; i < 6; ++i) inputs[i] = next_inputs[i];
+    if (exchange) cluster_wait();
+  }
+  if (d_h0) {
+    const Math d_h = product(buffers + (steps & 1) * kRows * kRowSpan);
+    if (at.active && at.lane < kElements) d_h0[state_element] = static_cast<Dtype>(d_h);
+  }
+  if (d_c0 && at.active && at.lane < kElements) d_c0[state_element] = static_cast<Dtype>(d_cell);
+#endif
+}
+
+// The host side: the plan and the launches.
+
+// True (with the runtime's last error cleared) when a call failed: the plan
+// then gives no plan instead of failing the pass.
+static bool cluster_call_failed(cudaError_t status) {
+  if (status == cudaSuccess) return false;
+  (void)cudaGetLastError();
+  return true;
+}
+
+// The kernel for a plan's chunks and rows, or NULL where it has none
+// (4 chunks of float would be a state past kClusterMaxState).
+template <typename Dtype, int kChunks>
+static const void* cluster_kernel_of_rows(bool backward, int rows) {
+  if (backward) {
+    return rows == 1   ? (const void*)lltm_sequence_backward_cluster_kernel<Dtype, kChunks, 1>
+           : rows == 2 ? (const void*)lltm_sequence_backward_cluster_kernel<Dtype, kChunks, 2>
+                       : (const void*)lltm_sequence_backward_cluster_kernel<Dtype, kChunks, 4>;
+  }
+  return rows == 1   ? (const void*)lltm_sequence_forward_cluster_kernel<Dtype, kChunks, 1>
+         : rows == 2 ? (const void*)lltm_sequence_forward_cluster_kernel<Dtype, kChunks, 2>
+                     : (const void*)lltm_sequence_forward_cluster_kernel<Dtype, kChunks, 4>;
+}
+
+template <typename Dtype>
+static const void* cluster_kernel(bool backward, int chunks, int rows) {
+  typedef typename ClusterMath<Dtype>::type Math;
+  if (chunks == 1) return cluster_kernel_of_rows<Dtype, 1>(backward, rows);
+  if (chunks == 2) return cluster_kernel_of_rows<Dtype, 2>(backward, rows);
+  if constexpr (ClusterVector<Math>::kWidth == 2) {
+    if (chunks == 4) return cluster_kernel_of_rows<Dtype, 4>(backward, rows);
+  }
+  return NULL;
+}
+
+// How many clusters of `blocks` blocks of `threads` the device holds at
+// once for `kernel`, 0 where it cannot run them (its code here is not
+// sm_90's, or a query failed). The answer never changes for a device and a
+// layout, and a pass may be planned while a CUDA graph is being captured,
+// so it is asked once and kept (and the kernel's attributes set then).
+static int active_clusters(int device, const void* kernel, int blocks, int threads,
+                           size_t shared_bytes) {
+  struct Known {
+    int device;
+    const void* kernel;
+    int blocks, threads, active;
+  };
+  static const int kKept = 64;
+  static Known known[kKept];
+  static int count = 0, next = 0;
+  static std::mutex lock;
+  std::lock_guard<std::mutex> guard(lock);
+  for (int i = 0; i < count; ++i) {
+    if (known[i].device == device && known[i].kernel == kernel && known[i].blocks == blocks &&
+        known[i].threads == threads) {
+      return known[i].active;
+    }
+  }
+  // A failed query is not kept: it answers 0 this time only.
+  int active = 0;
+  cudaFuncAttributes attributes;
+  if (cluster_call_failed(cudaFuncGetAttributes(&attributes, kernel))) return 0;
+  // ptxVersion is the virtual architecture the kernel's code came from: an
+  // older one compiled its body away.
+  if (attributes.ptxVersion >= 90 && attributes.maxThreadsPerBlock >= threads) {
+    if (cluster_call_failed(cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes)) ||
+        (blocks > kClusterPortableSize &&
+         cluster_call_failed(
+             cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)))) {
+      return 0;
+    }
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = (unsigned)blocks;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.gridDim = dim3((unsigned)blocks);
+    config.blockDim = dim3((unsigned)threads);
+    config.dynamicSmemBytes = shared_bytes;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    if (cluster_call_failed(cudaOccupancyMaxActiveClusters(&active, kernel, &config))) return 0;
+  }
+  known[next] = {device, kernel, blocks, threads, active};
+  next = (next + 1) % kKept;
+  if (count < kKept) ++count;
+  return active;
+}
+
+// The layout (see the header comment): the state padded to whole chunks of
+// 32 lanes' vectors; the smallest cluster (a power of two) whose blocks
+// own about kClusterBlockColumns columns, larger where they would own more
+// than a block's warps hold; the fewest rows a cluster (1, 2 or 4) with
+// which every cluster is resident at once (kClusterMaxWaves).
+template <typename Dtype>
+static lltm_cluster_plan plan_cluster(int backward, int64_t steps, int64_t batch_size,
+                                      int64_t state_size) {
+  typedef typename ClusterMath<Dtype>::type Math;
+  lltm_cluster_plan plan = {NULL, 0, 0, 0, 0};
+  if (steps < kClusterMinSteps || batch_size < 1 || state_size < 1 ||
+      state_size > kClusterMaxState) {
+    return plan;
+  }
+  int device, major;
+  if (cluster_call_failed(cudaGetDevice(&device)) ||
+      cluster_call_failed(
+          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) ||
+      major < 9) {
+    return plan;
+  }
+  const int width = ClusterVector<Math>::kWidth;
+  int chunks = (int)((state_size + 32 * width - 1) / (32 * width));
+  if (chunks > 2) chunks = 4;
+  const int columns = cluster_warp_columns(chunks);
+  const int64_t most_block_columns = (int64_t)(kClusterMaxThreads / 32) * columns;
+  int blocks = 1;
+  while (blocks < kClusterPortableSize && blocks * kClusterBlockColumns < state_size) blocks *= 2;
+  while (blocks < kClusterMaxSize && (state_size + blocks - 1) / blocks > most_block_columns) {
+    blocks *= 2;
+  }
+  const int64_t block_columns = (state_size + blocks - 1) / blocks;
+  if (block_columns > most_block_columns) return plan;
+  const int threads = (int)((block_columns + columns - 1) / columns) * 32;
+  for (int rows = 1; rows <= 4; rows *= 2) {
+    const void* kernel = cluster_kernel<Dtype>(backward != 0, chunks, rows);
+    if (!kernel) return plan;
+    const size_t shared_bytes =
+        (size_t)2 * rows * (backward ? 3 : 1) * chunks * 32 * width * sizeof(Math);
+    const int64_t clusters = (batch_size + rows - 1) / rows;
+    const int active = active_clusters(device, kernel, blocks, threads, shared_bytes);
+    if (active < 1) return plan;
+    if (clusters <= (int64_t)active * kClusterMaxWaves && clusters * blocks <= INT_MAX) {
+      plan.kernel = kernel;
+      plan.cluster_size = blocks;
+      plan.clusters = (int)clusters;
+      plan.threads = threads;
+      plan.shared_bytes = shared_bytes;
+      return plan;
+    }
+  }
+  return plan;
+}
+
+extern "C" lltm_cluster_plan lltm_plan_cluster(int dtype, int backward, int64_t steps,
+                                               int64_t batch_size, int64_t state_size) {
+  return LLTM_TYPED_CALL_WITH_HALF(dtype, plan_cluster, backward, steps, batch_size, state_size);
+}
+
+// Launches plan->kernel with `arguments` as a grid of clusters.
+static cudaError_t launch_clusters(const lltm_cluster_plan* plan, void** arguments,
+                                   cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = (unsigned)plan->cluster_size;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.gridDim = dim3((unsigned)(plan->cluster_size * plan->clusters));
+  config.blockDim = dim3((unsigned)plan->threads);
+  config.dynamicSmemBytes = plan->shared_bytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  const cudaError_t status = cudaLaunchKernelExC(&config, plan->kernel, arguments);
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  return status;
+}
+
+template <typename Dtype>
+static cudaError_t launch_forward(const lltm_cluster_plan* plan, int64_t steps,
+                                  int64_t batch_size, int64_t state_size,
+                                  int64_t weights_row_stride, int reverse, const void* bias,
+                                  const void* weights, const void* h0, const void* c0,
+                                  void* outputs, void* cells, void* gates, void* final_h,
+                                  void* final_cell, cudaStream_t stream) {
+  const Dtype *bias_ = as<Dtype>(bias), *weights_ = as<Dtype>(weights), *h0_ = as<Dtype>(h0),
+              *c0_ = as<Dtype>(c0);
+  Dtype *outputs_ = as<Dtype>(outputs), *cells_ = as<Dtype>(cells), *gates_ = as<Dtype>(gates),
+        *final_h_ = as<Dtype>(final_h), *final_cell_ = as<Dtype>(final_cell);
+  void* arguments[] = {&steps,    &batch_size, &state_size, &weights_row_stride,
+                       &reverse,  &bias_,      &weights_,   &h0_,
+                       &c0_,      &outputs_,   &cells_,     &gates_,
+                       &final_h_, &final_cell_};
+  return launch_clusters(plan, arguments, stream);
+}
+
+template <typename Dtype>
+static cudaError_t launch_backward(const lltm_cluster_plan* plan, int64_t steps,
+                                   int64_t batch_size, int64_t state_size,
+                                   int64_t weights_row_stride, int reverse, const void* weights,
+                                   const void* grad_outputs, const void* grad_cells,
+                                   const int64_t* grad_strides, const void* grad_final_h,
+                                   const void* grad_final_cell, const void* cells,
+                                   const void* gates, void* d_gates, void* d_h0, void* d_c0,
+                                   cudaStream_t stream) {
+  const Dtype *weights_ = as<Dtype>(weights), *grad_outputs_ = as<Dtype>(grad_outputs),
+              *grad_cells_ = as<Dtype>(grad_cells), *grad_final_h_ = as<Dtype>(grad_final_h),
+              *grad_final_cell_ = as<Dtype>(grad_final_cell), *cells_ = as<Dtype>(cells),
+              *gates_ = as<Dtype>(gates);
+  Dtype *d_gates_ = as<Dtype>(d_gates), *d_h0_ = as<Dtype>(d_h0), *d_c0_ = as<Dtype>(d_c0);
+  ClusterGradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
+                                {grad_strides[3], grad_strides[4], grad_strides[5]}};
+  void* arguments[] = {&steps,         &batch_size,     &state_size,       &weights_row_stride,
+                       &reverse,       &weights_,       &grad_outputs_,    &grad_cells_,
+                       &strides,       &grad_final_h_,  &grad_final_cell_, &cells_,
+                       &gates_,        &d_gates_,       &d_h0_,            &d_c0_};
+  return launch_clusters(plan, arguments, stream);
+}
+
+extern "C" cudaError_t lltm_launch_cluster_forward(
+    const lltm_cluster_plan* plan, int dtype, int64_t steps, int64_t batch_size,
+    int64_t state_size, int64_t weights_row_stride, int reverse, const void* bias,
+    const void* weights, const void* h0, const void* c0, void* outputs, void* cells,
+    void* gates, void* final_h, void* final_cell, cudaStream_t stream) {
+  return LLTM_TYPED_CALL_WITH_HALF(dtype, launch_forward, plan, steps, batch_size, state_size,
+                         weights_row_stride, reverse, bias, weights, h0, c0, outputs, cells,
+                         gates, final_h, final_cell, stream);
+}
+
+extern "C" cudaError_t lltm_launch_cluster_backward(
+    const lltm_cluster_plan* plan, int dtype, int64_t steps, int64_t batch_size,
+    int64_t state_size, int64_t weights_row_stride, int reverse, const void* weights,
+    const void* grad_outputs, const void* grad_cells, const int64_t* grad_strides,
+    const void* grad_final_h, const void* grad_final_cell, const void* cells, const void* gates,
+    void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream) {
+  return LLTM_TYPED_CALL_WITH_HALF(dtype, launch_backward, plan, steps, batch_size, state_size,
+                         weights_row_stride, reverse, weights, grad_outputs, grad_cells,
+                         grad_strides, grad_final_h, grad_final_cell, cells, gates, d_gates,
+                         d_h0, d_c0, stream);
+}

@@ -1,0 +1,267 @@
+"""The cluster kernels of lltm_sequence's recurrence (compute capability 9.0
+and newer, lltm_ffi/ops/lltm/cluster_kernel.cu): the sequence on a GPU
+against the CPU pass in float64, forward and every gradient, at sizes they
+take, either direction, with them and without them (LLTM_CLUSTER=0: the
+persistent kernels or the step loops, as before 9.0); that they run where
+they should and nowhere else; CUDA graph capture; both directions of a
+layer at once on two streams; a side stream and a second GPU.
+
+On a GPU older than 9.0 (or a module without sm_90 code) every test but
+the path check runs on the other paths, and agrees all the same."""
+
+import re
+
+import pytest
+import torch
+
+import lltm_ffi
+from builders import slow_stream_inputs
+from conftest import skip_without_gpu
+from lltm_ffi.diagnostics import covering_arch
+
+# (steps, batch, input_features, state_size): batches of 1, 3 and 16 rows;
+# states off every tile (5, 33, 130) and at the edges of the kernels'
+# register chunks (128, 256: 1 and 2 float4 chunks a lane, 2 and 4 double2).
+SHAPES = [(64, batch, 7, state) for batch in (1, 3, 16) for state in (5, 33, 128, 130, 256)]
+# One and two steps (one step of the forward direction with a bias is the
+# cell's call; the others reach the sequence's passes), and one long
+# sequence, in float64 only: a thousand steps of float32 rounding leave the
+# CPU float32 pass itself 3e-3 from float64 in the gradients.
+FEW_STEPS = [(1, 16, 32, 128), (1, 1, 3, 5), (2, 3, 5, 33), (2, 16, 4, 256), (2, 1, 6, 130)]
+LONG = (1000, 3, 4, 130)
+# The relative errors allowed against float64. float32's rounding grows with
+# the steps: at 64 steps the CPU float32 pass itself is up to 7e-6 from
+# float64 (measured on these shapes), so 64 steps get 3e-5; up to 32, the
+# 1e-5 of the other sequence tests.
+FLOAT64_TOLERANCE = 1e-10
+
+
+def tolerance(dtype, steps):
+    if dtype == torch.float64:
+        return FLOAT64_TOLERANCE
+    return 1e-5 if steps <= 32 else 3e-5
+
+
+PATHS = {"cluster": None, "no_cluster": "0"}
+
+
+def shape_id(shape):
+    return "x".join(map(str, shape))
+
+
+def use_path(monkeypatch, path):
+    """LLTM_CLUSTER as the path asks (unset: the cluster kernels where they apply)."""
+    if PATHS[path] is None:
+        monkeypatch.delenv("LLTM_CLUSTER", raising=False)
+    else:
+        monkeypatch.setenv("LLTM_CLUSTER", PATHS[path])
+
+
+def random_arguments(shape, generator, bias=True):
+    """float64 CPU arguments of lltm_sequence: inputs, weights, bias (None
+    without), h0, c0, then the gradients of outputs, h_n and c_n."""
+    steps, batch_size, input_features, state_size = shape
+
+    def normal(*size, scale=1.0):
+        return torch.randn(*size, generator=generator, dtype=torch.float64) * scale
+
+    scale = state_size ** -0.5
+    return [normal(steps, batch_size, input_features),
+            normal(3 * state_size, state_size + input_features, scale=scale),
+            normal(3 * state_size, scale=scale) if bias else None,
+            normal(batch_size, state_size), normal(batch_size, state_size),
+            normal(steps, batch_size, state_size), normal(batch_size, state_size),
+            normal(batch_size, state_size)]
+
+
+NAMES = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_c0")
+
+
+def sequence_results(arguments, dtype, device, reverse):
+    """lltm_sequence's outputs, final state and the gradients of its five
+    arguments (d_bias None without a bias), as float64 on the CPU."""
+    leaves = [None if tensor is None else tensor.to(device, dtype).requires_grad_(True)
+              for tensor in arguments[:5]]
+    outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves, reverse=reverse)
+    torch.autograd.backward((outputs, h_n, c_n),
+                            [grad.to(device, dtype) for grad in arguments[5:]])
+    return [None if tensor is None else tensor.detach().cpu().double()
+            for tensor in [outputs, h_n, c_n] + [None if leaf is None else leaf.grad
+                                                 for leaf in leaves]]
+
+
+def assert_agrees_with_the_cpu_pass(shape, dtype, device, generator, reverse, bias=True):
+    arguments = random_arguments(shape, generator, bias)
+    got = sequence_results(arguments, dtype, device, reverse)
+    expected = sequence_results(arguments, torch.float64, "cpu", reverse)
+    allowed = tolerance(dtype, shape[0])
+    for name, value, reference in zip(NAMES, got, expected):
+        if reference is None:
+            assert value is None, name
+            continue
+        error = ((value - reference).norm() / reference.norm()).item()
+        assert error <= allowed, f"{name}: relative error {error:.3g} > {allowed:g}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape", SHAPES + FEW_STEPS, ids=shape_id)
+def test_agrees_with_the_cpu_pass(shape, reverse, path, dtype, cuda_device, generator,
+                                  monkeypatch):
+    use_path(monkeypatch, path)
+    assert_agrees_with_the_cpu_pass(shape, dtype, cuda_device, generator, reverse)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_a_thousand_steps_agree_with_the_cpu_pass(reverse, path, cuda_device, generator,
+                                                  monkeypatch):
+    use_path(monkeypatch, path)
+    assert_agrees_with_the_cpu_pass(LONG, torch.float64, cuda_device, generator, reverse)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape", [(5, 3, 4, 33), (1, 2, 3, 5)], ids=shape_id)
+def test_without_bias(shape, reverse, dtype, cuda_device, generator):
+    assert_agrees_with_the_cpu_pass(shape, dtype, cuda_device, generator, reverse, bias=False)
+
+
+def cluster_kernels_here(device):
+    """Whether the cluster kernels can run on `device`: compute capability
+    9.0 or newer, and the module's code for it compiled for sm_90 or newer."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 9:
+        return False
+    extension = lltm_ffi._extension
+    covering = covering_arch(extension.ffi.string(extension.lib.lltm_cuda_archs()).decode(),
+                             major, minor)
+    return covering is not None and int(re.search(r"_(\d+)", covering).group(1)) >= 90
+
+
+def kernels_run(function):
+    """The names of the CUDA kernels `function` runs, by torch's profiler."""
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profiler:
+        function()
+        torch.cuda.synchronize()
+    return {event.key for event in profiler.key_averages()}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_the_cluster_kernels_run_where_they_should(reverse, path, cuda_device, generator,
+                                                   monkeypatch):
+    """Both ways on a device of 9.0 and newer unless LLTM_CLUSTER=0; never
+    on an older one. LLTM_CUBLAS=0 too, so that each call runs its kernels
+    (cuBLAS's path replays a pass that comes again from a CUDA graph)."""
+    use_path(monkeypatch, path)
+    monkeypatch.setenv("LLTM_CUBLAS", "0")
+    arguments = random_arguments((6, 16, 8, 128), generator)
+
+    names = kernels_run(lambda: sequence_results(arguments, torch.float32, cuda_device, reverse))
+    if not any("lltm_" in name for name in names):
+        pytest.skip(f"the profiler saw none of lltm_ffi's kernels ({sorted(names)})")
+    ran = {way for way in ("forward", "backward")
+           if any(f"lltm_sequence_{way}_cluster_kernel" in name for name in names)}
+    expected = {"forward", "backward"} if path == "cluster" and cluster_kernels_here(
+        cuda_device) else set()
+    assert ran == expected, sorted(names)
+
+
+# The cluster kernels (on 9.0 and newer), both directions of a layer: a
+# cluster a batch row, and (a state of 256, 48 rows) 4 rows a cluster.
+@pytest.mark.parametrize("shape", [(6, 16, 32, 128), (4, 48, 5, 256)], ids=shape_id)
+def test_cuda_graph_capture_of_a_bidirectional_training_step(shape, cuda_device, generator):
+    steps, batch_size, input_features, state_size = shape
+    module = lltm_ffi.LLTMSequence(input_features, state_size, bidirectional=True).to(cuda_device)
+    inputs = torch.randn(steps, batch_size, input_features, generator=generator).to(cuda_device)
+
+    def step():
+        outputs, _ = module(inputs)
+        outputs.square().mean().backward()
+
+    side = torch.cuda.Stream(cuda_device)
+    side.wait_stream(torch.cuda.current_stream(cuda_device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            module.zero_grad(set_to_none=False)
+            step()
+    torch.cuda.current_stream(cuda_device).wait_stream(side)
+    expected = [parameter.grad.clone() for parameter in module.parameters()]
+    graph = torch.cuda.CUDAGraph()
+    module.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        step()
+    for parameter in module.parameters():
+        parameter.grad.zero_()
+    graph.replay()
+    torch.cuda.synchronize(cuda_device)
+    for parameter, reference in zip(module.parameters(), expected):
+        torch.testing.assert_close(parameter.grad, reference)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("state_size", [33, 128])
+def test_both_directions_at_once_agree_with_the_cpu_pass(state_size, path, dtype, cuda_device,
+                                                         generator, monkeypatch):
+    """A bidirectional two-layer LLTMSequence runs its reverse direction on a
+    side stream, at the same time as the forward one: two cluster launches
+    at once."""
+    use_path(monkeypatch, path)
+    module = lltm_ffi.LLTMSequence(5, state_size, num_layers=2, bidirectional=True,
+                                   dtype=torch.float64)
+    inputs = torch.randn(40, 16, 5, generator=generator, dtype=torch.float64)
+    h0, c0 = (torch.randn(4, 16, state_size, generator=generator, dtype=torch.float64)
+              for _ in range(2))
+    grad = torch.randn(40, 16, 2 * state_size, generator=generator, dtype=torch.float64)
+
+    def results(device, dtype):
+        copy = lltm_ffi.LLTMSequence(5, state_size, num_layers=2, bidirectional=True,
+                                     device=device, dtype=dtype)
+        copy.load_state_dict(module.state_dict())
+        leaves = [tensor.to(device, dtype).requires_grad_(True) for tensor in (inputs, h0, c0)]
+        outputs, (h_n, c_n) = copy(leaves[0], (leaves[1], leaves[2]))
+        loss = (outputs * grad.to(device, dtype)).sum() + h_n.square().sum() + c_n.sum()
+        gradients = torch.autograd.grad(loss, leaves + list(copy.parameters()))
+        return [tensor.detach().cpu().double() for tensor in (outputs, h_n, c_n, *gradients)]
+
+    allowed = tolerance(dtype, 40)
+    for index, (value, reference) in enumerate(zip(results(cuda_device, dtype),
+                                                   results("cpu", torch.float64))):
+        error = ((value - reference).norm() / reference.norm()).item()
+        assert error <= allowed, f"result {index}: relative error {error:.3g} > {allowed:g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", [pytest.param(0, id="first_gpu"),
+                                   pytest.param(1, id="second_gpu", marks=pytest.mark.multi_gpu)])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_runs_on_the_tensors_device_and_stream(index, reverse, generator):
+    """Three calls on cuda:`index`'s current stream, a side stream that fills
+    the arguments after a long delay, while cuda:0 is the current device: a
+    launch on another stream reads NaNs, one on another device fails or
+    reads another GPU's memory."""
+    skip_without_gpu()
+    if torch.cuda.device_count() <= index:
+        pytest.skip(f"needs {index + 1} GPUs, torch sees {torch.cuda.device_count()}")
+    device = torch.device("cuda", index)
+    arguments = random_arguments((5, 16, 8, 128), generator)
+    expected = sequence_results(arguments, torch.float64, "cpu", reverse)
+    on_device = [tensor.to(device) for tensor in arguments]
+    side = torch.cuda.Stream(device)
+    buffers, calls = [], []
+    for _ in range(3):
+        side.wait_stream(torch.cuda.current_stream(device))
+        buffers.append(slow_stream_inputs(side, on_device))  # kept until side is done
+        with torch.cuda.stream(side), torch.cuda.device(0):
+            leaves = [buffer.requires_grad_(True) for buffer in buffers[-1][:5]]
+            outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves, reverse=reverse)
+            torch.autograd.backward((outputs, h_n, c_n), buffers[-1][5:])
+            calls.append([outputs, h_n, c_n] + [leaf.grad for leaf in leaves])
+            assert torch.cuda.current_device() == 0
+    side.synchronize()
+    for call, actual in enumerate(calls):
+        for name, value, reference in zip(NAMES, actual, expected):
+            assert value.device == device, f"call {call}: {name} is on {value.device}"
+            error = ((value.cpu() - reference).norm() / reference.norm()).item()
+            assert error <= FLOAT64_TOLERANCE, f"call {call}: {name}: {error:.3g}"
