@@ -247,7 +247,7 @@ def test_runs_on_the_tensors_device_and_stream(index, reverse, generator):
     device = torch.device("cuda", index)
     arguments = random_arguments((5, 16, 8, 128), generator)
     expected = sequence_results(arguments, torch.float64, "cpu", reverse)
-    on_device = [tensor.to(device) for tensor in arguments]
+    on_device = [tensor.detach().to(device) for tensor in arguments]
     side = torch.cuda.Stream(device)
     buffers, calls = [], []
     for _ in range(3):
