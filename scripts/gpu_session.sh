@@ -48,7 +48,7 @@ command_for() {
     sequence) echo "python3 benchmark.py --sequence -c" ;;
     half)    echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --sequence -c \$p; done" ;;
     accuracy) echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --accuracy -c \$p; done" ;;
-    sanitizers) echo "make memcheck && make racecheck && make initcheck" ;;
+    sanitizers) echo "make memcheck && make racecheck && make synccheck && make initcheck" ;;
     demo)    echo "python3 -m examples.demo --plot $OUT/demo_loss.png" ;;
     dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider -m multi_gpu" ;;
     dist-demo) echo "$torchrun -m examples.demo --distributed --steps 150 --checkpoint $OUT/dist_demo.pt --plot $OUT/dist_demo_first.png && $torchrun -m examples.demo --distributed --steps 300 --checkpoint $OUT/dist_demo.pt --resume --plot $OUT/dist_demo_loss.png" ;;
