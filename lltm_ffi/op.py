@@ -242,10 +242,14 @@ class Pass:
         self._readable = [kind.strided if isinstance(kind, Tensor) else None
                           for _, kind in self.parameters]
         self.c = _extension.CPass(name)
-        # {device type: dtypes}: what the compiled module registered the pass
-        # for, read once (empty where the module is missing: the calls'
-        # checks then raise its LLTMBuildError).
-        self._dtypes = (_extension.PASSES[name][2] if name in _extension.PASSES else {})
+        # The dtypes the compiled module registered the pass for on each
+        # device, read once, for the checks' valid case: attributes, since
+        # asking a tensor is_cpu costs a fifth of asking its device's type.
+        # Empty where the module is missing: the calls' checks then raise
+        # its LLTMBuildError.
+        registered = _extension.PASSES[name][2] if name in _extension.PASSES else {}
+        self.cpu_dtypes = registered.get("cpu", ())
+        self.cuda_dtypes = registered.get("cuda", ())
         self.operator = torch.library.custom_op(
             self.label, self._run_operator, mutates_args=(), device_types=("cpu", "cuda"),
             schema=self._schema(signature.return_annotation))
@@ -310,11 +314,6 @@ class Pass:
             check_dtype(op, *floating, self)
         if self.extra_check is not None:
             self.extra_check(*args)
-
-    def takes(self, dtype, device_type):
-        """True where the compiled module runs this pass on `device_type` in
-        `dtype`: one dictionary look-up, for the checks' valid case."""
-        return dtype in self._dtypes.get(device_type, ())
 
     def check_device(self, op, name, tensor):
         """check_device for the device of `tensor` (the argument `name`), and

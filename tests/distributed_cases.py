@@ -61,21 +61,31 @@ class LayersRegressor(torch.nn.Module):
         return self.readout(torch.cat((h_n[-2], h_n[-1]), dim=1)).squeeze(1)
 
 
+# The models in bfloat16 (their losses in float32); every other one is float64.
+BFLOAT16_KINDS = ("layers_bf16",)
+
+
 def build_model(kind):
-    """float64 on the CPU, parameters from torch's global generator: `cell`
-    is a loop over lltm_ffi.LLTM, `sequence` the demo's LLTMSequence model,
-    `layers` a two-layer bidirectional one."""
+    """On the CPU, parameters from torch's global generator: `cell` is a loop
+    over lltm_ffi.LLTM, `sequence` the demo's LLTMSequence model, `layers` a
+    two-layer bidirectional one, all float64; `layers_bf16` that one in
+    bfloat16."""
     if kind == "cell":
         return CellLoopRegressor(INPUT_FEATURES, STATE_SIZE).double()
-    if kind == "layers":
-        return LayersRegressor(INPUT_FEATURES, STATE_SIZE).double()
+    if kind in ("layers", "layers_bf16"):
+        model = LayersRegressor(INPUT_FEATURES, STATE_SIZE)
+        return model.to(torch.bfloat16 if kind in BFLOAT16_KINDS else torch.float64)
     return demo.SequenceRegressor(INPUT_FEATURES, STATE_SIZE, batch_first=True,
                                   dtype=torch.float64)
 
 
 def predict(model, kind, sequences):
-    """The model on (batch, steps, features); the cell model takes steps first."""
-    return model(sequences.transpose(0, 1) if kind == "cell" else sequences)
+    """The model on (batch, steps, features) in its dtype (the cell model
+    takes steps first), as the loss takes it: float32 for a bfloat16
+    model."""
+    sequences = sequences.to(torch.bfloat16 if kind in BFLOAT16_KINDS else torch.float64)
+    outputs = model(sequences.transpose(0, 1) if kind == "cell" else sequences)
+    return outputs.float() if kind in BFLOAT16_KINDS else outputs
 
 
 def whole_batch(seed, batch_size):
@@ -87,7 +97,8 @@ def whole_batch(seed, batch_size):
 
 
 def loss_of(model, kind, sequences, targets):
-    return F.mse_loss(predict(model, kind, sequences), targets)
+    outputs = predict(model, kind, sequences)
+    return F.mse_loss(outputs, targets.to(outputs.dtype))
 
 
 def share(tensors, rank, world_size):
@@ -157,7 +168,7 @@ def run_case(case, seed, rank, world_size, device):
         wrapped = torch.compile(DistributedDataParallel(model, device_ids=device_ids),
                                 backend=recording_inductor(result["compiled_operators"]))
     outputs = predict(wrapped, kind, mine[0])
-    F.mse_loss(outputs, mine[1]).backward()
+    F.mse_loss(outputs, mine[1].to(outputs.dtype)).backward()
     result["outputs"] = outputs.detach().cpu()
     result["gradients"] = gradients(model)
     return result

@@ -36,8 +36,9 @@ def arguments_fit(input, input_dims, weights, bias, h, c, forward, optional_bias
     exception, otherwise, for the caller's own diagnosis."""
     try:
         dtype, device = input.dtype, input.device
-        if (input.dim() != input_dims or not forward.takes(dtype, device.type)
-                or input.layout is not torch.strided):
+        taken = (forward.cpu_dtypes if input.is_cpu else forward.cuda_dtypes if input.is_cuda
+                 else ())
+        if input.dim() != input_dims or dtype not in taken or input.layout is not torch.strided:
             return False
         no_bias = bias is None and optional_bias
         for tensor in (weights, h, c) if no_bias else (weights, bias, h, c):
@@ -274,7 +275,7 @@ def uses_step_kernels(batch_size, input_features, state_size, dtype):
     limit = (_CAPTURED_STEP_MULTIPLY_ADDS if torch.cuda.is_current_stream_capturing()
              else STEP_MULTIPLY_ADDS)
     return (step_multiply_adds(batch_size, input_features, state_size) <= limit
-            and step_forward.takes(dtype, "cuda") and step_backward.takes(dtype, "cuda"))
+            and dtype in step_forward.cuda_dtypes and dtype in step_backward.cuda_dtypes)
 
 
 # The differentiable cell -------------------------------------------------------
