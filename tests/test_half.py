@@ -478,7 +478,14 @@ def test_cuda_graph_capture_of_a_half_training_step(state_size, dtype, cuda_devi
     torch.cuda.synchronize(cuda_device)
     assert any(not torch.equal(parameter, old) for parameter, old in
                zip(module.parameters(), before)), "the replays changed no parameter"
+    # The captured products may take other cuBLAS algorithms (another
+    # workspace) than the eager ones, which round differently: the two agree
+    # within a couple of units of the dtype's roundoff at the parameters'
+    # scale, not bit for bit.
     for (name, parameter), trained in zip(module.named_parameters(), eager.parameters()):
         assert parameter.dtype == dtype
-        torch.testing.assert_close(parameter, trained, msg=lambda message, name=name:
-                                   f"{name}: {message}")
+        scale = trained.abs().max().item()
+        torch.testing.assert_close(parameter, trained,
+                                   atol=2 * torch.finfo(dtype).eps * scale,
+                                   rtol=2 * torch.finfo(dtype).eps,
+                                   msg=lambda message, name=name: f"{name}: {message}")
