@@ -25,10 +25,14 @@ from lltm_ffi import reference
 
 from . import harness, precision as precisions
 
-SEQUENCE_SHAPES = ((64, 16, 32, 128), (64, 256, 256, 512), (16, 4096, 1024, 2048))
-# --half and --autocast on a GPU: those, a layer of 1024 and a long sequence.
-REDUCED_SEQUENCE_SHAPES = ((64, 16, 32, 128), (64, 256, 256, 512), (32, 64, 512, 1024),
-                           (1024, 16, 768, 768), (16, 4096, 1024, 2048))
+SEQUENCE_SHAPES = ((64, 16, 32, 128), (1024, 16, 32, 128), (64, 256, 256, 512),
+                   (1024, 16, 768, 768), (16, 4096, 1024, 2048))
+# --half and --autocast on a GPU: those and a layer of 1024.
+REDUCED_SEQUENCE_SHAPES = ((64, 16, 32, 128), (1024, 16, 32, 128), (64, 256, 256, 512),
+                           (32, 64, 512, 1024), (1024, 16, 768, 768), (16, 4096, 1024, 2048))
+# Past this many steps the Python loops of the cell are left out: their host
+# time per step is the same at every length.
+LOOPED_STEPS = 64
 DEFAULT_RUNS = {128: 100, 512: 50, 768: 10, 1024: 20, 2048: 5}  # by state size
 # On the CPU: the demo's sequences and the smallest above.
 CPU_SEQUENCE_SHAPES = ((20, 64, 8, 64), (64, 16, 32, 128))
@@ -80,7 +84,9 @@ def candidates(shape, device, precision):
     lstm = torch.nn.LSTM(features, state, device=device, dtype=dtype)
     gru = torch.nn.GRU(features, state, device=device, dtype=dtype)
     cuda = device.type == "cuda"
-    if precision.kind == "full":
+    if precision.kind == "full" and steps > LOOPED_STEPS:
+        functions = {}
+    elif precision.kind == "full":
         loop = training_step(lambda: cell_loop(lltm_ffi.lltm, module, inputs), precision, device)
         functions = {"reference, Python loop": training_step(
                          lambda: cell_loop(reference.lltm, module, inputs), precision, device),
@@ -184,11 +190,16 @@ def layered_rows(args, device, precision, synchronize, failures):
 PROFILED_STEPS = 5
 
 
-def per_step_kernels(train_step, steps):
-    """GPU microseconds per time step of the kernels lltm_sequence runs for
-    its recurrence, by torch.profiler over PROFILED_STEPS training steps:
-    its own (named lltm_sequence...) and any launched at least once per time
-    step (the cuBLAS products of its C loops)."""
+# Words in the names of cuBLAS's matrix-product kernels (its split-K
+# reductions aside).
+PRODUCT_KERNELS = ("gemm", "nvjet", "xmma", "cutlass")
+# The recurrence's path, by the name of the kernel that runs it.
+PATHS = (("cluster_kernel", "cluster"), ("persistent_kernel", "persistent"))
+
+
+def profile_kernels(train_step, steps):
+    """{kernel name: (GPU microseconds, launches)} over PROFILED_STEPS
+    training steps, by torch.profiler."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
         for _ in range(PROFILED_STEPS):
             train_step()
@@ -198,20 +209,35 @@ def per_step_kernels(train_step, steps):
         if event.device_type == torch.autograd.DeviceType.CUDA:
             microseconds, launches = kernels.get(event.name, (0.0, 0))
             kernels[event.name] = (microseconds + event.device_time, launches + 1)
-    return sum(microseconds for name, (microseconds, launches) in kernels.items()
-               if "lltm_sequence" in name or launches >= steps * PROFILED_STEPS) / (
-        PROFILED_STEPS * steps)
+    return kernels
 
 
 def kernel_row(shape, function, step_microseconds):
-    """The per-step kernels' time, share of a step and the FLOP rate of the
-    recurrent products they compute (forward h W^T and backward d_gates W:
-    12 * batch * state^2 a time step)."""
-    steps, batch, _, state = shape
-    kernel_microseconds = per_step_kernels(function, steps)
-    return ["x".join(map(str, shape)), f"{kernel_microseconds:.1f}",
-            f"{kernel_microseconds / step_microseconds:.0%}",
-            f"{12 * batch * state ** 2 / kernel_microseconds / 1e6:.2f}"]
+    """The recurrence's path; the GPU time per time step of the kernels
+    lltm_sequence runs for it (its own, named lltm_sequence..., and any
+    launched at least once a time step: the cuBLAS products of its C loops),
+    their share of a step and the FLOP rate of the recurrent products they
+    compute (forward h W^T and backward d_gates W: 12 * batch * state^2 a
+    time step); and where cuBLAS computes every product, the rate of all of
+    them (3 products each way of 2 * batch * 3 * state * (state + features)
+    a time step) over their kernels' time."""
+    steps, batch, features, state = shape
+    kernels = profile_kernels(function, steps)
+    per_step = sum(microseconds for name, (microseconds, launches) in kernels.items()
+                   if "lltm_sequence" in name or launches >= steps * PROFILED_STEPS) / (
+        PROFILED_STEPS * steps)
+    path = next((label for word, label in PATHS if any(word in name for name in kernels)),
+                "cuBLAS loop")
+    products = "–"
+    if path == "cuBLAS loop":
+        product_microseconds = sum(
+            microseconds for name, (microseconds, _) in kernels.items()
+            if any(word in name for word in PRODUCT_KERNELS) and "splitK" not in name)
+        flops = 18 * steps * batch * state * (state + features) * PROFILED_STEPS
+        products = f"{flops / product_microseconds / 1e6:.1f}"
+    return ["x".join(map(str, shape)), path, f"{per_step:.1f}",
+            f"{per_step / step_microseconds:.0%}",
+            f"{12 * batch * state ** 2 / per_step / 1e6:.2f}", products]
 
 
 def run(args, device, dtype):
@@ -296,10 +322,14 @@ def _run(args, device, precision):
 
 def kernel_paragraphs(kernel_rows):
     return [
-        "lltm_sequence's per-step kernels (the recurrence's own kernels and the cuBLAS products "
-        f"its C loops launch each step; GPU time by torch.profiler over {PROFILED_STEPS} training "
-        "steps), their share of the median step above, and the FLOP rate of the recurrent "
-        "products they compute (12 x batch x state^2 a step, forward and backward):",
-        harness.markdown_table(["T x B x F x S", "per-step kernels us/step",
-                                "share of the step", "recurrent products TFLOP/s"],
-                               kernel_rows)]
+        "lltm_sequence's recurrence: its path (the cluster kernels, the persistent kernels or "
+        "the cuBLAS loop), its per-step kernels (the recurrence's own kernels and the cuBLAS "
+        f"products its C loops launch each step; GPU time by torch.profiler over {PROFILED_STEPS} "
+        "training steps), their share of the median step above, and the FLOP rate of the "
+        "recurrent products they compute (12 x batch x state^2 a step, forward and backward); "
+        "where cuBLAS computes every product, the rate of all of them (18 x batch x state x "
+        "(state + features) a step) over its kernels' time:",
+        harness.markdown_table(["T x B x F x S", "path", "per-step kernels us/step",
+                                "share of the step", "recurrent products TFLOP/s",
+                                "all products TFLOP/s"],
+                               kernel_rows, text_columns=2)]
