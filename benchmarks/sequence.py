@@ -296,7 +296,9 @@ def _run(args, device, precision):
             plot, f"LLTM over a sequence, {harness.device_description(device)}, "
                   f"{'TF32' if args.tf32 else precision.name}",
             ["x".join(map(str, shape)) for shape in shapes],
-            {"training step per time step": medians}, "steps x batch x features x state",
+            {"training step per time step": {name: values for name, values in medians.items()
+                                             if len(values) == len(shapes)}},
+            "steps x batch x features x state",
             "median us per time step"):
         paragraphs.append(f"![median us per time step]({plot.name})")
     else:

@@ -110,8 +110,50 @@ static int use_stream(cublas_handle handle, cudaStream_t stream, void* workspace
                                     handle, workspace, workspace ? LLTM_CUBLAS_WORKSPACE : 0));
 }
 
+/* The workspaces of passes launched as they come, one a stream (of a
+ * device), made on a stream's first such pass: the same size as a recorded
+ * graph's, so that cuBLAS picks the same products' algorithms, and a pass
+ * gives the same bits whether it runs as it comes or replays its graph.
+ * Launches on one stream never overlap, so neither do its products'. The
+ * least recently used is freed for a new stream. Under the lock. */
+#define LLTM_STREAM_WORKSPACES 8
+static struct {
+  int device;
+  cudaStream_t stream;
+  void* workspace;
+  uint64_t used;
+} stream_workspaces[LLTM_STREAM_WORKSPACES];
+static uint64_t clock_now;
+
+/* The workspace of `stream` on `device`, made now if need be; NULL (no
+ * workspace) while capturing, where no memory can be allocated, or where
+ * none can be. */
+static void* stream_workspace(int device, cudaStream_t stream, int capturing) {
+  int oldest = 0;
+  for (int i = 0; i < LLTM_STREAM_WORKSPACES; ++i) {
+    if (stream_workspaces[i].workspace && stream_workspaces[i].device == device &&
+        stream_workspaces[i].stream == stream) {
+      stream_workspaces[i].used = ++clock_now;
+      return stream_workspaces[i].workspace;
+    }
+    if (stream_workspaces[i].used < stream_workspaces[oldest].used) oldest = i;
+  }
+  if (capturing) return NULL;
+  /* cudaFree waits for the device, so for the last product that used it. */
+  if (stream_workspaces[oldest].workspace) {
+    (void)runtime_code(cudaFree(stream_workspaces[oldest].workspace));
+  }
+  void* workspace = NULL;
+  if (runtime_code(cudaMalloc(&workspace, LLTM_CUBLAS_WORKSPACE))) workspace = NULL;
+  stream_workspaces[oldest].device = device;
+  stream_workspaces[oldest].stream = stream;
+  stream_workspaces[oldest].workspace = workspace;
+  stream_workspaces[oldest].used = ++clock_now;
+  return workspace;
+}
+
 /* The current device's handle in `current`, made now if need be, set to
- * `stream` and the math mode. Under the lock. */
+ * `stream`, its workspace and the math mode. Under the lock. */
 static int take_handle(int device, cudaStream_t stream, int capturing, int tf32) {
   if (!handles[device]) {
     if (capturing) return LLTM_ERROR_CUBLAS_CAPTURE;
@@ -122,7 +164,7 @@ static int take_handle(int device, cudaStream_t stream, int capturing, int tf32)
     }
   }
   current = handles[device];
-  const int code = use_stream(current, stream, NULL);
+  const int code = use_stream(current, stream, stream_workspace(device, stream, capturing));
   if (code != LLTM_SUCCESS) return code;
   return cublas_code(
       cublas.set_math_mode(current, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
@@ -141,7 +183,6 @@ static struct {
   void* workspace;
   uint64_t used; /* the clock at its last use */
 } graphs[LLTM_GRAPHS];
-static uint64_t clock_now;
 
 /* The index of the entry for (device, key), or -1 with *slot the one to
  * fill: an empty one, else the least recently used, emptied. */
@@ -246,7 +287,7 @@ static int run_pass(int device, const lltm_pass_key* key, cudaStream_t stream, i
     const int code = record(device, found, stream, steps, context);
     if (code != LLTM_ERROR_NO_CUBLAS) return code;
     graphs[found].unrecordable = 1;
-    const int reset = use_stream(current, stream, NULL);
+    const int reset = use_stream(current, stream, stream_workspace(device, stream, 0));
     if (reset != LLTM_SUCCESS) return reset;
   }
   return steps(context, stream);
