@@ -168,38 +168,6 @@ def test_the_cluster_kernels_run_where_they_should(reverse, path, cuda_device, g
     assert ran == expected, sorted(names)
 
 
-# The cluster kernels (on 9.0 and newer), both directions of a layer: a
-# cluster a batch row, and (a state of 256, 48 rows) 4 rows a cluster.
-@pytest.mark.parametrize("shape", [(6, 16, 32, 128), (4, 48, 5, 256)], ids=shape_id)
-def test_cuda_graph_capture_of_a_bidirectional_training_step(shape, cuda_device, generator):
-    steps, batch_size, input_features, state_size = shape
-    module = lltm_ffi.LLTMSequence(input_features, state_size, bidirectional=True).to(cuda_device)
-    inputs = torch.randn(steps, batch_size, input_features, generator=generator).to(cuda_device)
-
-    def step():
-        outputs, _ = module(inputs)
-        outputs.square().mean().backward()
-
-    side = torch.cuda.Stream(cuda_device)
-    side.wait_stream(torch.cuda.current_stream(cuda_device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            module.zero_grad(set_to_none=False)
-            step()
-    torch.cuda.current_stream(cuda_device).wait_stream(side)
-    expected = [parameter.grad.clone() for parameter in module.parameters()]
-    graph = torch.cuda.CUDAGraph()
-    module.zero_grad(set_to_none=False)
-    with torch.cuda.graph(graph):
-        step()
-    for parameter in module.parameters():
-        parameter.grad.zero_()
-    graph.replay()
-    torch.cuda.synchronize(cuda_device)
-    for parameter, reference in zip(module.parameters(), expected):
-        torch.testing.assert_close(parameter.grad, reference)
-
-
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("state_size", [33, 128])
 def test_both_directions_at_once_agree_with_the_cpu_pass(state_size, path, dtype, cuda_device,

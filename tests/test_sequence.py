@@ -373,11 +373,19 @@ def test_runs_on_the_tensors_device_and_stream(index, shape, cublas, generator, 
             assert error <= TOLERANCES[torch.float64], f"call {call}: {name}: {error:.3g}"
 
 
-# The persistent kernels, then cuBLAS's products.
-@pytest.mark.parametrize("shape", [(6, 8, 4, 16), (3, 40, 4, 420)], ids=shape_id)
-def test_cuda_graph_capture_of_a_training_step(shape, cuda_device, generator):
+# One direction: the persistent kernels (the cluster kernels on 9.0 and
+# newer), then cuBLAS's products; both directions of a layer at once: the
+# cluster kernels a batch row a cluster, and (a state of 256, 48 rows) 4 rows
+# a cluster.
+@pytest.mark.parametrize("shape, bidirectional",
+                         [((6, 8, 4, 16), False), ((3, 40, 4, 420), False),
+                          ((6, 16, 32, 128), True), ((4, 48, 5, 256), True)],
+                         ids=["6x8x4x16", "3x40x4x420", "6x16x32x128-bidirectional",
+                              "4x48x5x256-bidirectional"])
+def test_cuda_graph_capture_of_a_training_step(shape, bidirectional, cuda_device, generator):
     steps, batch_size, input_features, state_size = shape
-    module = lltm_ffi.LLTMSequence(input_features, state_size).to(cuda_device)
+    module = lltm_ffi.LLTMSequence(input_features, state_size,
+                                   bidirectional=bidirectional).to(cuda_device)
     inputs = torch.randn(steps, batch_size, input_features, generator=generator).to(cuda_device)
 
     def step():
@@ -391,15 +399,17 @@ def test_cuda_graph_capture_of_a_training_step(shape, cuda_device, generator):
             module.zero_grad(set_to_none=False)
             step()
     torch.cuda.current_stream(cuda_device).wait_stream(side)
-    expected = module.weights_l0.grad.clone()
+    expected = [parameter.grad.clone() for parameter in module.parameters()]
     graph = torch.cuda.CUDAGraph()
     module.zero_grad(set_to_none=False)
     with torch.cuda.graph(graph):
         step()
-    module.weights_l0.grad.zero_()
+    for parameter in module.parameters():
+        parameter.grad.zero_()
     graph.replay()
     torch.cuda.synchronize(cuda_device)
-    torch.testing.assert_close(module.weights_l0.grad, expected)
+    for parameter, reference in zip(module.parameters(), expected):
+        torch.testing.assert_close(parameter.grad, reference)
 
 
 def test_capture_before_any_call_on_the_device_is_refused_clearly(cuda_device):
