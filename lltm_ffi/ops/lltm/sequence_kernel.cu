@@ -15,7 +15,8 @@
 // steps of a state up to 256; the persistent kernels, one cooperative
 // launch a pass, for small batch x state and dense steps; otherwise each
 // step's recurrent product by cuBLAS and a pointwise kernel for its gate
-// math; and, without cuBLAS, a step-by-step kernel that does both.
+// math; and, without cuBLAS or for packed steps of a small batch x state,
+// a step-by-step kernel that does both.
 //
 // Every element type: tensors hold it, the arithmetic runs in its math type
 // (lltm_math.cuh: float for __half and __nv_bfloat16), converting at each
@@ -963,6 +964,14 @@ static int launch_persistent(const PersistentPlan& plan, void** arguments, cudaS
                                      plan.shared_bytes, stream);
 }
 
+// Packed steps of a small batch x state (what the persistent kernels would
+// take were the steps dense) run the step-by-step kernels, one fused launch
+// a step each way, also where cuBLAS runs: cuBLAS's product and a gate
+// kernel a step cost more there.
+static bool fused_steps_serve(const lltm_walk& walk, int64_t state_size) {
+  return walk.batch_sizes && walk.batch_size * state_size <= kPersistentElements;
+}
+
 // The path of a pass's recurrence, decided here alone: the cluster kernels
 // where lltm_plan_cluster lays them out (dense steps, compute capability 9.0
 // and newer, a state of at most 256, every cluster resident at once; its
@@ -1054,7 +1063,7 @@ static int sequence_forward_steps(bool cublas, cudaStream_t stream, int options,
                          &cells,   &gates,      &final_h,    &final_cell};
     return launch_persistent(plan.persistent, arguments, stream);
   }
-  if (cublas) {
+  if (cublas && !fused_steps_serve(walk, state_size)) {
     return sequence_forward_cublas_steps<Dtype>(walk, state_size, columns, bias, weights, h0, c0,
                                                 outputs, cells, gates, final_h, final_cell,
                                                 stream);
@@ -1149,12 +1158,13 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options
                          &gates,      &d_gates,      &d_h0,            &d_c0};
     code = launch_persistent(plan.persistent, arguments, stream);
   } else {
-    code = cublas ? sequence_backward_cublas_steps<Dtype>(
-                        walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
-                        grad_final_h, grad_final_cell, cells, gates, d_gates, d_h0, d_c0, stream)
-                  : launch_sequence_backward_by_step<Dtype>(
-                        walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
-                        grad_final_h, grad_final_cell, cells, gates, d_gates, d_c0, stream);
+    code = cublas && !fused_steps_serve(walk, state_size)
+               ? sequence_backward_cublas_steps<Dtype>(
+                     walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
+                     grad_final_h, grad_final_cell, cells, gates, d_gates, d_h0, d_c0, stream)
+               : launch_sequence_backward_by_step<Dtype>(
+                     walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
+                     grad_final_h, grad_final_cell, cells, gates, d_gates, d_c0, stream);
     if (code == LLTM_SUCCESS && d_h0) {
       code = initial_state_grads<Dtype>(cublas, stream, walk, state_size, columns, weights,
                                         d_gates, d_h0);
