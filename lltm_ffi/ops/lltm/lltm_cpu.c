@@ -4,12 +4,14 @@
  *
  * float uses the branch-free exp/expm1/tanh below (Cephes' polynomials, within
  * a few ulp of libm) so that each row loop vectorises; glibc's scalar calls
- * run several times slower than ATen's vectorised ops. double keeps libm. */
+ * run several times slower than ATen's vectorised ops. double keeps libm.
+ * float16 and bfloat16 tensors compute in float (lltm_half.h converts). */
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "lltm_half.h"
 #include "lltm_op.h"
 #include "lltm_steps.h"
 
@@ -20,6 +22,8 @@
 #define LLTM_VECTOR_CLONES
 #endif
 
+/* The row loops vectorise only with the math inlined into them, which gcc's
+ * budget for a unit of four families does not reach unasked. */
 #if defined(__GNUC__)
 #define LLTM_ALWAYS_INLINE inline __attribute__((always_inline))
 #else
@@ -32,7 +36,7 @@ static inline float float_from_bits(int32_t bits) {
   return value;
 }
 
-static inline float exp_float(float x) {
+static LLTM_ALWAYS_INLINE float exp_float(float x) {
   /* Past these bounds the scaling below overflows to inf or underflows to 0,
    * as exp does; NaN fails both comparisons and stays NaN. */
   x = x > 89.0f ? 89.0f : x;
@@ -54,7 +58,7 @@ static inline float exp_float(float x) {
   return y * float_from_bits((half + 127) << 23) * float_from_bits((k - half + 127) << 23);
 }
 
-static inline float expm1_float(float x) {
+static LLTM_ALWAYS_INLINE float expm1_float(float x) {
   /* Near zero exp(x) - 1 cancels; the series to x^8 is exact to rounding there. */
   float p = 1.0f / 40320.0f;
   p = p * x + 1.0f / 5040.0f;
@@ -67,7 +71,7 @@ static inline float expm1_float(float x) {
   return fabsf(x) < 0.5f ? near_zero : exp_float(x) - 1.0f;
 }
 
-static inline float tanh_float(float x) {
+static LLTM_ALWAYS_INLINE float tanh_float(float x) {
   const float z = x * x;
   float p = -5.70498872745e-3f;
   p = p * z + 2.06390887954e-2f;
@@ -85,40 +89,77 @@ static inline double expm1_double(double x) { return expm1(x); }
 static inline double tanh_double(double x) { return tanh(x); }
 
 #define SCALAR float
+#define STORAGE float
 #define SUFFIX float
+#define LOAD(x) (x)
+#define STORE(x) (x)
 #include "lltm_cpu_impl.h"
 #undef SCALAR
+#undef STORAGE
 #undef SUFFIX
+#undef LOAD
+#undef STORE
 
 #define SCALAR double
+#define STORAGE double
 #define SUFFIX double
+#define LOAD(x) (x)
+#define STORE(x) (x)
 #include "lltm_cpu_impl.h"
 #undef SCALAR
+#undef STORAGE
 #undef SUFFIX
+#undef LOAD
+#undef STORE
+
+#define SCALAR float
+#define STORAGE lltm_float16
+#define SUFFIX float16
+#define LOAD(x) lltm_float16_to_float(x)
+#define STORE(x) lltm_float_to_float16(x)
+#include "lltm_cpu_impl.h"
+#undef SCALAR
+#undef STORAGE
+#undef SUFFIX
+#undef LOAD
+#undef STORE
+
+#define SCALAR float
+#define STORAGE lltm_bfloat16
+#define SUFFIX bfloat16
+#define LOAD(x) lltm_bfloat16_to_float(x)
+#define STORE(x) lltm_float_to_bfloat16(x)
+#include "lltm_cpu_impl.h"
+#undef SCALAR
+#undef STORAGE
+#undef SUFFIX
+#undef LOAD
+#undef STORE
 
 /* The passes, in the argument order of their declarations in cell.py and
  * sequence.py. */
-LLTM_CPU_PASS(forward_pass, forward, args->sizes[0], args->sizes[1], args->tensors[0],
-              args->tensors[1], args->tensors[2], args->tensors[3])
-LLTM_CPU_PASS(backward_pass, backward, args->sizes[0], args->sizes[1], args->sizes + 2,
-              args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
-              args->tensors[4], args->tensors[5])
-LLTM_CPU_PASS(sequence_forward, sequence_forward, args->sizes[0], args->sizes[1],
-              args->sizes[2], args->sizes[3], args->tensors[0], args->tensors[1],
-              args->tensors[2], args->tensors[3], args->tensors[4], args->tensors[5],
-              args->tensors[6], args->tensors[7])
-LLTM_CPU_PASS(sequence_backward, sequence_backward, args->sizes[0], args->sizes[1],
-              args->sizes[2], args->sizes[3], args->sizes + 6, args->tensors[0],
-              args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
-              args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
-              args->tensors[9], args->tensors[10], args->tensors[11], args->tensors[12],
-              args->tensors[13])
-LLTM_CPU_PASS(packed_forward, packed_forward, args->sizes, args->tensors[5], args->tensors[0],
-              args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
-              args->tensors[6], args->tensors[7], args->tensors[8], args->tensors[9],
-              args->tensors[10])
-LLTM_CPU_PASS(packed_backward, packed_backward, args->sizes, args->tensors[3], args->tensors[0],
-              args->tensors[1], args->tensors[2], args->tensors[4], args->tensors[5],
-              args->tensors[6], args->tensors[7], args->tensors[8], args->tensors[9],
-              args->tensors[10], args->tensors[11], args->tensors[12], args->tensors[13],
-              args->tensors[14], args->tensors[15], args->tensors[16])
+LLTM_CPU_PASS_WITH_HALF(forward_pass, forward, args->sizes[0], args->sizes[1], args->tensors[0],
+                        args->tensors[1], args->tensors[2], args->tensors[3])
+LLTM_CPU_PASS_WITH_HALF(backward_pass, backward, args->sizes[0], args->sizes[1],
+                        args->sizes + 2, args->tensors[0], args->tensors[1], args->tensors[2],
+                        args->tensors[3], args->tensors[4], args->tensors[5])
+LLTM_CPU_PASS_WITH_HALF(sequence_forward, sequence_forward, args->sizes[0], args->sizes[1],
+                        args->sizes[2], args->sizes[3], args->tensors[0], args->tensors[1],
+                        args->tensors[2], args->tensors[3], args->tensors[4], args->tensors[5],
+                        args->tensors[6], args->tensors[7])
+LLTM_CPU_PASS_WITH_HALF(sequence_backward, sequence_backward, args->sizes[0], args->sizes[1],
+                        args->sizes[2], args->sizes[3], args->sizes + 6, args->tensors[0],
+                        args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
+                        args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
+                        args->tensors[9], args->tensors[10], args->tensors[11],
+                        args->tensors[12], args->tensors[13])
+LLTM_CPU_PASS_WITH_HALF(packed_forward, packed_forward, args->sizes, args->tensors[5],
+                        args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
+                        args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
+                        args->tensors[9], args->tensors[10])
+LLTM_CPU_PASS_WITH_HALF(packed_backward, packed_backward, args->sizes, args->tensors[3],
+                        args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
+                        args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
+                        args->tensors[9], args->tensors[10], args->tensors[11],
+                        args->tensors[12], args->tensors[13], args->tensors[14],
+                        args->tensors[15], args->tensors[16])

@@ -1,40 +1,59 @@
-/* The CPU passes, written once for both element types: lltm_cpu.c includes
- * this file twice, with SCALAR (float or double) and SUFFIX defined, after
- * defining exp_SUFFIX, expm1_SUFFIX and tanh_SUFFIX for that type, so each
- * type computes in its own precision. */
+/* The CPU passes, written once for every element type: lltm_cpu.c includes
+ * this file once a type, with SUFFIX (the family: float, double, float16,
+ * bfloat16), STORAGE (what the tensors hold: float, double, lltm_float16,
+ * lltm_bfloat16), SCALAR (what the math runs in: float for the 16-bit types)
+ * and LOAD(x) and STORE(x) (a STORAGE element to SCALAR and back; nothing
+ * for float and double) defined, after defining exp_SCALAR, expm1_SCALAR and
+ * tanh_SCALAR.
+ *
+ * The 16-bit types round where their tensors hold a value: each result, and
+ * whatever a pass keeps in a tensor between steps (each step's h, cell and
+ * gates, the gate gradients, the gradients carried to the step before, in
+ * d_h0 and d_c0), as a loop of the cell over tensors of that type would.
+ * All else is SCALAR: the cell's math; the products' factors, converted
+ * once for all the products that read them; and the products' sums, each
+ * rounded once, whatever its depth. Where a tensor holds a step's value in
+ * two parts (the gates' input, then hidden products; the gradient reaching
+ * h or the cell, then the step's own) it is rounded after each. */
 
-static inline SCALAR LLTM_NAME(sigmoid_)(SCALAR z) {
-  return (SCALAR)1 / ((SCALAR)1 + LLTM_NAME(exp_)(-z));
+#ifndef LLTM_MATH
+#define LLTM_MATH(name) LLTM_CONCAT(name, SCALAR)
+/* Whether tensors hold a narrower type than the math (the 16-bit types). */
+#define LLTM_NARROW_STORAGE (sizeof(STORAGE) < sizeof(SCALAR))
+#endif
+
+static LLTM_ALWAYS_INLINE SCALAR LLTM_NAME(sigmoid_)(SCALAR z) {
+  return (SCALAR)1 / ((SCALAR)1 + LLTM_MATH(exp_)(-z));
 }
 
 /* ELU with alpha = 1. */
-static inline SCALAR LLTM_NAME(elu_)(SCALAR z) {
-  return z > (SCALAR)0 ? z : LLTM_NAME(expm1_)(z);
+static LLTM_ALWAYS_INLINE SCALAR LLTM_NAME(elu_)(SCALAR z) {
+  return z > (SCALAR)0 ? z : LLTM_MATH(expm1_)(z);
 }
 
-static inline SCALAR LLTM_NAME(d_elu_)(SCALAR z) {
-  return z > (SCALAR)0 ? (SCALAR)1 : LLTM_NAME(exp_)(z);
+static LLTM_ALWAYS_INLINE SCALAR LLTM_NAME(d_elu_)(SCALAR z) {
+  return z > (SCALAR)0 ? (SCALAR)1 : LLTM_MATH(exp_)(z);
 }
 
 /* `columns` elements of one batch row; a gate's pre-activations are
  * gate_stride after the one before (the state size). */
 LLTM_VECTOR_CLONES
-static void LLTM_NAME(forward_row_)(int64_t columns, int64_t gate_stride, const SCALAR* gate_row,
-                                    const SCALAR* old_cell, SCALAR* new_h,
-                                    SCALAR* new_cell) {
+static void LLTM_NAME(forward_row_)(int64_t columns, int64_t gate_stride, const STORAGE* gate_row,
+                                    const STORAGE* old_cell, STORAGE* new_h,
+                                    STORAGE* new_cell) {
 #pragma omp simd
   for (int64_t column = 0; column < columns; ++column) {
-    const SCALAR input_gate = LLTM_NAME(sigmoid_)(gate_row[column]);
-    const SCALAR output_gate = LLTM_NAME(sigmoid_)(gate_row[gate_stride + column]);
-    const SCALAR candidate_cell = LLTM_NAME(elu_)(gate_row[2 * gate_stride + column]);
-    const SCALAR cell = old_cell[column] + candidate_cell * input_gate;
-    new_cell[column] = cell;
-    new_h[column] = LLTM_NAME(tanh_)(cell) * output_gate;
+    const SCALAR input_gate = LLTM_NAME(sigmoid_)(LOAD(gate_row[column]));
+    const SCALAR output_gate = LLTM_NAME(sigmoid_)(LOAD(gate_row[gate_stride + column]));
+    const SCALAR candidate_cell = LLTM_NAME(elu_)(LOAD(gate_row[2 * gate_stride + column]));
+    const SCALAR cell = LOAD(old_cell[column]) + candidate_cell * input_gate;
+    new_cell[column] = STORE(cell);
+    new_h[column] = STORE(LLTM_MATH(tanh_)(cell) * output_gate);
   }
 }
 
-static int LLTM_NAME(forward_)(int64_t batch_size, int64_t state_size, const SCALAR* gates,
-                              const SCALAR* old_cell, SCALAR* new_h, SCALAR* new_cell) {
+static int LLTM_NAME(forward_)(int64_t batch_size, int64_t state_size, const STORAGE* gates,
+                              const STORAGE* old_cell, STORAGE* new_h, STORAGE* new_cell) {
   LLTM_FOR_EACH(row, batch_size, batch_size * state_size, {
     const int64_t offset = row * state_size;
     LLTM_NAME(forward_row_)(state_size, state_size, gates + 3 * offset, old_cell + offset,
@@ -45,47 +64,48 @@ static int LLTM_NAME(forward_)(int64_t batch_size, int64_t state_size, const SCA
 
 /* One element of the backward pass; grad_h and grad_cell are this element's
  * output gradients. */
-static inline void LLTM_NAME(backward_element_)(
+static LLTM_ALWAYS_INLINE void LLTM_NAME(backward_element_)(
     SCALAR grad_h, SCALAR grad_cell, SCALAR new_cell, SCALAR input_pre, SCALAR output_pre,
-    SCALAR candidate_pre, SCALAR* d_old_cell, SCALAR* d_input_gate, SCALAR* d_output_gate,
-    SCALAR* d_candidate_cell) {
+    SCALAR candidate_pre, STORAGE* d_old_cell, STORAGE* d_input_gate, STORAGE* d_output_gate,
+    STORAGE* d_candidate_cell) {
   const SCALAR input_gate = LLTM_NAME(sigmoid_)(input_pre);
   const SCALAR output_gate = LLTM_NAME(sigmoid_)(output_pre);
   const SCALAR candidate_cell = LLTM_NAME(elu_)(candidate_pre);
-  const SCALAR tanh_new_cell = LLTM_NAME(tanh_)(new_cell);
+  const SCALAR tanh_new_cell = LLTM_MATH(tanh_)(new_cell);
   const SCALAR d_new_cell =
       ((SCALAR)1 - tanh_new_cell * tanh_new_cell) * output_gate * grad_h + grad_cell;
-  *d_old_cell = d_new_cell;
-  *d_input_gate = candidate_cell * d_new_cell * input_gate * ((SCALAR)1 - input_gate);
-  *d_output_gate = tanh_new_cell * grad_h * output_gate * ((SCALAR)1 - output_gate);
-  *d_candidate_cell = input_gate * d_new_cell * LLTM_NAME(d_elu_)(candidate_pre);
+  *d_old_cell = STORE(d_new_cell);
+  *d_input_gate = STORE(candidate_cell * d_new_cell * input_gate * ((SCALAR)1 - input_gate));
+  *d_output_gate = STORE(tanh_new_cell * grad_h * output_gate * ((SCALAR)1 - output_gate));
+  *d_candidate_cell = STORE(input_gate * d_new_cell * LLTM_NAME(d_elu_)(candidate_pre));
 }
 
 /* As forward_row_, backwards. grad_h and grad_cell step by their column
  * strides; the loop is versioned for the dense case (stride 1), which
  * vectorises without gathers. */
 LLTM_VECTOR_CLONES
-static void LLTM_NAME(backward_row_)(int64_t columns, int64_t gate_stride, const SCALAR* grad_h,
-                                     int64_t grad_h_column_stride, const SCALAR* grad_cell,
-                                     int64_t grad_cell_column_stride, const SCALAR* new_cell,
-                                     const SCALAR* gate_row, SCALAR* d_old_cell,
-                                     SCALAR* d_gate_row) {
+static void LLTM_NAME(backward_row_)(int64_t columns, int64_t gate_stride, const STORAGE* grad_h,
+                                     int64_t grad_h_column_stride, const STORAGE* grad_cell,
+                                     int64_t grad_cell_column_stride, const STORAGE* new_cell,
+                                     const STORAGE* gate_row, STORAGE* d_old_cell,
+                                     STORAGE* d_gate_row) {
   if (grad_h_column_stride == 1 && grad_cell_column_stride == 1) {
 #pragma omp simd
     for (int64_t column = 0; column < columns; ++column) {
       LLTM_NAME(backward_element_)(
-          grad_h[column], grad_cell[column], new_cell[column], gate_row[column],
-          gate_row[gate_stride + column], gate_row[2 * gate_stride + column], &d_old_cell[column],
-          &d_gate_row[column], &d_gate_row[gate_stride + column],
-          &d_gate_row[2 * gate_stride + column]);
+          LOAD(grad_h[column]), LOAD(grad_cell[column]), LOAD(new_cell[column]),
+          LOAD(gate_row[column]), LOAD(gate_row[gate_stride + column]),
+          LOAD(gate_row[2 * gate_stride + column]), &d_old_cell[column], &d_gate_row[column],
+          &d_gate_row[gate_stride + column], &d_gate_row[2 * gate_stride + column]);
     }
   } else {
 #pragma omp simd
     for (int64_t column = 0; column < columns; ++column) {
       LLTM_NAME(backward_element_)(
-          grad_h[column * grad_h_column_stride], grad_cell[column * grad_cell_column_stride],
-          new_cell[column], gate_row[column], gate_row[gate_stride + column],
-          gate_row[2 * gate_stride + column], &d_old_cell[column], &d_gate_row[column],
+          LOAD(grad_h[column * grad_h_column_stride]),
+          LOAD(grad_cell[column * grad_cell_column_stride]), LOAD(new_cell[column]),
+          LOAD(gate_row[column]), LOAD(gate_row[gate_stride + column]),
+          LOAD(gate_row[2 * gate_stride + column]), &d_old_cell[column], &d_gate_row[column],
           &d_gate_row[gate_stride + column], &d_gate_row[2 * gate_stride + column]);
     }
   }
@@ -93,9 +113,9 @@ static void LLTM_NAME(backward_row_)(int64_t columns, int64_t gate_stride, const
 
 /* grad_strides: grad_h's row and column strides, then grad_cell's, in elements. */
 static int LLTM_NAME(backward_)(int64_t batch_size, int64_t state_size,
-                               const int64_t* grad_strides, const SCALAR* grad_h,
-                               const SCALAR* grad_cell, const SCALAR* new_cell,
-                               const SCALAR* gates, SCALAR* d_old_cell, SCALAR* d_gates) {
+                               const int64_t* grad_strides, const STORAGE* grad_h,
+                               const STORAGE* grad_cell, const STORAGE* new_cell,
+                               const STORAGE* gates, STORAGE* d_old_cell, STORAGE* d_gates) {
   LLTM_FOR_EACH(row, batch_size, batch_size * state_size, {
     const int64_t offset = row * state_size;
     LLTM_NAME(backward_row_)(state_size, state_size, grad_h + row * grad_strides[0],
@@ -199,8 +219,8 @@ static LLTM_ALWAYS_INLINE void LLTM_NAME(row_sums_)(int64_t depth, const SCALAR*
 LLTM_VECTOR_CLONES
 static void LLTM_NAME(product_tile_)(int64_t depth, const SCALAR* const* a_rows,
                                      int64_t a_depth_stride, const SCALAR* b, int64_t b_stride,
-                                     int count, int width, const SCALAR* base, int accumulate,
-                                     SCALAR* out, int64_t out_stride) {
+                                     int count, int width, const STORAGE* base, int accumulate,
+                                     STORAGE* out, int64_t out_stride) {
   SCALAR sums[LLTM_TILE_ROWS][LLTM_TILE_COLUMNS];
   if (count > 4) {
     LLTM_NAME(tile_sums_)(LLTM_TILE_ROWS, depth, a_rows, a_depth_stride, b, b_stride, sums);
@@ -212,9 +232,9 @@ static void LLTM_NAME(product_tile_)(int64_t depth, const SCALAR* const* a_rows,
     LLTM_NAME(row_sums_)(depth, a_rows[0], a_depth_stride, b, b_stride, sums[0]);
   }
   for (int i = 0; i < count; ++i) {
-    SCALAR* row = out + i * out_stride;
+    STORAGE* row = out + i * out_stride;
     for (int j = 0; j < width; ++j) {
-      row[j] = (accumulate ? row[j] : base ? base[j] : (SCALAR)0) + sums[i][j];
+      row[j] = STORE((accumulate ? LOAD(row[j]) : base ? LOAD(base[j]) : (SCALAR)0) + sums[i][j]);
     }
   }
 }
@@ -261,9 +281,27 @@ static SCALAR* LLTM_NAME(padded_columns_)(int panels, int64_t panel_offset, int6
 #endif
 static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, const SCALAR* a,
                                int64_t a_row_stride, int64_t a_depth_stride, const SCALAR* b,
-                               int64_t b_stride, const SCALAR* base, int accumulate,
-                               SCALAR* out, int64_t out_stride) {
+                               int64_t b_stride, const STORAGE* base, int accumulate,
+                               STORAGE* out, int64_t out_stride) {
   if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
+  if (LLTM_NARROW_STORAGE) {
+    /* SCALAR's own product of the factors (SCALAR already), its sums kept
+     * in SCALAR over every depth block, then added to base or out and
+     * rounded once. */
+    SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns));
+    if (!sums) return LLTM_ERROR_NO_MEMORY;
+    const int status = LLTM_MATH(product_)(rows, columns, depth, a, a_row_stride, a_depth_stride,
+                                           b, b_stride, NULL, 0, sums, columns);
+    LLTM_FOR_EACH(i, rows, rows * columns, {
+      STORAGE* row = out + i * out_stride;
+      for (int64_t j = 0; j < columns; ++j) {
+        const SCALAR start = accumulate ? LOAD(row[j]) : base ? LOAD(base[j]) : (SCALAR)0;
+        row[j] = STORE(start + sums[i * columns + j]);
+      }
+    });
+    free(sums);
+    return status;
+  }
   const int64_t full_columns = columns - columns % LLTM_TILE_COLUMNS;
   SCALAR* padded = NULL;
   if (full_columns < columns) {
@@ -292,18 +330,49 @@ static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, con
   return LLTM_SUCCESS;
 }
 
+/* The products read their factors as SCALAR. Where STORAGE is SCALAR those
+ * are the tensors themselves (LLTM_AS_SCALAR changes no value, only the
+ * type its pointer is spelled with); a narrow STORAGE's factors are
+ * converted first (widen_), once for every product that reads them, so that
+ * the tiles run float's code. */
+#ifndef LLTM_AS_SCALAR
+#define LLTM_AS_SCALAR(values) ((const SCALAR*)(const void*)(values))
+#endif
+
+static void LLTM_NAME(widen_)(int64_t count, const STORAGE* values, SCALAR* into) {
+  for (int64_t i = 0; i < count; ++i) into[i] = LOAD(values[i]);
+}
+
+/* *operand: `count` elements from `values` (NULL: none) as SCALAR, the
+ * elements themselves or a converted copy, also in *copy for the caller to
+ * free; 0 where no memory could be had for one. */
+static int LLTM_NAME(operand_)(int64_t count, const STORAGE* values, const SCALAR** operand,
+                               SCALAR** copy) {
+  *operand = NULL;
+  *copy = NULL;
+  if (!LLTM_NARROW_STORAGE || !values) {
+    *operand = LLTM_AS_SCALAR(values);
+    return 1;
+  }
+  *copy = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(count + 1));
+  if (!*copy) return 0;
+  LLTM_NAME(widen_)(count, values, *copy);
+  *operand = *copy;
+  return 1;
+}
+
 /* The transpose (columns, rows) of a (rows, columns) matrix with row
  * stride `stride`, in memory of its own (NULL where none can be had). Rows
  * go in blocks of 16, so that each column's writes fill whole cache lines
  * while the block's rows stay in cache. */
-static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const SCALAR* matrix,
+static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const STORAGE* matrix,
                                       int64_t stride) {
   SCALAR* result = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
   if (!result) return NULL;
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     const int64_t r1 = r0 + 16 < rows ? r0 + 16 : rows;
     for (int64_t k = 0; k < columns; ++k) {
-      for (int64_t r = r0; r < r1; ++r) result[k * rows + r] = matrix[r * stride + k];
+      for (int64_t r = r0; r < r1; ++r) result[k * rows + r] = LOAD(matrix[r * stride + k]);
     }
   }
   return result;
@@ -317,15 +386,17 @@ static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const SCALA
  * that the threads share the step's pointwise work as well as its product. */
 
 /* The state a step starts from: its row r below `carried` is row r of the
- * previous step's (h, cell), any other row r of (h0, c0). */
+ * previous step's (h, cell), any other row r of (h0, c0). A narrow
+ * STORAGE's old h is also in h_factors, as SCALAR (row r at r * state). */
 struct LLTM_NAME(old_state_) {
-  const SCALAR *h, *cell, *h0, *c0;
+  const STORAGE *h, *cell, *h0, *c0;
   int64_t carried;
+  const SCALAR* h_factors;
 };
 
-static inline const SCALAR* LLTM_NAME(old_row_)(const SCALAR* previous, const SCALAR* initial,
-                                                int64_t carried, int64_t row,
-                                                int64_t state_size) {
+static inline const STORAGE* LLTM_NAME(old_row_)(const STORAGE* previous,
+                                                 const STORAGE* initial, int64_t carried,
+                                                 int64_t row, int64_t state_size) {
   return (row < carried ? previous : initial) + row * state_size;
 }
 
@@ -335,15 +406,16 @@ static inline const SCALAR* LLTM_NAME(old_row_)(const SCALAR* previous, const SC
  * added to the tile's three gates, then the cell's forward math. */
 static void LLTM_NAME(forward_step_tile_)(int64_t state_size, struct lltm_tile tile,
                                           const SCALAR* hidden, const SCALAR* last_columns,
-                                          struct LLTM_NAME(old_state_) old, SCALAR* gates,
-                                          SCALAR* new_h, SCALAR* new_cell) {
+                                          struct LLTM_NAME(old_state_) old, STORAGE* gates,
+                                          STORAGE* new_h, STORAGE* new_cell) {
   const int64_t gates_size = 3 * state_size;
   const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
   const SCALAR* a_rows[LLTM_TILE_ROWS];
   for (int i = 0; i < LLTM_TILE_ROWS; ++i) {
-    a_rows[i] = LLTM_NAME(old_row_)(old.h, old.h0, old.carried,
-                                    tile.first_row + (i < tile.rows ? i : tile.rows - 1),
-                                    state_size);
+    const int64_t row = tile.first_row + (i < tile.rows ? i : tile.rows - 1);
+    a_rows[i] = LLTM_NARROW_STORAGE ? old.h_factors + row * state_size
+                                    : LLTM_AS_SCALAR(LLTM_NAME(old_row_)(
+                                          old.h, old.h0, old.carried, row, state_size));
   }
   for (int gate = 0; gate < 3; ++gate) {
     const int64_t column = gate * state_size + tile.first_column;
@@ -366,11 +438,11 @@ static void LLTM_NAME(forward_step_tile_)(int64_t state_size, struct lltm_tile t
  * is not NULL each sequence's final state in final_h and final_cell
  * (batch, state). bias may be NULL (none). */
 static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_features,
-                                          int64_t state_size, const SCALAR* inputs,
-                                          const SCALAR* weights, const SCALAR* bias,
-                                          const SCALAR* h0, const SCALAR* c0, SCALAR* outputs,
-                                          SCALAR* cells, SCALAR* gates, SCALAR* final_h,
-                                          SCALAR* final_cell) {
+                                          int64_t state_size, const STORAGE* inputs,
+                                          const STORAGE* weights, const STORAGE* bias,
+                                          const STORAGE* h0, const STORAGE* c0, STORAGE* outputs,
+                                          STORAGE* cells, STORAGE* gates, STORAGE* final_h,
+                                          STORAGE* final_cell) {
   if (walk->steps == 0) return LLTM_SUCCESS;
   /* The weights transposed, (state + input_features, 3 * state), so that
    * every product runs along contiguous rows, as the backward pass's do:
@@ -385,23 +457,42 @@ static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_f
                                                           gates_size, full_states,
                                                           state_size - full_states)
                              : NULL;
-  if (!transposed || (needs_last_columns && !last_columns)) {
+  const SCALAR* input_factors;
+  SCALAR* inputs_copy;
+  const int has_inputs = LLTM_NAME(operand_)(walk->rows * input_features, inputs, &input_factors,
+                                             &inputs_copy);
+  SCALAR* h_factors =
+      LLTM_NARROW_STORAGE
+          ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->batch_size * state_size + 1))
+          : NULL;
+  if (!transposed || (needs_last_columns && !last_columns) || !has_inputs ||
+      (LLTM_NARROW_STORAGE && !h_factors)) {
     free(transposed);
     free(last_columns);
+    free(inputs_copy);
+    free(h_factors);
     return LLTM_ERROR_NO_MEMORY;
   }
   /* Every step's input part of its gates, and the bias, before the loop. */
-  int status = LLTM_NAME(product_)(walk->rows, gates_size, input_features, inputs,
+  int status = LLTM_NAME(product_)(walk->rows, gates_size, input_features, input_factors,
                                    input_features, 1, transposed + state_size * gates_size,
                                    gates_size, bias, 0, gates, gates_size);
+  free(inputs_copy);
   lltm_step step = lltm_first_step(walk);
   while (status == LLTM_SUCCESS) {
     const struct LLTM_NAME(old_state_) old = {outputs + step.previous_offset * state_size,
                                               cells + step.previous_offset * state_size, h0, c0,
-                                              step.carried};
+                                              step.carried, h_factors};
+    if (LLTM_NARROW_STORAGE) {
+      for (int64_t row = 0; row < step.rows; ++row) {
+        LLTM_NAME(widen_)(state_size,
+                          LLTM_NAME(old_row_)(old.h, old.h0, old.carried, row, state_size),
+                          h_factors + row * state_size);
+      }
+    }
     const int64_t elements = step.rows * state_size;
-    SCALAR* step_outputs = outputs + step.offset * state_size;
-    SCALAR* step_cells = cells + step.offset * state_size;
+    STORAGE* step_outputs = outputs + step.offset * state_size;
+    STORAGE* step_cells = cells + step.offset * state_size;
     LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size), elements * gates_size / 16, {
       LLTM_NAME(forward_step_tile_)(state_size, lltm_tile_at(index, step.rows, state_size),
                                     transposed, last_columns, old,
@@ -409,7 +500,7 @@ static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_f
     });
     if (final_h && step.continued < step.rows) {
       const int64_t first = step.continued * state_size;
-      const size_t bytes = sizeof(SCALAR) * (size_t)(elements - first);
+      const size_t bytes = sizeof(STORAGE) * (size_t)(elements - first);
       memcpy(final_h + first, step_outputs + first, bytes);
       memcpy(final_cell + first, step_cells + first, bytes);
     }
@@ -418,16 +509,17 @@ static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_f
   }
   free(transposed);
   free(last_columns);
+  free(h_factors);
   return status;
 }
 
 /* `columns` elements of a gradient (column stride `stride`; NULL: zeros)
  * into dst, or added to it where `accumulate`. */
-static void LLTM_NAME(take_gradient_)(int64_t columns, const SCALAR* gradient, int64_t stride,
-                                      int accumulate, SCALAR* dst) {
+static void LLTM_NAME(take_gradient_)(int64_t columns, const STORAGE* gradient, int64_t stride,
+                                      int accumulate, STORAGE* dst) {
   for (int64_t c = 0; c < columns; ++c) {
-    const SCALAR value = gradient ? gradient[c * stride] : (SCALAR)0;
-    dst[c] = accumulate ? dst[c] + value : value;
+    const SCALAR value = gradient ? LOAD(gradient[c * stride]) : (SCALAR)0;
+    dst[c] = STORE(accumulate ? LOAD(dst[c]) + value : value);
   }
 }
 
@@ -436,14 +528,14 @@ static void LLTM_NAME(take_gradient_)(int64_t columns, const SCALAR* gradient, i
  * strides, then grad_cell's) and those of the final states (batch, state;
  * NULL: zeros), which the rows that end at the step start from. */
 struct LLTM_NAME(step_gradients_) {
-  const SCALAR *output, *cell;
+  const STORAGE *output, *cell;
   const int64_t* strides;
-  const SCALAR *final_h, *final_cell;
+  const STORAGE *final_h, *final_cell;
 };
 
 /* A step's backward tile. d_h, the gradient reaching its h, is, for the
- * rows below `continued`, the next step's gate gradients (next_d_gates)
- * times the hidden weights (`weights`, 3 * state x (state +
+ * rows below `continued`, the next step's gate gradients (next_d_gates, as
+ * SCALAR) times the hidden weights (`weights`, 3 * state x (state +
  * input_features); `last_columns`, the last block of states' columns padded
  * to a tile, where that block is short of one), and for the others the
  * final h's gradient; d_c, that reaching its cell, is likewise the gradient
@@ -456,8 +548,8 @@ static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_fea
                                            const SCALAR* last_columns, int64_t continued,
                                            const SCALAR* next_d_gates,
                                            struct LLTM_NAME(step_gradients_) gradients,
-                                           const SCALAR* cells, const SCALAR* gates, SCALAR* d_h,
-                                           SCALAR* d_c, SCALAR* d_gates) {
+                                           const STORAGE* cells, const STORAGE* gates,
+                                           STORAGE* d_h, STORAGE* d_c, STORAGE* d_gates) {
   const int64_t gates_size = 3 * state_size;
   const int64_t* strides = gradients.strides;
   if (continued > tile.first_row) {
@@ -497,40 +589,66 @@ static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_fea
 }
 
 /* The hidden columns of d_weights (3 * state x state, row stride
- * `columns`): d_gates^T times each step's previous state, block by block
- * (lltm_state_block); a walk with no rows leaves zeros. Row r of a product
- * reads column r of d_gates. */
+ * `columns`): d_gates^T (as SCALAR) times each step's previous state, block
+ * by block (lltm_state_block); a walk with no rows leaves zeros. Row r of a
+ * product reads column r of d_gates. A narrow STORAGE first converts every
+ * block's states into `previous`, in the order of d_gates' rows, and takes
+ * one product of the whole depth: its sums are rounded once, not once a
+ * block. */
 static int LLTM_NAME(hidden_weight_grads_)(const lltm_walk* walk, int64_t state_size,
                                            int64_t columns, const SCALAR* d_gates,
-                                           const SCALAR* h0, const SCALAR* outputs,
-                                           SCALAR* d_weights) {
+                                           const STORAGE* h0, const STORAGE* outputs,
+                                           STORAGE* d_weights) {
   const int64_t gates_size = 3 * state_size;
+  SCALAR* previous = NULL;
+  if (LLTM_NARROW_STORAGE) {
+    previous = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->rows * state_size + 1));
+    if (!previous) return LLTM_ERROR_NO_MEMORY;
+  }
   lltm_block_cursor cursor = lltm_first_block(walk);
   lltm_state_block block;
   int status = LLTM_SUCCESS, first = 1;
   while (status == LLTM_SUCCESS && lltm_next_block(walk, &cursor, &block)) {
+    const STORAGE* states = (block.initial ? h0 : outputs) + block.state_row * state_size;
+    if (LLTM_NARROW_STORAGE) {
+      LLTM_NAME(widen_)(block.rows * state_size, states, previous + block.gate_row * state_size);
+      continue;
+    }
     status = LLTM_NAME(product_)(gates_size, state_size, block.rows,
                                  d_gates + block.gate_row * gates_size, 1, gates_size,
-                                 (block.initial ? h0 : outputs) + block.state_row * state_size,
-                                 state_size, NULL, !first, d_weights, columns);
+                                 LLTM_AS_SCALAR(states), state_size, NULL, !first, d_weights,
+                                 columns);
     first = 0;
   }
-  if (status == LLTM_SUCCESS && first) {
-    status = LLTM_NAME(product_)(gates_size, state_size, 0, d_gates, 1, gates_size, h0,
-                                 state_size, NULL, 0, d_weights, columns);
+  if (status == LLTM_SUCCESS && (first || LLTM_NARROW_STORAGE)) {
+    status = LLTM_NAME(product_)(gates_size, state_size, LLTM_NARROW_STORAGE ? walk->rows : 0,
+                                 d_gates, 1, gates_size,
+                                 LLTM_NARROW_STORAGE ? previous : LLTM_AS_SCALAR(h0), state_size,
+                                 NULL, 0, d_weights, columns);
   }
+  free(previous);
   return status;
 }
 
-/* d_bias: the column sums of the gate gradients (rows, 3 * state). */
+/* d_bias: the column sums of the gate gradients (rows, 3 * state), summed
+ * in SCALAR, LLTM_SUM_COLUMNS columns at a time. */
+#ifndef LLTM_SUM_COLUMNS
+#define LLTM_SUM_COLUMNS 1024
+#endif
 LLTM_VECTOR_CLONES
-static void LLTM_NAME(column_sums_)(int64_t rows, int64_t columns, const SCALAR* matrix,
-                                    SCALAR* sums) {
-  for (int64_t j = 0; j < columns; ++j) sums[j] = 0;
-  for (int64_t k = 0; k < rows; ++k) {
-    const SCALAR* row = matrix + k * columns;
+static void LLTM_NAME(column_sums_)(int64_t rows, int64_t columns, const STORAGE* matrix,
+                                    STORAGE* sums) {
+  SCALAR totals[LLTM_SUM_COLUMNS];
+  for (int64_t first = 0; first < columns; first += LLTM_SUM_COLUMNS) {
+    const int64_t width =
+        columns - first < LLTM_SUM_COLUMNS ? columns - first : LLTM_SUM_COLUMNS;
+    for (int64_t j = 0; j < width; ++j) totals[j] = 0;
+    for (int64_t k = 0; k < rows; ++k) {
+      const STORAGE* row = matrix + k * columns + first;
 #pragma omp simd
-    for (int64_t j = 0; j < columns; ++j) sums[j] += row[j];
+      for (int64_t j = 0; j < width; ++j) totals[j] += LOAD(row[j]);
+    }
+    for (int64_t j = 0; j < width; ++j) sums[first + j] = STORE(totals[j]);
   }
 }
 
@@ -541,11 +659,11 @@ static void LLTM_NAME(column_sums_)(int64_t rows, int64_t columns, const SCALAR*
  * step given neither (not wanted) uses scratch space. */
 static int LLTM_NAME(recurrence_backward_)(
     const lltm_walk* walk, int64_t input_features, int64_t state_size,
-    const int64_t* grad_strides, const SCALAR* inputs, const SCALAR* weights, const SCALAR* h0,
-    const SCALAR* outputs, const SCALAR* cells, const SCALAR* gates, const SCALAR* grad_outputs,
-    const SCALAR* grad_cells, const SCALAR* grad_final_h, const SCALAR* grad_final_cell,
-    SCALAR* d_gates, SCALAR* d_inputs, SCALAR* d_weights, SCALAR* d_bias, SCALAR* d_h0,
-    SCALAR* d_c0) {
+    const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
+    const STORAGE* outputs, const STORAGE* cells, const STORAGE* gates, const STORAGE* grad_outputs,
+    const STORAGE* grad_cells, const STORAGE* grad_final_h, const STORAGE* grad_final_cell,
+    STORAGE* d_gates, STORAGE* d_inputs, STORAGE* d_weights, STORAGE* d_bias, STORAGE* d_h0,
+    STORAGE* d_c0) {
   /* Past one step d_h0 and d_c0 carry the gradients between steps. */
   if (walk->steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
   if (walk->steps == 0) return LLTM_SUCCESS;
@@ -556,13 +674,28 @@ static int LLTM_NAME(recurrence_backward_)(
   const int wants_d_h0 = d_h0 != NULL;
   const int needs_scratch = !d_h0 || !d_c0;
   const int needs_last_columns = walk->steps > 1 && full_states < state_size;
-  SCALAR* scratch =
-      needs_scratch ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(2 * batch_state + 1)) : NULL;
-  SCALAR* last_columns = needs_last_columns
-                             ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weights, columns,
-                                                          full_states, state_size - full_states)
+  const SCALAR* weight_factors;
+  SCALAR* weights_copy;
+  const int has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &weight_factors,
+                                              &weights_copy);
+  /* The gate gradients as the products read them: a narrow STORAGE's are
+   * converted step by step, once each step's are done. */
+  SCALAR* gates_copy =
+      LLTM_NARROW_STORAGE
+          ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->rows * gates_size + 1))
+          : NULL;
+  const SCALAR* gate_factors = LLTM_NARROW_STORAGE ? gates_copy : LLTM_AS_SCALAR(d_gates);
+  STORAGE* scratch =
+      needs_scratch ? (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(2 * batch_state + 1)) : NULL;
+  SCALAR* last_columns = has_weights && needs_last_columns
+                             ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weight_factors,
+                                                          columns, full_states,
+                                                          state_size - full_states)
                              : NULL;
-  if ((needs_scratch && !scratch) || (needs_last_columns && !last_columns)) {
+  if (!has_weights || (LLTM_NARROW_STORAGE && !gates_copy) || (needs_scratch && !scratch) ||
+      (needs_last_columns && !last_columns)) {
+    free(weights_copy);
+    free(gates_copy);
     free(scratch);
     free(last_columns);
     return LLTM_ERROR_NO_MEMORY;
@@ -579,16 +712,21 @@ static int LLTM_NAME(recurrence_backward_)(
         grad_cells ? grad_cells + lltm_step_start(walk, &step, grad_strides[3], grad_strides[4])
                    : NULL,
         strides, grad_final_h, grad_final_cell};
-    const SCALAR* next_d_gates = step.continued ? d_gates + next_offset * gates_size : NULL;
+    const SCALAR* next_d_gates =
+        step.continued ? gate_factors + next_offset * gates_size : NULL;
     LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size),
                   step.rows * state_size * gates_size / 16, {
       LLTM_NAME(backward_step_tile_)(state_size, input_features,
-                                     lltm_tile_at(index, step.rows, state_size), weights,
+                                     lltm_tile_at(index, step.rows, state_size), weight_factors,
                                      last_columns, step.continued, next_d_gates, gradients,
                                      cells + step.offset * state_size,
                                      gates + step.offset * gates_size, d_h0, d_c0,
                                      d_gates + step.offset * gates_size);
     });
+    if (LLTM_NARROW_STORAGE) {
+      LLTM_NAME(widen_)(step.rows * gates_size, d_gates + step.offset * gates_size,
+                        gates_copy + step.offset * gates_size);
+    }
     if (step.order == 0) break;
     next_offset = step.offset;
     step = lltm_previous_step(walk, &step);
@@ -603,28 +741,37 @@ static int LLTM_NAME(recurrence_backward_)(
     while (status == LLTM_SUCCESS && lltm_next_block(walk, &cursor, &block)) {
       if (!block.initial) continue;
       status = LLTM_NAME(product_)(block.rows, state_size, gates_size,
-                                   d_gates + block.gate_row * gates_size, gates_size, 1, weights,
-                                   columns, NULL, 0, d_h0 + block.state_row * state_size,
-                                   state_size);
+                                   gate_factors + block.gate_row * gates_size, gates_size, 1,
+                                   weight_factors, columns, NULL, 0,
+                                   d_h0 + block.state_row * state_size, state_size);
     }
   }
   if (status == LLTM_SUCCESS && d_inputs) {
-    status = LLTM_NAME(product_)(walk->rows, input_features, gates_size, d_gates, gates_size, 1,
-                                 weights + state_size, columns, NULL, 0, d_inputs,
-                                 input_features);
+    status = LLTM_NAME(product_)(walk->rows, input_features, gates_size, gate_factors,
+                                 gates_size, 1, weight_factors + state_size, columns, NULL, 0,
+                                 d_inputs, input_features);
   }
   if (status == LLTM_SUCCESS && d_weights) {
-    status = LLTM_NAME(hidden_weight_grads_)(walk, state_size, columns, d_gates, h0, outputs,
-                                             d_weights);
+    status = LLTM_NAME(hidden_weight_grads_)(walk, state_size, columns, gate_factors, h0,
+                                             outputs, d_weights);
+    const SCALAR* input_factors;
+    SCALAR* inputs_copy = NULL;
+    if (status == LLTM_SUCCESS && !LLTM_NAME(operand_)(walk->rows * input_features, inputs,
+                                                       &input_factors, &inputs_copy)) {
+      status = LLTM_ERROR_NO_MEMORY;
+    }
     if (status == LLTM_SUCCESS) {
-      status = LLTM_NAME(product_)(gates_size, input_features, walk->rows, d_gates, 1,
-                                   gates_size, inputs, input_features, NULL, 0,
+      status = LLTM_NAME(product_)(gates_size, input_features, walk->rows, gate_factors, 1,
+                                   gates_size, input_factors, input_features, NULL, 0,
                                    d_weights + state_size, columns);
     }
+    free(inputs_copy);
   }
   if (status == LLTM_SUCCESS && d_bias) {
     LLTM_NAME(column_sums_)(walk->rows, gates_size, d_gates, d_bias);
   }
+  free(weights_copy);
+  free(gates_copy);
   return status;
 }
 
@@ -634,9 +781,9 @@ static int LLTM_NAME(recurrence_backward_)(
  * over dense or packed steps in either direction, with the final states. */
 static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size,
                                         int64_t input_features, int64_t state_size,
-                                        const SCALAR* inputs, const SCALAR* weights,
-                                        const SCALAR* bias, const SCALAR* h0, const SCALAR* c0,
-                                        SCALAR* outputs, SCALAR* cells, SCALAR* gates) {
+                                        const STORAGE* inputs, const STORAGE* weights,
+                                        const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
+                                        STORAGE* outputs, STORAGE* cells, STORAGE* gates) {
   lltm_walk walk;
   if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
     return LLTM_ERROR_ARGUMENTS;
@@ -647,10 +794,10 @@ static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size,
 
 static int LLTM_NAME(sequence_backward_)(
     int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
-    const int64_t* grad_strides, const SCALAR* inputs, const SCALAR* weights, const SCALAR* h0,
-    const SCALAR* outputs, const SCALAR* cells, const SCALAR* gates, const SCALAR* grad_outputs,
-    const SCALAR* grad_cells, SCALAR* d_gates, SCALAR* d_inputs, SCALAR* d_weights,
-    SCALAR* d_bias, SCALAR* d_h0, SCALAR* d_c0) {
+    const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
+    const STORAGE* outputs, const STORAGE* cells, const STORAGE* gates, const STORAGE* grad_outputs,
+    const STORAGE* grad_cells, STORAGE* d_gates, STORAGE* d_inputs, STORAGE* d_weights,
+    STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0) {
   lltm_walk walk;
   if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
     return LLTM_ERROR_ARGUMENTS;
@@ -664,10 +811,10 @@ static int LLTM_NAME(sequence_backward_)(
 /* sizes: rows, steps, batch, input_features, state, reverse (then tf32 and
  * own kernels, read by CUDA only). */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
-                                      const SCALAR* inputs, const SCALAR* weights,
-                                      const SCALAR* bias, const SCALAR* h0, const SCALAR* c0,
-                                      SCALAR* outputs, SCALAR* cells, SCALAR* gates,
-                                      SCALAR* final_h, SCALAR* final_cell) {
+                                      const STORAGE* inputs, const STORAGE* weights,
+                                      const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
+                                      STORAGE* outputs, STORAGE* cells, STORAGE* gates,
+                                      STORAGE* final_h, STORAGE* final_cell) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
   return LLTM_NAME(recurrence_forward_)(&walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
@@ -677,11 +824,11 @@ static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch
 /* sizes as packed_forward's, then grad_outputs' and grad_cells' row and
  * column strides. */
 static int LLTM_NAME(packed_backward_)(
-    const int64_t* sizes, const int64_t* batch_sizes, const SCALAR* inputs,
-    const SCALAR* weights, const SCALAR* h0, const SCALAR* outputs, const SCALAR* cells,
-    const SCALAR* gates, const SCALAR* grad_outputs, const SCALAR* grad_cells,
-    const SCALAR* grad_final_h, const SCALAR* grad_final_cell, SCALAR* d_gates,
-    SCALAR* d_inputs, SCALAR* d_weights, SCALAR* d_bias, SCALAR* d_h0, SCALAR* d_c0) {
+    const int64_t* sizes, const int64_t* batch_sizes, const STORAGE* inputs,
+    const STORAGE* weights, const STORAGE* h0, const STORAGE* outputs, const STORAGE* cells,
+    const STORAGE* gates, const STORAGE* grad_outputs, const STORAGE* grad_cells,
+    const STORAGE* grad_final_h, const STORAGE* grad_final_cell, STORAGE* d_gates,
+    STORAGE* d_inputs, STORAGE* d_weights, STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
   const int64_t* row_strides = sizes + 8;

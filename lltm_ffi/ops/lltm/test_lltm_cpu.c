@@ -1,15 +1,16 @@
 /* Checks the LLTM's CPU passes (lltm_cpu.c) on their own, for `make asan`
  * and `make valgrind` (tests/c/run_checks.c): forward_pass and
- * backward_pass, in float and double, on random inputs over many odd sizes
- * (batch 1..7 and state 1..67, so that every vector tail length occurs, plus
- * sizes past the OpenMP threshold), with the output gradients in several
- * layouts (dense, broadcast rows, one broadcast value, column-major, every
- * other element); and sequence_forward and sequence_backward over sizes
- * short of and past their products' tiles and depth blocks. Each tensor
- * lives in its own malloc'd buffer of exactly the bytes its elements span,
- * so that the tool catches any read or write past either end. Results are
- * compared with a plain double-precision reference; the first mismatches are
- * printed. */
+ * backward_pass, in every dtype (float, double, float16, bfloat16), on
+ * random inputs over many odd sizes (batch 1..7 and state 1..67, so that
+ * every vector tail length occurs, plus sizes past the OpenMP threshold),
+ * with the output gradients in several layouts (dense, broadcast rows, one
+ * broadcast value, column-major, every other element); and the sequence and
+ * packed passes over sizes short of and past their products' tiles and
+ * depth blocks. Each tensor lives in its own malloc'd buffer of exactly the
+ * bytes its elements span, so that the tool catches any read or write past
+ * either end. Results are compared with a plain double-precision reference
+ * computed from the inputs as the pass reads them (rounded to its dtype);
+ * the first mismatches are printed. */
 #include <stdint.h>
 
 #include <math.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 
 #include "lltm_check.h"
+#include "lltm_half.h"
 
 static uint64_t rng_state;
 
@@ -39,6 +41,61 @@ static double draw(void) {
   return value * 1.5;
 }
 
+/* The dtypes, indexed by lltm_dtype. */
+enum { DTYPES = 4 };
+static const char* const dtype_names[DTYPES] = {"float", "double", "float16", "bfloat16"};
+static const int all_dtypes[DTYPES] = {LLTM_FLOAT32, LLTM_FLOAT64, LLTM_FLOAT16, LLTM_BFLOAT16};
+/* Each one's unit roundoff: the largest relative error of a rounding to it. */
+static const double unit_roundoff[DTYPES] = {
+    5.9604644775390625e-08,  /* 2^-24 */
+    1.1102230246251565e-16,  /* 2^-53 */
+    4.8828125e-04,           /* 2^-11 */
+    3.90625e-03};            /* 2^-8 */
+/* And the largest error of a rounding to a subnormal: half the smallest. */
+static const double underflow_error[DTYPES] = {
+    7.00649232162408535e-46,  /* 2^-150 */
+    0.0,                      /* 2^-1075, below double's own */
+    2.98023223876953125e-08,  /* 2^-25 */
+    4.59177480789956259e-41}; /* 2^-134 */
+
+static int is_half(int dtype) { return dtype == LLTM_FLOAT16 || dtype == LLTM_BFLOAT16; }
+
+static size_t element_size(int dtype) {
+  return dtype == LLTM_FLOAT64 ? sizeof(double) : dtype == LLTM_FLOAT32 ? sizeof(float) : 2;
+}
+
+/* Element i of a buffer of `dtype`, and `value` stored there (rounded to it). */
+static double get(int dtype, const void* buffer, int64_t i) {
+  switch (dtype) {
+    case LLTM_FLOAT64: return ((const double*)buffer)[i];
+    case LLTM_FLOAT16: return lltm_float16_to_float(((const uint16_t*)buffer)[i]);
+    case LLTM_BFLOAT16: return lltm_bfloat16_to_float(((const uint16_t*)buffer)[i]);
+    default: return ((const float*)buffer)[i];
+  }
+}
+
+static void put(int dtype, void* buffer, int64_t i, double value) {
+  switch (dtype) {
+    case LLTM_FLOAT64: ((double*)buffer)[i] = value; break;
+    case LLTM_FLOAT16: ((uint16_t*)buffer)[i] = lltm_float_to_float16((float)value); break;
+    case LLTM_BFLOAT16: ((uint16_t*)buffer)[i] = lltm_float_to_bfloat16((float)value); break;
+    default: ((float*)buffer)[i] = (float)value; break;
+  }
+}
+
+/* `value` as `dtype` holds it. (double to float to a 16-bit type rounds
+ * twice, which can differ from rounding once; what matters here is only
+ * that the pass and the reference see the same value.) */
+static double rounded(int dtype, double value) {
+  union {
+    double d;
+    float f;
+    uint16_t h;
+  } element;
+  put(dtype, &element, 0, value);
+  return get(dtype, &element, 0);
+}
+
 static void* allocate(int64_t count, size_t size) {
   /* One byte for an empty tensor: a valid pointer whose every element is out of bounds. */
   const size_t bytes = count > 0 ? (size_t)count * size : 1;
@@ -47,8 +104,8 @@ static void* allocate(int64_t count, size_t size) {
     fprintf(stderr, "out of memory\n");
     exit(2);
   }
-  /* All bits set is a NaN in float and double: an output element the pass
-   * never writes compares unequal. */
+  /* All bits set is a NaN in every dtype: an output element the pass never
+   * writes compares unequal. */
   memset(pointer, 0xff, bytes);
   return pointer;
 }
@@ -81,111 +138,116 @@ static double d_elu(double z) { return z > 0.0 ? 1.0 : exp(z); }
 
 static long failures;
 static long checked;
-static double worst[2]; /* largest |got - expected| / (eps * scale): float, double */
-static double worst_sequence[2]; /* the sequence passes' largest relative error: float, double */
+/* Largest |got - expected| / (eps * scale) of the cell's passes, and the
+ * sequence passes' largest relative error, per dtype. */
+static double worst[DTYPES];
+static double worst_sequence[DTYPES];
 
-/* Within this many roundings of the terms each value is computed from. */
-#define TOLERANCE_ROUNDINGS 16.0
+/* The cell's tolerance, in roundings to the dtype of `scale`, the size of
+ * the terms a value is computed from: float and double compute in their own
+ * type, a few roundings each; float16 and bfloat16 compute in float, then
+ * round the result once, to within one rounding of its size (at most
+ * `scale`), and float's arithmetic adds under a hundredth of one more. */
+static const double cell_roundings[DTYPES] = {16.0, 16.0, 1.25, 1.25};
 
-/* |got - expected| within TOLERANCE_ROUNDINGS roundings of `scale`, the size of the terms the
- * value is computed from; NaN never is. */
-static void compare(const char* what, const char* type, const char* layout, int64_t batch,
-                    int64_t state, int64_t index, double got, double expected, double scale,
-                    double eps) {
+/* |got - expected| within the dtype's cell_roundings of `scale`; NaN never is. */
+static void compare(const char* what, int dtype, const char* layout, int64_t batch,
+                    int64_t state, int64_t index, double got, double expected, double scale) {
   ++checked;
-  const double tolerance = TOLERANCE_ROUNDINGS * eps * scale;
+  const double eps = unit_roundoff[dtype];
+  const double tolerance = cell_roundings[dtype] * eps * scale;
   const double ratio = fabs(got - expected) / (eps * scale);
-  double* worst_of_type = &worst[type[0] == 'd'];
-  if (ratio > *worst_of_type) *worst_of_type = ratio;
+  if (ratio > worst[dtype]) worst[dtype] = ratio;
   if (fabs(got - expected) <= tolerance) return;
   if (failures < 20) {
     fprintf(stderr,
             "MISMATCH %s %s (gradients %s) batch=%lld state=%lld index=%lld: got %.9g, "
             "expected %.9g (tolerance %.3g)\n",
-            type, what, layout, (long long)batch, (long long)state, (long long)index, got,
-            expected, tolerance);
+            dtype_names[dtype], what, layout, (long long)batch, (long long)state,
+            (long long)index, got, expected, tolerance);
   }
   ++failures;
 }
 
-#define DEFINE_CHECK(SCALAR, DTYPE, EPS)                                                      \
-  static void check_##SCALAR(int64_t batch, int64_t state, int layout) {                      \
-    const int64_t n = batch * state;                                                          \
-    const char* layout_name = layout_names[layout];                                           \
-    int64_t row_stride, column_stride;                                                        \
-    strides_of(layout, batch, state, &row_stride, &column_stride);                            \
-    const int64_t grad_count = span(batch, state, row_stride, column_stride);                 \
-    SCALAR* gates = allocate(3 * n, sizeof(SCALAR));                                          \
-    SCALAR* old_cell = allocate(n, sizeof(SCALAR));                                           \
-    SCALAR* new_h = allocate(n, sizeof(SCALAR));                                              \
-    SCALAR* new_cell = allocate(n, sizeof(SCALAR));                                           \
-    SCALAR* grad_h = allocate(grad_count, sizeof(SCALAR));                                    \
-    SCALAR* grad_cell = allocate(grad_count, sizeof(SCALAR));                                 \
-    SCALAR* d_old_cell = allocate(n, sizeof(SCALAR));                                         \
-    SCALAR* d_gates = allocate(3 * n, sizeof(SCALAR));                                        \
-    for (int64_t i = 0; i < 3 * n; ++i) gates[i] = (SCALAR)draw();                            \
-    for (int64_t i = 0; i < n; ++i) old_cell[i] = (SCALAR)draw();                             \
-    for (int64_t i = 0; i < grad_count; ++i) {                                                \
-      grad_h[i] = (SCALAR)draw();                                                             \
-      grad_cell[i] = (SCALAR)draw();                                                          \
-    }                                                                                         \
-    const int64_t sizes[6] = {batch, state, row_stride, column_stride, row_stride,            \
-                              column_stride};                                                 \
-    void* const forward_tensors[4] = {gates, old_cell, new_h, new_cell};                      \
-    void* const backward_tensors[6] = {grad_h, grad_cell, new_cell, gates, d_old_cell,        \
-                                       d_gates};                                              \
-    if (lltm_check_pass("forward_pass", DTYPE, sizes, NULL, forward_tensors) !=               \
-        LLTM_SUCCESS) {                                                                       \
-      fprintf(stderr, "forward_pass (" #SCALAR ") returned an error\n");                      \
-      ++failures;                                                                             \
-    }                                                                                         \
-    if (lltm_check_pass("backward_pass", DTYPE, sizes, NULL, backward_tensors) !=             \
-        LLTM_SUCCESS) {                                                                       \
-      fprintf(stderr, "backward_pass (" #SCALAR ") returned an error\n");                     \
-      ++failures;                                                                             \
-    }                                                                                         \
-    for (int64_t row = 0; row < batch; ++row) {                                               \
-      for (int64_t column = 0; column < state; ++column) {                                    \
-        const int64_t i = row * state + column;                                               \
-        const int64_t g = row * 3 * state + column;                                           \
-        const int64_t d = row * row_stride + column * column_stride;                          \
-        const double ig = sigmoid(gates[g]);                                                  \
-        const double og = sigmoid(gates[g + state]);                                          \
-        const double pre = gates[g + 2 * state];                                              \
-        const double cc = elu(pre);                                                           \
-        const double cell = old_cell[i] + cc * ig;                                            \
-        const double forward_scale = 1.0 + fabs(old_cell[i]) + fabs(cc);                      \
-        compare("new_cell", #SCALAR, layout_name, batch, state, i, new_cell[i], cell,         \
-                forward_scale, EPS);                                                          \
-        compare("new_h", #SCALAR, layout_name, batch, state, i, new_h[i], tanh(cell) * og,    \
-                forward_scale, EPS);                                                          \
-        /* The backward pass starts from the new_cell the forward pass gave. */               \
-        const double t = tanh((double)new_cell[i]);                                           \
-        const double dh = grad_h[d], dc = grad_cell[d];                                       \
-        const double dnc = (1.0 - t * t) * og * dh + dc;                                      \
-        const double backward_scale = (1.0 + fabs(dh) + fabs(dc)) * (1.0 + fabs(cc));         \
-        compare("d_old_cell", #SCALAR, layout_name, batch, state, i, d_old_cell[i], dnc,       \
-                backward_scale, EPS);                                                         \
-        compare("d_input_gate", #SCALAR, layout_name, batch, state, g, d_gates[g],            \
-                cc * dnc * ig * (1.0 - ig), backward_scale, EPS);                             \
-        compare("d_output_gate", #SCALAR, layout_name, batch, state, g + state,               \
-                d_gates[g + state], t * dh * og * (1.0 - og), backward_scale, EPS);           \
-        compare("d_candidate_cell", #SCALAR, layout_name, batch, state, g + 2 * state,        \
-                d_gates[g + 2 * state], ig * dnc * d_elu(pre), backward_scale, EPS);          \
-      }                                                                                       \
-    }                                                                                         \
-    free(gates);                                                                              \
-    free(old_cell);                                                                           \
-    free(new_h);                                                                              \
-    free(new_cell);                                                                           \
-    free(grad_h);                                                                             \
-    free(grad_cell);                                                                          \
-    free(d_old_cell);                                                                         \
-    free(d_gates);                                                                            \
-  }
+/* An input value: for the 16-bit types never zero in the type. */
+static double draw_for(int dtype) {
+  double value = draw();
+  while (is_half(dtype) && rounded(dtype, value) == 0.0) value = draw();
+  return value;
+}
 
-DEFINE_CHECK(float, LLTM_FLOAT32, 5.9604644775390625e-08)   /* 2^-24 */
-DEFINE_CHECK(double, LLTM_FLOAT64, 1.1102230246251565e-16)  /* 2^-53 */
+static void check_cell(int dtype, int64_t batch, int64_t state, int layout) {
+  const int64_t n = batch * state;
+  const char* layout_name = layout_names[layout];
+  const size_t size = element_size(dtype);
+  int64_t row_stride, column_stride;
+  strides_of(layout, batch, state, &row_stride, &column_stride);
+  const int64_t grad_count = span(batch, state, row_stride, column_stride);
+  void* gates = allocate(3 * n, size);
+  void* old_cell = allocate(n, size);
+  void* new_h = allocate(n, size);
+  void* new_cell = allocate(n, size);
+  void* grad_h = allocate(grad_count, size);
+  void* grad_cell = allocate(grad_count, size);
+  void* d_old_cell = allocate(n, size);
+  void* d_gates = allocate(3 * n, size);
+  for (int64_t i = 0; i < 3 * n; ++i) put(dtype, gates, i, draw_for(dtype));
+  for (int64_t i = 0; i < n; ++i) put(dtype, old_cell, i, draw_for(dtype));
+  for (int64_t i = 0; i < grad_count; ++i) {
+    put(dtype, grad_h, i, draw_for(dtype));
+    put(dtype, grad_cell, i, draw_for(dtype));
+  }
+  const int64_t sizes[6] = {batch, state, row_stride, column_stride, row_stride, column_stride};
+  void* const forward_tensors[4] = {gates, old_cell, new_h, new_cell};
+  void* const backward_tensors[6] = {grad_h, grad_cell, new_cell, gates, d_old_cell, d_gates};
+  if (lltm_check_pass("forward_pass", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS) {
+    fprintf(stderr, "forward_pass (%s) returned an error\n", dtype_names[dtype]);
+    ++failures;
+  }
+  if (lltm_check_pass("backward_pass", dtype, sizes, NULL, backward_tensors) != LLTM_SUCCESS) {
+    fprintf(stderr, "backward_pass (%s) returned an error\n", dtype_names[dtype]);
+    ++failures;
+  }
+  for (int64_t row = 0; row < batch; ++row) {
+    for (int64_t column = 0; column < state; ++column) {
+      const int64_t i = row * state + column;
+      const int64_t g = row * 3 * state + column;
+      const int64_t d = row * row_stride + column * column_stride;
+      const double ig = sigmoid(get(dtype, gates, g));
+      const double og = sigmoid(get(dtype, gates, g + state));
+      const double pre = get(dtype, gates, g + 2 * state);
+      const double old = get(dtype, old_cell, i);
+      const double cc = elu(pre);
+      const double cell = old + cc * ig;
+      const double forward_scale = 1.0 + fabs(old) + fabs(cc);
+      compare("new_cell", dtype, layout_name, batch, state, i, get(dtype, new_cell, i), cell,
+              forward_scale);
+      compare("new_h", dtype, layout_name, batch, state, i, get(dtype, new_h, i),
+              tanh(cell) * og, forward_scale);
+      /* The backward pass starts from the new_cell the forward pass gave. */
+      const double t = tanh(get(dtype, new_cell, i));
+      const double dh = get(dtype, grad_h, d), dc = get(dtype, grad_cell, d);
+      const double dnc = (1.0 - t * t) * og * dh + dc;
+      const double backward_scale = (1.0 + fabs(dh) + fabs(dc)) * (1.0 + fabs(cc));
+      compare("d_old_cell", dtype, layout_name, batch, state, i, get(dtype, d_old_cell, i), dnc,
+              backward_scale);
+      compare("d_input_gate", dtype, layout_name, batch, state, g, get(dtype, d_gates, g),
+              cc * dnc * ig * (1.0 - ig), backward_scale);
+      compare("d_output_gate", dtype, layout_name, batch, state, g + state,
+              get(dtype, d_gates, g + state), t * dh * og * (1.0 - og), backward_scale);
+      compare("d_candidate_cell", dtype, layout_name, batch, state, g + 2 * state,
+              get(dtype, d_gates, g + 2 * state), ig * dnc * d_elu(pre), backward_scale);
+    }
+  }
+  free(gates);
+  free(old_cell);
+  free(new_h);
+  free(new_cell);
+  free(grad_h);
+  free(grad_cell);
+  free(d_old_cell);
+  free(d_gates);
+}
 
 /* The whole-sequence passes against the same cell in double precision,
  * step by step. Values are unit-scale (weights scaled by 1 / sqrt(depth)),
@@ -299,111 +361,267 @@ static void free_reference(struct sequence_reference r) {
   free(r.d_c0);
 }
 
-/* |got - expected| / |expected| over `count` elements within `tolerance`;
- * NaN (an element never written) never is. */
-static void compare_norms(const char* what, const char* type, struct sequence_shape shape,
-                          int64_t count, const void* got, int is_double, const double* expected,
-                          double tolerance) {
+/* The sequence passes' tolerance on a result's relative error (its
+ * norm's): float's and double's, a hundred-odd roundings, leave room for
+ * their products' sums. The 16-bit types round every value a pass keeps in
+ * a tensor, each by at most the type's unit roundoff u relative to the
+ * unit-sized terms it is computed from: each step's h, cell and gates, its
+ * gate gradients and the gradients it carries to the step before. An error
+ * passed through sigmoid, tanh or the weights (gain under 1 at these
+ * scales) shrinks, but the cell and its gradient go from step to step with
+ * a gain of 1, taking two roundings a step at most (the gradient's:
+ * written, then added to), so that a result's error is within (2 + 2
+ * steps) u; the products' sums, in float, add nothing of the type's. */
+static double sequence_tolerance(int dtype, int64_t steps) {
+  switch (dtype) {
+    case LLTM_FLOAT64: return 1e-12;
+    case LLTM_FLOAT32: return 1e-5;
+    default: return (2.0 + 2.0 * (double)steps) * unit_roundoff[dtype];
+  }
+}
+
+/* |got - expected| / |expected| over `count` elements within the dtype's
+ * sequence_tolerance; NaN (an element never written) never is. */
+static void compare_norms(const char* what, int dtype, struct sequence_shape shape,
+                          int64_t count, const void* got, const double* expected) {
   double difference = 0.0, norm = 0.0;
   for (int64_t i = 0; i < count; ++i) {
-    const double value = is_double ? ((const double*)got)[i] : ((const float*)got)[i];
+    const double value = get(dtype, got, i);
     difference += (value - expected[i]) * (value - expected[i]);
     norm += expected[i] * expected[i];
   }
   checked += count;
-  const double error = count ? sqrt(difference) / (sqrt(norm) + 1e-300) : 0.0;
-  if (error > worst_sequence[is_double]) worst_sequence[is_double] = error;
+  /* Relative to the result's norm, but never to less than unit elements':
+   * the terms every result is computed from are unit-sized, and a result
+   * far smaller is their cancellation, which keeps their error. */
+  const double scale = fmax(sqrt(norm), sqrt((double)count));
+  const double error = count ? sqrt(difference) / scale : 0.0;
+  if (error > worst_sequence[dtype]) worst_sequence[dtype] = error;
+  const double tolerance = sequence_tolerance(dtype, shape.steps);
   if (error <= tolerance) return;
   if (failures < 20) {
     fprintf(stderr, "MISMATCH %s sequence %s, %lldx%lldx%lldx%lld: relative error %.3g "
-            "(tolerance %.3g)\n", type, what, (long long)shape.steps, (long long)shape.batch,
-            (long long)shape.input_features, (long long)shape.state, error, tolerance);
+            "(tolerance %.3g)\n", dtype_names[dtype], what, (long long)shape.steps,
+            (long long)shape.batch, (long long)shape.input_features, (long long)shape.state,
+            error, tolerance);
   }
   ++failures;
 }
 
-#define DEFINE_SEQUENCE_CHECK(SCALAR, DTYPE, TOLERANCE)                                          \
-  static void check_sequence_##SCALAR(struct sequence_shape shape) {                            \
-    const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;  \
-    const int64_t step = B * S, weight_count = 3 * S * (S + F);                                 \
-    const int is_double = sizeof(SCALAR) == sizeof(double);                                     \
-    double* inputs = uniform_values(T * B * F, 1.0);                                            \
-    double* weights = uniform_values(weight_count, 1.7 / sqrt((double)(S + F)));                \
-    double* bias = uniform_values(3 * S, 0.5);                                                  \
-    double* h0 = uniform_values(step, 1.0);                                                     \
-    double* c0 = uniform_values(step, 1.0);                                                     \
-    /* Strided: (step, row, column) strides of a (T, S, 2 B) buffer read transposed. */         \
-    const int64_t grad_strides[6] = {                                                           \
-        shape.strided_grads ? 2 * step : step, shape.strided_grads ? 2 : S,                     \
-        shape.strided_grads ? 2 * B : 1,       step, S, 1};                                     \
-    const int64_t grad_count = shape.strided_grads ? 2 * T * step : T * step;                   \
-    double* grad_outputs = uniform_values(grad_count, 1.0);                                     \
-    double* grad_cells = shape.strided_grads ? NULL : uniform_values(T * step, 1.0);            \
-    struct sequence_reference expected = reference_sequence(                                    \
-        shape, inputs, weights, bias, h0, c0, grad_outputs, grad_strides, grad_cells);          \
-    SCALAR* arguments[7];                                                                       \
-    const double* sources[7] = {inputs, weights, bias, h0, c0, grad_outputs, grad_cells};       \
-    const int64_t counts[7] = {T * B * F, weight_count, 3 * S, step, step, grad_count,          \
-                               T * step};                                                       \
-    for (int a = 0; a < 7; ++a) {                                                               \
-      arguments[a] = NULL;                                                                      \
-      if (!sources[a]) continue;                                                                \
-      arguments[a] = allocate(counts[a], sizeof(SCALAR));                                       \
-      for (int64_t i = 0; i < counts[a]; ++i) arguments[a][i] = (SCALAR)sources[a][i];          \
-    }                                                                                           \
-    SCALAR* outputs = allocate(T * step, sizeof(SCALAR));                                       \
-    SCALAR* cells = allocate(T * step, sizeof(SCALAR));                                         \
-    SCALAR* gates = allocate(T * 3 * step, sizeof(SCALAR));                                     \
-    SCALAR* d_gates = allocate(T * 3 * step, sizeof(SCALAR));                                   \
-    SCALAR* d_inputs = allocate(T * B * F, sizeof(SCALAR));                                     \
-    SCALAR* d_weights = allocate(weight_count, sizeof(SCALAR));                                 \
-    SCALAR* d_bias = allocate(3 * S, sizeof(SCALAR));                                           \
-    SCALAR* d_h0 = shape.state_grads ? allocate(step, sizeof(SCALAR)) : NULL;                   \
-    SCALAR* d_c0 = shape.state_grads ? allocate(step, sizeof(SCALAR)) : NULL;                   \
-    const int64_t sizes[12] = {T, B, F, S, 0, 0, grad_strides[0], grad_strides[1],             \
-                               grad_strides[2], grad_strides[3], grad_strides[4],               \
-                               grad_strides[5]};                                                \
-    void* const forward_tensors[8] = {arguments[0], arguments[1], arguments[2], arguments[3],   \
-                                      arguments[4], outputs, cells, gates};                     \
-    void* const backward_tensors[14] = {arguments[0], arguments[1], arguments[3], outputs,      \
-                                        cells, gates, arguments[5], arguments[6], d_gates,      \
-                                        d_inputs, d_weights, d_bias, d_h0, d_c0};               \
-    if (lltm_check_pass("sequence_forward", DTYPE, sizes, NULL, forward_tensors) !=             \
-            LLTM_SUCCESS ||                                                                     \
-        lltm_check_pass("sequence_backward", DTYPE, sizes, NULL, backward_tensors) !=           \
-            LLTM_SUCCESS) {                                                                     \
-      fprintf(stderr, "a sequence pass (" #SCALAR ") returned an error\n");                     \
-      ++failures;                                                                               \
-    }                                                                                           \
-    compare_norms("outputs", #SCALAR, shape, T * step, outputs, is_double, expected.outputs,    \
-                  TOLERANCE);                                                                   \
-    compare_norms("cells", #SCALAR, shape, T * step, cells, is_double, expected.cells,          \
-                  TOLERANCE);                                                                   \
-    compare_norms("d_inputs", #SCALAR, shape, T * B * F, d_inputs, is_double,                   \
-                  expected.d_inputs, TOLERANCE);                                                \
-    compare_norms("d_weights", #SCALAR, shape, weight_count, d_weights, is_double,              \
-                  expected.d_weights, TOLERANCE);                                               \
-    compare_norms("d_bias", #SCALAR, shape, 3 * S, d_bias, is_double, expected.d_bias,          \
-                  TOLERANCE);                                                                   \
-    if (shape.state_grads) {                                                                    \
-      compare_norms("d_h0", #SCALAR, shape, step, d_h0, is_double, expected.d_h0, TOLERANCE);   \
-      compare_norms("d_c0", #SCALAR, shape, step, d_c0, is_double, expected.d_c0, TOLERANCE);   \
-    }                                                                                           \
-    free_reference(expected);                                                                   \
-    for (int a = 0; a < 7; ++a) free(arguments[a]);                                             \
-    double* doubles[7] = {inputs, weights, bias, h0, c0, grad_outputs, grad_cells};             \
-    for (int a = 0; a < 7; ++a) free(doubles[a]);                                               \
-    SCALAR* results[9] = {outputs, cells, gates, d_gates, d_inputs, d_weights, d_bias, d_h0,    \
-                          d_c0};                                                                \
-    for (int a = 0; a < 9; ++a) free(results[a]);                                               \
+/* `values` rounded in place to what `dtype` holds, so that the reference
+ * computes from what the pass reads; NULL stays NULL. */
+static double* round_values(int dtype, double* values, int64_t count) {
+  for (int64_t i = 0; values && i < count; ++i) values[i] = rounded(dtype, values[i]);
+  return values;
+}
+
+/* A buffer of `count` elements of `dtype` holding `values`, or NULL where
+ * values is. */
+static void* typed_copy(const double* values, int64_t count, int dtype) {
+  if (!values) return NULL;
+  void* copy = allocate(count, element_size(dtype));
+  for (int64_t i = 0; i < count; ++i) put(dtype, copy, i, values[i]);
+  return copy;
+}
+
+/* The products of the sequence passes against the same products, in
+ * double, of the very factors the pass read and wrote (its own gates,
+ * outputs and gate gradients, as its dtype holds them). Each is summed in
+ * float (double for double) and rounded to the dtype once, so that it lies
+ * within one rounding of its value, u |value| (or underflow_error, where it
+ * is subnormal), plus float's summation error, at most depth + 2 roundings
+ * of float of the sum of its terms' magnitudes; the gates, whose input part
+ * is rounded before the hidden part is added to it, take a rounding of that
+ * part too. A sum rounded to the dtype more often than that, or summed in
+ * it, lies outside. The cell's math on them is held to the cell pass's
+ * tolerance (compare). */
+static double math_roundoff(int dtype) {
+  return unit_roundoff[dtype == LLTM_FLOAT64 ? LLTM_FLOAT64 : LLTM_FLOAT32];
+}
+
+static void compare_sum(const char* what, int dtype, int64_t index, double got, double value,
+                        double magnitude, int64_t depth, double rounded_part) {
+  ++checked;
+  const double tolerance = unit_roundoff[dtype] * (fabs(value) + fabs(rounded_part)) +
+                           2 * underflow_error[dtype] +
+                           (double)(depth + 2) * math_roundoff(dtype) * magnitude;
+  if (fabs(got - value) <= tolerance) return;
+  if (failures < 20) {
+    fprintf(stderr, "MISMATCH %s %s index %lld: got %.9g, the product of its factors %.9g "
+            "(tolerance %.3g)\n", dtype_names[dtype], what, (long long)index, got, value,
+            tolerance);
   }
+  ++failures;
+}
 
-DEFINE_SEQUENCE_CHECK(float, LLTM_FLOAT32, 1e-5)
-DEFINE_SEQUENCE_CHECK(double, LLTM_FLOAT64, 1e-12)
+/* tensors: those of sequence_forward (inputs, weights, bias, h0, c0,
+ * outputs, cells, gates), then sequence_backward's d_gates, d_inputs,
+ * d_weights, d_bias and d_h0, all of `dtype`. */
+static void check_own_products(struct sequence_shape shape, int dtype, void* const* tensors) {
+  const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
+  const int64_t columns = S + F, rows = T * B;
+  const void *inputs = tensors[0], *weights = tensors[1], *bias = tensors[2], *h0 = tensors[3],
+             *c0 = tensors[4], *outputs = tensors[5], *cells = tensors[6], *gates = tensors[7],
+             *d_gates = tensors[8], *d_inputs = tensors[9], *d_weights = tensors[10],
+             *d_bias = tensors[11], *d_h0 = tensors[12];
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r % B;
+    const void* previous_h = r < B ? h0 : outputs;
+    const void* previous_c = r < B ? c0 : cells;
+    const int64_t previous = (r < B ? b : r - B) * S;
+    for (int64_t j = 0; j < 3 * S; ++j) {
+      double input_part = get(dtype, bias, j), part_magnitude = fabs(input_part);
+      for (int64_t k = 0; k < F; ++k) {
+        const double term =
+            get(dtype, inputs, r * F + k) * get(dtype, weights, j * columns + S + k);
+        input_part += term;
+        part_magnitude += fabs(term);
+      }
+      double value = input_part, magnitude = part_magnitude;
+      for (int64_t k = 0; k < S; ++k) {
+        const double term =
+            get(dtype, previous_h, previous + k) * get(dtype, weights, j * columns + k);
+        value += term;
+        magnitude += fabs(term);
+      }
+      compare_sum("sequence gates", dtype, r * 3 * S + j, get(dtype, gates, r * 3 * S + j), value,
+                  magnitude, F + S, input_part);
+    }
+    for (int64_t j = 0; j < S; ++j) {
+      const int64_t g = r * 3 * S + j;
+      const double ig = sigmoid(get(dtype, gates, g)), og = sigmoid(get(dtype, gates, g + S));
+      const double cc = elu(get(dtype, gates, g + 2 * S));
+      const double old = get(dtype, previous_c, previous + j), cell = old + cc * ig;
+      const double scale = 1.0 + fabs(old) + fabs(cc);
+      compare("cells", dtype, "of the sequence", B, S, r * S + j, get(dtype, cells, r * S + j),
+              cell, scale);
+      compare("outputs", dtype, "of the sequence", B, S, r * S + j,
+              get(dtype, outputs, r * S + j), tanh(cell) * og, scale);
+    }
+  }
+  for (int64_t j = 0; j < 3 * S; ++j) {
+    double value = 0.0, magnitude = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      value += get(dtype, d_gates, r * 3 * S + j);
+      magnitude += fabs(get(dtype, d_gates, r * 3 * S + j));
+    }
+    compare_sum("sequence d_bias", dtype, j, get(dtype, d_bias, j), value, magnitude, rows, 0.0);
+    for (int64_t k = 0; k < columns; ++k) {
+      value = magnitude = 0.0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const double factor = k < S ? get(dtype, r < B ? h0 : outputs, (r < B ? r : r - B) * S + k)
+                                    : get(dtype, inputs, r * F + k - S);
+        const double term = get(dtype, d_gates, r * 3 * S + j) * factor;
+        value += term;
+        magnitude += fabs(term);
+      }
+      compare_sum("sequence d_weights", dtype, j * columns + k,
+                  get(dtype, d_weights, j * columns + k), value, magnitude, rows, 0.0);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < columns; ++k) {
+      /* d_inputs of every row; d_h0 of the first step's. */
+      if (k < S && (r >= B || !d_h0)) continue;
+      double value = 0.0, magnitude = 0.0;
+      for (int64_t j = 0; j < 3 * S; ++j) {
+        const double term =
+            get(dtype, d_gates, r * 3 * S + j) * get(dtype, weights, j * columns + k);
+        value += term;
+        magnitude += fabs(term);
+      }
+      if (k < S) {
+        compare_sum("sequence d_h0", dtype, r * S + k, get(dtype, d_h0, r * S + k), value,
+                    magnitude, 3 * S, 0.0);
+      } else {
+        compare_sum("sequence d_inputs", dtype, r * F + k - S,
+                    get(dtype, d_inputs, r * F + k - S), value, magnitude, 3 * S, 0.0);
+      }
+    }
+  }
+}
 
-static void check_both(int64_t batch, int64_t state, int layout) {
-  check_float(batch, state, layout);
-  check_double(batch, state, layout);
+static void check_sequence(struct sequence_shape shape, int dtype) {
+  const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
+  const int64_t step = B * S, weight_count = 3 * S * (S + F);
+  const size_t size = element_size(dtype);
+  double* inputs = round_values(dtype, uniform_values(T * B * F, 1.0), T * B * F);
+  double* weights = round_values(
+      dtype, uniform_values(weight_count, 1.7 / sqrt((double)(S + F))), weight_count);
+  double* bias = round_values(dtype, uniform_values(3 * S, 0.5), 3 * S);
+  double* h0 = round_values(dtype, uniform_values(step, 1.0), step);
+  double* c0 = round_values(dtype, uniform_values(step, 1.0), step);
+  /* Strided: (step, row, column) strides of a (T, S, 2 B) buffer read transposed. */
+  const int64_t grad_strides[6] = {shape.strided_grads ? 2 * step : step,
+                                   shape.strided_grads ? 2 : S,
+                                   shape.strided_grads ? 2 * B : 1,
+                                   step, S, 1};
+  const int64_t grad_count = shape.strided_grads ? 2 * T * step : T * step;
+  double* grad_outputs = round_values(dtype, uniform_values(grad_count, 1.0), grad_count);
+  double* grad_cells =
+      shape.strided_grads ? NULL : round_values(dtype, uniform_values(T * step, 1.0), T * step);
+  struct sequence_reference expected = reference_sequence(
+      shape, inputs, weights, bias, h0, c0, grad_outputs, grad_strides, grad_cells);
+  const double* sources[7] = {inputs, weights, bias, h0, c0, grad_outputs, grad_cells};
+  const int64_t counts[7] = {T * B * F, weight_count, 3 * S, step, step, grad_count, T * step};
+  void* arguments[7];
+  for (int a = 0; a < 7; ++a) arguments[a] = typed_copy(sources[a], counts[a], dtype);
+  void* outputs = allocate(T * step, size);
+  void* cells = allocate(T * step, size);
+  void* gates = allocate(T * 3 * step, size);
+  void* d_gates = allocate(T * 3 * step, size);
+  void* d_inputs = allocate(T * B * F, size);
+  void* d_weights = allocate(weight_count, size);
+  void* d_bias = allocate(3 * S, size);
+  void* d_h0 = shape.state_grads ? allocate(step, size) : NULL;
+  void* d_c0 = shape.state_grads ? allocate(step, size) : NULL;
+  const int64_t sizes[12] = {T, B, F, S, 0, 0, grad_strides[0], grad_strides[1],
+                             grad_strides[2], grad_strides[3], grad_strides[4], grad_strides[5]};
+  void* const forward_tensors[8] = {arguments[0], arguments[1], arguments[2], arguments[3],
+                                    arguments[4], outputs, cells, gates};
+  void* const backward_tensors[14] = {arguments[0], arguments[1], arguments[3], outputs,
+                                      cells, gates, arguments[5], arguments[6], d_gates,
+                                      d_inputs, d_weights, d_bias, d_h0, d_c0};
+  if (lltm_check_pass("sequence_forward", dtype, sizes, NULL, forward_tensors) !=
+          LLTM_SUCCESS ||
+      lltm_check_pass("sequence_backward", dtype, sizes, NULL, backward_tensors) !=
+          LLTM_SUCCESS) {
+    fprintf(stderr, "a sequence pass (%s) returned an error\n", dtype_names[dtype]);
+    ++failures;
+  }
+  void* const own[13] = {arguments[0], arguments[1], arguments[2], arguments[3], arguments[4],
+                         outputs, cells, gates, d_gates, d_inputs, d_weights, d_bias, d_h0};
+  check_own_products(shape, dtype, own);
+  compare_norms("outputs", dtype, shape, T * step, outputs, expected.outputs);
+  compare_norms("cells", dtype, shape, T * step, cells, expected.cells);
+  compare_norms("d_inputs", dtype, shape, T * B * F, d_inputs, expected.d_inputs);
+  compare_norms("d_weights", dtype, shape, weight_count, d_weights, expected.d_weights);
+  compare_norms("d_bias", dtype, shape, 3 * S, d_bias, expected.d_bias);
+  if (shape.state_grads) {
+    compare_norms("d_h0", dtype, shape, step, d_h0, expected.d_h0);
+    compare_norms("d_c0", dtype, shape, step, d_c0, expected.d_c0);
+  }
+  free_reference(expected);
+  for (int a = 0; a < 7; ++a) {
+    free(arguments[a]);
+    free((void*)sources[a]);
+  }
+  void* results[9] = {outputs, cells, gates, d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0};
+  for (int a = 0; a < 9; ++a) free(results[a]);
+}
+
+static void check_cells(int64_t batch, int64_t state, int layout) {
+  for (int k = 0; k < DTYPES; ++k) check_cell(all_dtypes[k], batch, state, layout);
+}
+
+/* The largest errors per dtype, as "name a, ..." into text. */
+static const char* worst_of(const double* values, const char* format, char* text, size_t size) {
+  size_t used = 0;
+  for (int k = 0; k < DTYPES && used < size; ++k) {
+    used += (size_t)snprintf(text + used, size - used, "%s%s ", k ? ", " : "", dtype_names[k]);
+    if (used < size) used += (size_t)snprintf(text + used, size - used, format, values[k]);
+  }
+  return text;
 }
 
 LLTM_CHECK(lltm_cpu_passes) {
@@ -411,21 +629,21 @@ LLTM_CHECK(lltm_cpu_passes) {
   /* Every tail length of every vector width, batch 1 included. */
   for (int64_t batch = 1; batch <= 7; ++batch) {
     for (int64_t state = 1; state <= 67; ++state) {
-      for (int layout = 0; layout < LAYOUTS; ++layout) check_both(batch, state, layout);
+      for (int layout = 0; layout < LAYOUTS; ++layout) check_cells(batch, state, layout);
     }
   }
   /* Empty tensors: nothing may be touched (each buffer is one byte). */
   for (int layout = 0; layout < LAYOUTS; ++layout) {
-    check_both(0, 5, layout);
-    check_both(3, 0, layout);
-    check_both(0, 0, layout);
+    check_cells(0, 5, layout);
+    check_cells(3, 0, layout);
+    check_cells(0, 0, layout);
   }
   /* Past LLTM_PARALLEL_MIN_ELEMENTS elements: the OpenMP-parallel row loop. */
   static const int64_t large[][2] = {{129, 257}, {3, 11001}, {200, 167}};
   for (size_t k = 0; k < sizeof large / sizeof large[0]; ++k) {
-    check_both(large[k][0], large[k][1], DENSE);
-    check_both(large[k][0], large[k][1], BROADCAST_ROWS);
-    check_both(large[k][0], large[k][1], EVERY_OTHER);
+    check_cells(large[k][0], large[k][1], DENSE);
+    check_cells(large[k][0], large[k][1], BROADCAST_ROWS);
+    check_cells(large[k][0], large[k][1], EVERY_OTHER);
   }
   /* The sequence passes: one step with and without state gradients, batch
    * 1, sizes short of and past the products' 8 x 32 tiles and 256-deep
@@ -436,14 +654,14 @@ LLTM_CHECK(lltm_cpu_passes) {
       {3, 9, 5, 33, 0, 1},  {2, 8, 300, 31, 1, 1}, {5, 17, 3, 40, 0, 1}, {4, 3, 2, 95, 1, 1},
       {18, 17, 6, 64, 0, 1}, {3, 40, 7, 130, 1, 1}, {2, 0, 3, 4, 0, 1},  {3, 2, 0, 4, 1, 1}};
   for (size_t k = 0; k < sizeof sequences / sizeof sequences[0]; ++k) {
-    check_sequence_float(sequences[k]);
-    check_sequence_double(sequences[k]);
+    for (int d = 0; d < DTYPES; ++d) check_sequence(sequences[k], all_dtypes[d]);
   }
-  printf("lltm_cpu_passes: %ld values compared, %ld mismatches; largest error %.1f (float) "
-         "and %.1f (double) roundings of the terms, %.0f allowed; sequences' largest relative "
-         "error %.2g (float) and %.2g (double)\n",
-         checked, failures, worst[0], worst[1], TOLERANCE_ROUNDINGS, worst_sequence[0],
-         worst_sequence[1]);
+  char cell_text[200], sequence_text[200];
+  printf("lltm_cpu_passes: %ld values compared, %ld mismatches; largest error in roundings of "
+         "the terms (16 allowed for float and double, 1.25 for the 16-bit types): %s; "
+         "sequences' largest relative error: %s\n",
+         checked, failures, worst_of(worst, "%.2f", cell_text, sizeof cell_text),
+         worst_of(worst_sequence, "%.2g", sequence_text, sizeof sequence_text));
   return failures;
 }
 
@@ -577,45 +795,33 @@ static struct packed_reference reference_packed(
   return r;
 }
 
-/* A buffer of `count` elements of float or double holding `values`, or
- * NULL where values is. */
-static void* typed_copy(const double* values, int64_t count, int is_double) {
-  if (!values) return NULL;
-  void* copy = allocate(count, is_double ? sizeof(double) : sizeof(float));
-  for (int64_t i = 0; i < count; ++i) {
-    if (is_double) {
-      ((double*)copy)[i] = values[i];
-    } else {
-      ((float*)copy)[i] = (float)values[i];
-    }
-  }
-  return copy;
-}
-
-static void check_packed(struct packed_shape shape, int is_double) {
+static void check_packed(struct packed_shape shape, int dtype) {
   const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
-  const int dtype = is_double ? LLTM_FLOAT64 : LLTM_FLOAT32;
-  const char* type = is_double ? "double" : "float";
-  const double tolerance = is_double ? 1e-12 : 1e-5;
-  const size_t element = is_double ? sizeof(double) : sizeof(float);
+  const size_t element = element_size(dtype);
   int64_t* batch_sizes = allocate(T, sizeof(int64_t));
   int64_t* offsets = allocate(T, sizeof(int64_t));
   packed_layout(shape, batch_sizes, offsets);
   const int64_t rows = T ? offsets[T - 1] + batch_sizes[T - 1] : 0;
   const int64_t weight_count = 3 * S * (S + F);
-  double* inputs = uniform_values(rows * F, 1.0);
-  double* weights = uniform_values(weight_count, 1.7 / sqrt((double)(S + F)));
-  double* bias = shape.bias ? uniform_values(3 * S, 0.5) : NULL;
-  double* h0 = uniform_values(B * S, 1.0);
-  double* c0 = uniform_values(B * S, 1.0);
+  double* inputs = round_values(dtype, uniform_values(rows * F, 1.0), rows * F);
+  double* weights = round_values(
+      dtype, uniform_values(weight_count, 1.7 / sqrt((double)(S + F))), weight_count);
+  double* bias = shape.bias ? round_values(dtype, uniform_values(3 * S, 0.5), 3 * S) : NULL;
+  double* h0 = round_values(dtype, uniform_values(B * S, 1.0), B * S);
+  double* c0 = round_values(dtype, uniform_values(B * S, 1.0), B * S);
   /* grad_outputs (rows, S) transposed or dense; grad_cells every other element. */
   const int64_t grad_strides[4] = {shape.strided_grads ? 1 : S, shape.strided_grads ? rows : 1,
                                    2 * S, 2};
   const int64_t grad_cells_count = rows ? (rows - 1) * 2 * S + (S - 1) * 2 + 1 : 0;
-  double* grad_outputs = uniform_values(rows * S, 1.0);
-  double* grad_cells = shape.strided_grads ? uniform_values(grad_cells_count, 1.0) : NULL;
-  double* grad_h_n = shape.final_grads ? uniform_values(B * S, 1.0) : NULL;
-  double* grad_c_n = shape.final_grads ? uniform_values(B * S, 1.0) : NULL;
+  double* grad_outputs = round_values(dtype, uniform_values(rows * S, 1.0), rows * S);
+  double* grad_cells =
+      shape.strided_grads
+          ? round_values(dtype, uniform_values(grad_cells_count, 1.0), grad_cells_count)
+          : NULL;
+  double* grad_h_n =
+      shape.final_grads ? round_values(dtype, uniform_values(B * S, 1.0), B * S) : NULL;
+  double* grad_c_n =
+      shape.final_grads ? round_values(dtype, uniform_values(B * S, 1.0), B * S) : NULL;
   struct packed_reference expected = reference_packed(
       shape, rows, offsets, inputs, weights, bias, h0, c0, grad_outputs, grad_strides, grad_cells,
       grad_h_n, grad_c_n);
@@ -624,7 +830,7 @@ static void check_packed(struct packed_shape shape, int is_double) {
   const int64_t counts[10] = {rows * F, weight_count, 3 * S, B * S, B * S, rows * S,
                               grad_cells_count, B * S, B * S, 0};
   void* arguments[10];
-  for (int a = 0; a < 10; ++a) arguments[a] = typed_copy(sources[a], counts[a], is_double);
+  for (int a = 0; a < 10; ++a) arguments[a] = typed_copy(sources[a], counts[a], dtype);
   void* outputs = allocate(rows * S, element);
   void* cells = allocate(rows * S, element);
   void* gates = allocate(rows * 3 * S, element);
@@ -647,7 +853,7 @@ static void check_packed(struct packed_shape shape, int is_double) {
                                       d_bias, d_h0, d_c0};
   if (lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS ||
       lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors) != LLTM_SUCCESS) {
-    fprintf(stderr, "a packed pass (%s) returned an error\n", type);
+    fprintf(stderr, "a packed pass (%s) returned an error\n", dtype_names[dtype]);
     ++failures;
   }
   struct sequence_shape named = {T, B, F, S, shape.strided_grads, shape.state_grads};
@@ -667,8 +873,8 @@ static void check_packed(struct packed_shape shape, int is_double) {
                  {"packed d_c0", B * S, d_c0, expected.d_c0}};
   for (size_t k = 0; k < sizeof results / sizeof results[0]; ++k) {
     if (!results[k].got) continue;
-    compare_norms(results[k].name, type, named, results[k].count, results[k].got, is_double,
-                  results[k].expected, tolerance);
+    compare_norms(results[k].name, dtype, named, results[k].count, results[k].got,
+                  results[k].expected);
   }
   double* references[9] = {expected.outputs, expected.cells, expected.h_n, expected.c_n,
                            expected.d_inputs, expected.d_weights, expected.d_bias, expected.d_h0,
@@ -712,14 +918,18 @@ static void check_packed_refusals(void) {
 
 LLTM_CHECK(lltm_cpu_packed_passes) {
   const long failures_before = failures;
-  const double worst_before[2] = {worst_sequence[0], worst_sequence[1]};
-  worst_sequence[0] = worst_sequence[1] = 0.0;
+  double worst_before[DTYPES];
+  for (int d = 0; d < DTYPES; ++d) {
+    worst_before[d] = worst_sequence[d];
+    worst_sequence[d] = 0.0;
+  }
   rng_state = seed ? seed ^ 0x9e3779b97f4a7c15ULL : 1;
   /* Lengths with 1 and the whole sequence among them, repeated and not; a
    * batch past the 8-row tiles with states past the 32-column tiles; one
    * step; every sequence as long (walked as dense steps); the threads'
-   * threshold (40 x 130 elements a step). */
+   * threshold (40 x 130 elements a step); batch 1. */
   static const int64_t four[4] = {5, 3, 3, 1}, ones[3] = {1, 1, 1}, full[3] = {4, 4, 4};
+  static const int64_t single[1] = {6};
   static const int64_t seventeen[17] = {9, 9, 8, 7, 7, 6, 5, 5, 4, 3, 3, 2, 2, 1, 1, 1, 1};
   static const int64_t nine[9] = {12, 11, 10, 9, 8, 7, 3, 2, 1};
   static int64_t forty[40];
@@ -732,16 +942,17 @@ LLTM_CHECK(lltm_cpu_packed_passes) {
       {1, 3, 2, 5, ones, 1, 1, 1, 1, 0, 0},     {1, 3, 2, 5, ones, 1, 0, 1, 0, 1, 1},
       {4, 3, 2, 9, full, 1, 1, 1, 1, 1, 1},     {4, 3, 2, 9, NULL, 0, 1, 1, 1, 0, 1},
       {4, 3, 2, 9, NULL, 0, 0, 0, 1, 1, 1},     {3, 40, 7, 130, forty, 1, 1, 1, 1, 1, 1},
-      {3, 40, 7, 130, forty, 1, 0, 1, 1, 0, 1}};
+      {3, 40, 7, 130, forty, 1, 0, 1, 1, 0, 1}, {6, 1, 3, 5, single, 1, 1, 1, 1, 1, 1},
+      {6, 1, 3, 5, single, 1, 0, 0, 0, 1, 1}};
   for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
-    check_packed(shapes[k], 0);
-    check_packed(shapes[k], 1);
+    for (int d = 0; d < DTYPES; ++d) check_packed(shapes[k], all_dtypes[d]);
   }
   check_packed_refusals();
-  printf("lltm_cpu_packed_passes: %ld mismatches; largest relative error %.2g (float) and "
-         "%.2g (double)\n",
-         failures - failures_before, worst_sequence[0], worst_sequence[1]);
-  if (worst_before[0] > worst_sequence[0]) worst_sequence[0] = worst_before[0];
-  if (worst_before[1] > worst_sequence[1]) worst_sequence[1] = worst_before[1];
+  char text[200];
+  printf("lltm_cpu_packed_passes: %ld mismatches; largest relative error: %s\n",
+         failures - failures_before, worst_of(worst_sequence, "%.2g", text, sizeof text));
+  for (int d = 0; d < DTYPES; ++d) {
+    if (worst_before[d] > worst_sequence[d]) worst_sequence[d] = worst_before[d];
+  }
   return failures - failures_before;
 }
