@@ -209,6 +209,26 @@ static LLTM_ALWAYS_INLINE void LLTM_NAME(row_sums_)(int64_t depth, const SCALAR*
   }
 }
 
+/* out[j] = start[j] + sums[j] (start NULL: zero), for j < count; start may
+ * be out. The loops hold no condition, so that a narrow STORAGE's
+ * conversions vectorise. */
+static LLTM_ALWAYS_INLINE void LLTM_NAME(add_sums_)(int64_t count, const STORAGE* start,
+                                                    const SCALAR* sums, STORAGE* out) {
+  if (start) {
+    for (int64_t j = 0; j < count; ++j) out[j] = STORE(LOAD(start[j]) + sums[j]);
+  } else {
+    for (int64_t j = 0; j < count; ++j) out[j] = STORE(sums[j]);
+  }
+}
+
+/* add_sums_ with vector clones of its own, for the rows of a narrow
+ * STORAGE's products. */
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(add_sums_row_)(int64_t count, const STORAGE* start, const SCALAR* sums,
+                                     STORAGE* out) {
+  LLTM_NAME(add_sums_)(count, start, sums, out);
+}
+
 /* One tile: out[i][j] = start + sum over k < depth of
  * a_rows[i][k * a_depth_stride] * b[k * b_stride + j], for i < count and
  * j < width, where start is out[i][j] when `accumulate`, else base[j] (zero
@@ -232,10 +252,8 @@ static void LLTM_NAME(product_tile_)(int64_t depth, const SCALAR* const* a_rows,
     LLTM_NAME(row_sums_)(depth, a_rows[0], a_depth_stride, b, b_stride, sums[0]);
   }
   for (int i = 0; i < count; ++i) {
-    STORAGE* row = out + i * out_stride;
-    for (int j = 0; j < width; ++j) {
-      row[j] = STORE((accumulate ? LOAD(row[j]) : base ? LOAD(base[j]) : (SCALAR)0) + sums[i][j]);
-    }
+    LLTM_NAME(add_sums_)(width, accumulate ? out + i * out_stride : base, sums[i],
+                         out + i * out_stride);
   }
 }
 
@@ -293,11 +311,8 @@ static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, con
     const int status = LLTM_MATH(product_)(rows, columns, depth, a, a_row_stride, a_depth_stride,
                                            b, b_stride, NULL, 0, sums, columns);
     LLTM_FOR_EACH(i, rows, rows * columns, {
-      STORAGE* row = out + i * out_stride;
-      for (int64_t j = 0; j < columns; ++j) {
-        const SCALAR start = accumulate ? LOAD(row[j]) : base ? LOAD(base[j]) : (SCALAR)0;
-        row[j] = STORE(start + sums[i * columns + j]);
-      }
+      LLTM_NAME(add_sums_row_)(columns, accumulate ? out + i * out_stride : base,
+                               sums + i * columns, out + i * out_stride);
     });
     free(sums);
     return status;
@@ -339,6 +354,7 @@ static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, con
 #define LLTM_AS_SCALAR(values) ((const SCALAR*)(const void*)(values))
 #endif
 
+LLTM_VECTOR_CLONES
 static void LLTM_NAME(widen_)(int64_t count, const STORAGE* values, SCALAR* into) {
   for (int64_t i = 0; i < count; ++i) into[i] = LOAD(values[i]);
 }
@@ -514,12 +530,18 @@ static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_f
 }
 
 /* `columns` elements of a gradient (column stride `stride`; NULL: zeros)
- * into dst, or added to it where `accumulate`. */
+ * into dst, or added to it where `accumulate`; a loop for each case, none
+ * holding a condition, so that a narrow STORAGE's conversions vectorise. */
 static void LLTM_NAME(take_gradient_)(int64_t columns, const STORAGE* gradient, int64_t stride,
                                       int accumulate, STORAGE* dst) {
-  for (int64_t c = 0; c < columns; ++c) {
-    const SCALAR value = gradient ? LOAD(gradient[c * stride]) : (SCALAR)0;
-    dst[c] = STORE(accumulate ? LOAD(dst[c]) + value : value);
+  if (!gradient) {
+    for (int64_t c = 0; !accumulate && c < columns; ++c) dst[c] = STORE((SCALAR)0);
+  } else if (accumulate) {
+    for (int64_t c = 0; c < columns; ++c) {
+      dst[c] = STORE(LOAD(dst[c]) + LOAD(gradient[c * stride]));
+    }
+  } else {
+    for (int64_t c = 0; c < columns; ++c) dst[c] = gradient[c * stride];
   }
 }
 
