@@ -49,8 +49,8 @@ static inline lltm_bfloat16 lltm_float_to_bfloat16(float value) {
 }
 
 /* The float16 conversions compute every case, then keep one by masks:
- * gcc turns a ?: between float results into a branch, and vectorises no
- * loop with one (but with AVX-512's masking). */
+ * gcc turns a ?: between float results into a branch, and vectorises a loop
+ * with one only for AVX-512 (with its masked instructions). */
 static inline uint32_t lltm_select_bits(uint32_t condition, uint32_t if_true, uint32_t if_false) {
   const uint32_t mask = 0u - condition;
   return (if_true & mask) | (if_false & ~mask);
