@@ -80,8 +80,8 @@ CPU_CHECK_SOURCES := tests/c/run_checks.c $(wildcard src/*.c) $(wildcard lltm_ff
 COMPUTE_SANITIZER ?= compute-sanitizer
 SANITIZER_KERNELS ?= --kernel-name kns=lltm_
 SANITIZER_FLAGS ?= $(SANITIZER_KERNELS) --report-api-errors no --error-exitcode 1
-# The GPU tests (marker gpu) that run the kernels (float32 and float64, odd
-# sizes, every kernel path, batch 1, strided and misaligned arguments,
+# The GPU tests (marker gpu) that run the kernels (every dtype, odd sizes,
+# every kernel path, batch 1, strided and misaligned arguments,
 # threads and streams), without the 40 GB ones (huge), builds and process
 # launches (slow), torch.compile (minutes of compiling), the deliberate CUDA
 # faults, and CUDA graphs (capture needs the caching allocator).
@@ -90,9 +90,9 @@ SANITIZER_TESTS ?= -m "gpu and not huge and not slow" -k "not compile and not fa
 # runs the tests whose kernel inputs are all copies from the host.
 initcheck: SANITIZER_TESTS = -m gpu tests/test_agreement.py::test_fused_passes
 # racecheck aborts inside cuBLAS's bf16/fp16 Hopper kernels ("failed to
-# handle a hardware exception"), kernels it does not even check, so it
-# leaves out autocast and the 16-bit tests (ids with float16, bfloat16 too);
-# the lltm kernels' 16-bit versions share their code with float32's.
+# handle a hardware exception"), kernels it does not even check, which the
+# float16 and bfloat16 tests reach (torch's products and lltm_ffi's
+# cublasGemmEx alike): it runs the float32 and float64 ones.
 racecheck: SANITIZER_TESTS = -m "gpu and not huge and not slow" -k "not compile and not fault and not graph and not cpu_only and not autocast and not float16"
 # Only the lltm kernels are instrumented, so copies of what torch's kernels
 # wrote look uninitialised to initcheck's memcpy check: it checks kernels only.

@@ -11,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 template <typename Dtype>
 struct MathOf {
   typedef Dtype type;
@@ -27,6 +29,13 @@ struct MathOf<__nv_bfloat16> {
 // float for float, __half and __nv_bfloat16; double for double.
 template <typename Dtype>
 using math_t = typename MathOf<Dtype>::type;
+
+// Whether Math is a math type, for the code that must never see a 16-bit
+// one (the cell, warp shuffles of partial sums).
+template <typename Math>
+struct IsMath {
+  static const bool value = std::is_same<Math, float>::value || std::is_same<Math, double>::value;
+};
 
 __device__ __forceinline__ float to_math(float value) { return value; }
 __device__ __forceinline__ double to_math(double value) { return value; }
@@ -50,12 +59,6 @@ __device__ __forceinline__ __half to_storage<__half>(float value) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 to_storage<__nv_bfloat16>(float value) {
   return __float2bfloat16_rn(value);
-}
-
-// The value as a Dtype tensor holds it (the identity for float and double).
-template <typename Dtype>
-__device__ __forceinline__ math_t<Dtype> stored(math_t<Dtype> value) {
-  return to_math(to_storage<Dtype>(value));
 }
 
 #endif /* LLTM_MATH_CUH */

@@ -9,8 +9,6 @@
 
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "lltm_math.cuh"
 
 // Overloads rather than one generic call: float math stays in float and
@@ -25,35 +23,30 @@ __device__ __forceinline__ double tanh_of(double z) { return tanh(z); }
 __device__ __forceinline__ float reciprocal_of(float z) { return __frcp_rn(z); }
 __device__ __forceinline__ double reciprocal_of(double z) { return __drcp_rn(z); }
 
-template <typename Dtype>
-__device__ __forceinline__ Dtype sigmoid(Dtype z) {
-  return reciprocal_of(Dtype(1) + exp_of(-z));
+template <typename Math>
+__device__ __forceinline__ Math sigmoid(Math z) {
+  return reciprocal_of(Math(1) + exp_of(-z));
 }
 
 // ELU with alpha = 1; expm1 keeps its accuracy near zero.
-template <typename Dtype>
-__device__ __forceinline__ Dtype elu(Dtype z) {
-  return z > Dtype(0) ? z : expm1_of(z);
-}
-
-template <typename Dtype>
-__device__ __forceinline__ Dtype d_elu(Dtype z) {
-  return z > Dtype(0) ? Dtype(1) : exp_of(z);
+template <typename Math>
+__device__ __forceinline__ Math elu(Math z) {
+  return z > Math(0) ? z : expm1_of(z);
 }
 
 template <typename Math>
-struct IsMath {
-  static const bool value = std::is_same<Math, float>::value || std::is_same<Math, double>::value;
-};
+__device__ __forceinline__ Math d_elu(Math z) {
+  return z > Math(0) ? Math(1) : exp_of(z);
+}
 
 // One element of the forward pass: new_h and new_cell from the three gate
 // pre-activations and old_cell, in a math type.
-template <typename Dtype>
-__device__ __forceinline__ void cell_forward(Dtype input_pre, Dtype output_pre,
-                                             Dtype candidate_pre, Dtype old_cell, Dtype* new_h,
-                                             Dtype* new_cell) {
-  static_assert(IsMath<Dtype>::value, "the cell computes in float or double (math_t)");
-  const Dtype cell = old_cell + elu(candidate_pre) * sigmoid(input_pre);
+template <typename Math>
+__device__ __forceinline__ void cell_forward(Math input_pre, Math output_pre,
+                                             Math candidate_pre, Math old_cell, Math* new_h,
+                                             Math* new_cell) {
+  static_assert(IsMath<Math>::value, "the cell computes in a math type (math_t)");
+  const Math cell = old_cell + elu(candidate_pre) * sigmoid(input_pre);
   *new_cell = cell;
   *new_h = tanh_of(cell) * sigmoid(output_pre);
 }
@@ -61,21 +54,21 @@ __device__ __forceinline__ void cell_forward(Dtype input_pre, Dtype output_pre,
 // One element of the backward pass: d_old_cell and the three gate gradients
 // from the output gradients, new_cell and the gate pre-activations, in a
 // math type.
-template <typename Dtype>
-__device__ __forceinline__ void cell_backward(Dtype d_h, Dtype d_cell, Dtype new_cell,
-                                              Dtype input_pre, Dtype output_pre,
-                                              Dtype candidate_pre, Dtype* d_old_cell,
-                                              Dtype* d_input, Dtype* d_output,
-                                              Dtype* d_candidate) {
-  static_assert(IsMath<Dtype>::value, "the cell computes in float or double (math_t)");
-  const Dtype input_gate = sigmoid(input_pre);
-  const Dtype output_gate = sigmoid(output_pre);
-  const Dtype tanh_new_cell = tanh_of(new_cell);
-  const Dtype d_new_cell =
-      (Dtype(1) - tanh_new_cell * tanh_new_cell) * output_gate * d_h + d_cell;
+template <typename Math>
+__device__ __forceinline__ void cell_backward(Math d_h, Math d_cell, Math new_cell,
+                                              Math input_pre, Math output_pre,
+                                              Math candidate_pre, Math* d_old_cell,
+                                              Math* d_input, Math* d_output,
+                                              Math* d_candidate) {
+  static_assert(IsMath<Math>::value, "the cell computes in a math type (math_t)");
+  const Math input_gate = sigmoid(input_pre);
+  const Math output_gate = sigmoid(output_pre);
+  const Math tanh_new_cell = tanh_of(new_cell);
+  const Math d_new_cell =
+      (Math(1) - tanh_new_cell * tanh_new_cell) * output_gate * d_h + d_cell;
   *d_old_cell = d_new_cell;
-  *d_input = elu(candidate_pre) * d_new_cell * input_gate * (Dtype(1) - input_gate);
-  *d_output = tanh_new_cell * d_h * output_gate * (Dtype(1) - output_gate);
+  *d_input = elu(candidate_pre) * d_new_cell * input_gate * (Math(1) - input_gate);
+  *d_output = tanh_new_cell * d_h * output_gate * (Math(1) - output_gate);
   *d_candidate = input_gate * d_new_cell * d_elu(candidate_pre);
 }
 

@@ -1094,6 +1094,98 @@ static int initial_state_grads(bool cublas, cudaStream_t stream, const lltm_walk
   return code;
 }
 
+// Up to kMax blocks of state (lltm_state_block), as a kernel argument.
+struct StateBlocks {
+  static const int kMax = 48;
+  int64_t gate_row[kMax], state_row[kMax], rows[kMax];
+  int initial[kMax];
+  int count;
+};
+
+// The hidden columns of d_weights (row stride `columns`; plus what they
+// hold where `accumulate`) = d_gates^T times each block's old h, every
+// block's product summed in the math type and stored once: a thread an
+// element of a (gate row, state column) tile, the blocks' rows staged in
+// slices as in lltm_sequence_backward_kernel.
+template <typename Dtype>
+__global__ void lltm_hidden_weight_grads_kernel(
+    const int64_t state_size, const int64_t columns, const StateBlocks blocks,
+    const bool accumulate, const Dtype* __restrict__ d_gates, const Dtype* __restrict__ h0,
+    const Dtype* __restrict__ outputs, Dtype* __restrict__ d_weights) {
+  typedef math_t<Dtype> Math;
+  const int kDepth = Depth<Math>::kDepth;
+  __shared__ Math g_slice[kDepth][kTile + 1];  // [k][r]: d_gates' column row0 + r
+  __shared__ Math h_slice[kDepth][kTile + 1];  // [k][c]: the old h's column column0 + c
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int64_t gates_size = 3 * state_size;
+  TILE_LOOP(row0, column0, gates_size, state_size) {
+    Math sum = 0;
+    for (int b = 0; b < blocks.count; ++b) {
+      const Dtype* gate = d_gates + blocks.gate_row[b] * gates_size;
+      const Dtype* state = (blocks.initial[b] ? h0 : outputs) + blocks.state_row[b] * state_size;
+      for (int64_t k0 = 0; k0 < blocks.rows[b]; k0 += kDepth) {
+        for (int i = threadIdx.x; i < kTile * kDepth; i += kTileThreads) {
+          const int k = i / kTile, e = i % kTile;
+          const bool k_in = k0 + k < blocks.rows[b];
+          g_slice[k][e] = k_in && row0 + e < gates_size
+              ? to_math(gate[(k0 + k) * gates_size + row0 + e]) : Math(0);
+          h_slice[k][e] = k_in && column0 + e < state_size
+              ? to_math(state[(k0 + k) * state_size + column0 + e]) : Math(0);
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < kDepth; ++k) sum += g_slice[k][ty] * h_slice[k][tx];
+        __syncthreads();
+      }
+    }
+    const int64_t row = row0 + ty, column = column0 + tx;
+    if (row < gates_size && column < state_size) {
+      Dtype* element = d_weights + row * columns + column;
+      *element = to_storage<Dtype>(accumulate ? to_math(*element) + sum : sum);
+    }
+  }
+}
+
+// The walk's blocks of state (lltm_state_block), counted.
+static int64_t count_state_blocks(const lltm_walk& walk) {
+  lltm_block_cursor cursor = lltm_first_block(&walk);
+  lltm_state_block block;
+  int64_t count = 0;
+  while (lltm_next_block(&walk, &cursor, &block)) ++count;
+  return count;
+}
+
+// hidden_weight_grads for a 16-bit element type with more than two blocks
+// (a packed walk): a product a block would round d_weights to 16 bits
+// once a block, so the kernel above sums kMax blocks at a time in float.
+template <typename Dtype>
+static int summed_hidden_weight_grads(cudaStream_t stream, const lltm_walk& walk,
+                                      int64_t state_size, int64_t columns, const Dtype* d_gates,
+                                      const Dtype* h0, const Dtype* outputs, Dtype* d_weights) {
+  lltm_block_cursor cursor = lltm_first_block(&walk);
+  lltm_state_block block;
+  StateBlocks blocks;
+  blocks.count = 0;
+  bool more = lltm_next_block(&walk, &cursor, &block), first = true;
+  while (more) {
+    blocks.gate_row[blocks.count] = block.gate_row;
+    blocks.state_row[blocks.count] = block.state_row;
+    blocks.rows[blocks.count] = block.rows;
+    blocks.initial[blocks.count] = block.initial;
+    ++blocks.count;
+    more = lltm_next_block(&walk, &cursor, &block);
+    if (blocks.count == StateBlocks::kMax || !more) {
+      lltm_hidden_weight_grads_kernel<Dtype>
+          <<<tile_blocks(3 * state_size, state_size), kTileThreads, 0, stream>>>(
+              state_size, columns, blocks, !first, d_gates, h0, outputs, d_weights);
+      CUDA_POST_KERNEL_CHECK;
+      blocks.count = 0;
+      first = false;
+    }
+  }
+  return LLTM_SUCCESS;
+}
+
 // The hidden columns of d_weights: d_gates^T times each step's old h, one
 // product a block of steps whose old states lie one after another in the
 // outputs or in h0 (lltm_state_block), the first writing, the others
@@ -1102,6 +1194,10 @@ template <typename Dtype>
 static int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
                                int64_t state_size, int64_t columns, const Dtype* d_gates,
                                const Dtype* h0, const Dtype* outputs, Dtype* d_weights) {
+  if (!IsMath<Dtype>::value && count_state_blocks(walk) > 2) {
+    return summed_hidden_weight_grads<Dtype>(stream, walk, state_size, columns, d_gates, h0,
+                                             outputs, d_weights);
+  }
   const int64_t gates_size = 3 * state_size;
   lltm_block_cursor cursor = lltm_first_block(&walk);
   lltm_state_block block;

@@ -145,17 +145,17 @@ struct Slice {
 
 // kRows consecutive values of a shared-memory row, 16-byte aligned for
 // four floats.
-template <int kRows, typename Dtype>
-__device__ __forceinline__ void read_rows(const Dtype* row, Dtype (&values)[kRows]) {
-  if (kRows == 2 && sizeof(Dtype) == sizeof(float)) {
+template <int kRows, typename Math>
+__device__ __forceinline__ void read_rows(const Math* row, Math (&values)[kRows]) {
+  if (kRows == 2 && sizeof(Math) == sizeof(float)) {
     const float2 packed = *reinterpret_cast<const float2*>(row);
-    values[0] = (Dtype)packed.x;
-    values[kRows - 1] = (Dtype)packed.y;
-  } else if (kRows == 4 && sizeof(Dtype) == sizeof(float)) {
+    values[0] = (Math)packed.x;
+    values[kRows - 1] = (Math)packed.y;
+  } else if (kRows == 4 && sizeof(Math) == sizeof(float)) {
     const float4 packed = *reinterpret_cast<const float4*>(row);
     const float unpacked[4] = {packed.x, packed.y, packed.z, packed.w};
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) values[i] = (Dtype)unpacked[i];
+    for (int i = 0; i < kRows; ++i) values[i] = (Math)unpacked[i];
   } else {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) values[i] = row[i];
