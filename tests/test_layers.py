@@ -336,9 +336,14 @@ def test_cuda_graph_capture_of_a_training_step(shape, state_size, cuda_device, g
         eager_optimizer.zero_grad(set_to_none=True)
         train(eager, eager_optimizer)
     torch.cuda.synchronize(cuda_device)
+    # A capture's cuBLAS products run without a workspace (none can be
+    # allocated while capturing), the eager ones with their stream's, so
+    # cuBLAS may take other algorithms, which sum in another order: the two
+    # agree to float32's roundoff over the products' depth, not bit for bit.
     for (name, parameter), trained in zip(module.named_parameters(), eager.parameters()):
-        torch.testing.assert_close(parameter, trained, msg=lambda message, name=name:
-                                   f"{name}: {message}")
+        scale = trained.abs().max().item()
+        torch.testing.assert_close(parameter, trained, rtol=1e-5, atol=1e-5 * scale,
+                                   msg=lambda message, name=name: f"{name}: {message}")
 
 
 @pytest.mark.parametrize("state_size", [6, 130], ids=["persistent", "cublas"])
