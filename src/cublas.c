@@ -126,9 +126,11 @@ static struct {
 static uint64_t clock_now;
 
 /* The workspace of `stream` on `device`, made now if need be; NULL (no
- * workspace) while capturing, where no memory can be allocated, or where
- * none can be. */
+ * workspace) where none can be made, and while capturing: no memory can be
+ * allocated then, and a captured graph, replayed on another stream while
+ * this one runs passes, must not hold this stream's workspace. */
 static void* stream_workspace(int device, cudaStream_t stream, int capturing) {
+  if (capturing) return NULL;
   int oldest = 0;
   for (int i = 0; i < LLTM_STREAM_WORKSPACES; ++i) {
     if (stream_workspaces[i].workspace && stream_workspaces[i].device == device &&
@@ -138,7 +140,6 @@ static void* stream_workspace(int device, cudaStream_t stream, int capturing) {
     }
     if (stream_workspaces[i].used < stream_workspaces[oldest].used) oldest = i;
   }
-  if (capturing) return NULL;
   /* cudaFree waits for the device, so for the last product that used it. */
   if (stream_workspaces[oldest].workspace) {
     (void)runtime_code(cudaFree(stream_workspaces[oldest].workspace));
