@@ -8,9 +8,9 @@
 // state from global memory every step; and two cooperative launches on two
 // streams are serialised by the driver, so the two directions of a
 // bidirectional layer cannot overlap. A cluster launch is an ordinary
-// launch: two of them run at once, and a step's only synchronisation is the
-// cluster's hardware barrier, the state travelling between the blocks'
-// shared memories (distributed shared memory), never through global memory.
+// launch: two of them run at once, and the state travels between the
+// blocks' shared memories (distributed shared memory), never through global
+// memory, each block waiting only for the values it needs.
 //
 // Layout. A cluster of C blocks runs the whole sequence of R batch rows
 // (rows are independent in the recurrence, so clusters never wait for one
@@ -30,15 +30,17 @@
 // warp's sums, in fewer shuffles than reducing each sum alone); then every
 // lane computes the cell of one (row, column) element of the warp's, the
 // same element in 32 / (R kColumns) lanes (the redundant copies cost
-// nothing in SIMT and let the stores below fan out): the step's input part
-// of the gates and the bias were read one step ahead, the old cell is kept
-// in a register across steps. The new h goes to the other buffer of every
-// block of the cluster (st.shared::cluster, a lane a destination), then one
-// cluster barrier: arrive (release) once the new h is pushed; the next
-// step's inputs read and the step's global writes (gates, outputs, cells)
-// issued while the others arrive; wait (acquire). The double buffer makes one barrier a step
-// enough: a block writes a buffer at step n + 1 only after every block has
-// arrived at step n, having read that buffer at step n.
+// nothing in SIMT and let the pushes below fan out): the step's input part
+// of the gates was read kPrefetch steps ahead, the old cell is kept in a
+// register across steps. The new h goes to the other buffer of every block
+// of the cluster (st.async, a lane a destination), each push counting its
+// bytes into that block's mailbox (ClusterMailbox): a block starts the
+// next step once the whole new state has landed in it, and no block waits
+// for another's arrival at a barrier, nor for its own global writes (the
+// gates, outputs and cells, issued after the pushes). The double buffer
+// makes that enough: a block pushes into a buffer at step n + 1 only after
+// the whole state of step n reached it, which every block sent after
+// reading that buffer at step n.
 //
 // A backward step: every block owns the d_gates of its columns' three
 // gates (the cell's backward pass needs only its own element's d_h and
@@ -50,12 +52,13 @@
 // needs the block's d_gates shared among its warps first: a second barrier
 // a step, which costs more than the bytes it saves.
 //
-// Cost per step (expected, to be measured): one cluster barrier, one
-// shared-memory round trip, a few dozen FMAs and ~10-35 shuffles a lane,
-// the cell's transcendental functions: under a microsecond. Registers
-// (nvcc 13.0, sm_90, -Xptxas -v): 63 forward and 72 backward for float,
-// a state up to 128, a row a cluster; up to the cap of 128 for double at 4
-// rows; no spills in any of the 30 kernels.
+// Cost per step, measured on an H200 at T=1024 B=16 S=128 float32 (the
+// kernels alone, microseconds, forward and backward): 1.46 and 1.47 with
+// a cluster barrier a step; 0.94 and 0.99 with the mailboxes and four
+// steps read ahead; 0.71 and 0.72 of that without the cell's math. Registers
+// (nvcc 13.0, sm_90, -Xptxas -v): up to 108 forward and the cap of 128
+// backward for float at a row a cluster; the cap for double at 4 rows; no
+// spills in any of the 30 kernels.
 //
 // Element types: Dtype is the storage type, Math (ClusterMath) the type of
 // the arithmetic, the state exchanged and the weights held: the same for
@@ -106,6 +109,14 @@ static const int64_t kClusterMinSteps = 1;
 // One wave of clusters at most: past one, each wave would run the whole
 // sequence after the one before.
 static const int kClusterMaxWaves = 1;
+
+// Steps whose inputs a lane reads ahead: a read from global memory takes
+// longer than a step. On an H200 at T=1024 B=16 S=128 (float32, forward and
+// backward kernels, microseconds a step): one step ahead 0.99 and 1.19, four
+// 0.94 and 0.99. Double takes one step: its weights leave no registers for
+// more.
+template <typename Math>
+__host__ __device__ constexpr int cluster_prefetch() { return sizeof(Math) == 8 ? 1 : 4; }
 
 // A block's threads at most: 16 warps of kColumns columns each. Registers
 // are then at most 128 a thread (__launch_bounds__).
@@ -183,21 +194,78 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 }
 
-// Stores value at `local`'s place in the shared memory of block `rank` of
-// the cluster (this block's own too).
-__device__ __forceinline__ void store_in_block(float* local, unsigned rank, float value) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(local);
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(value) : "memory");
-}
+// A block's mailbox: the two mbarriers of its double buffer, in shared
+// memory after the buffers. Exchange n, the values every block pushes at
+// the n-th step it visits, lands in buffer (n + 1) % 2 and completes a
+// phase of barrier (n + 1) % 2; the next step waits for that phase alone.
+// A phase expects the bytes the cluster pushes into this block (each push,
+// st.async, counts its bytes in as it lands) and one arrival: this block's
+// thread 0 arming it, for exchanges 0 and 1 before the first step and for
+// exchange n + 2 once it has received exchange n. A push can never come
+// before its arming: a block pushes exchange n + 2 only after receiving
+// exchange n + 1 from every block, thread 0's part of it included, which
+// thread 0 sends after arming.
+template <typename Math>
+struct ClusterMailbox {
+  uint64_t* barriers;  // two
+  unsigned bytes;      // a phase's: what the cluster pushes into this block
 
-__device__ __forceinline__ void store_in_block(double* local, unsigned rank, double value) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(local);
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
-  asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(remote), "d"(value) : "memory");
-}
+  __device__ unsigned address(const void* pointer) const {
+    return (unsigned)__cvta_generic_to_shared(pointer);
+  }
+
+  // Before the kernel's first cluster barrier, in every thread: sets up the
+  // barriers and arms those of the exchanges that happen of the first two.
+  __device__ void open(bool first, bool second) const {
+    if (threadIdx.x != 0) return;
+    for (int b = 0; b < 2; ++b) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(address(barriers + b))
+                   : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if (first) arm(1);
+    if (second) arm(0);
+  }
+
+  __device__ void arm(int barrier) const {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 ::"r"(address(barriers + barrier)), "r"(bytes) : "memory");
+  }
+
+  // Waits until exchange n has landed whole; then thread 0 arms its barrier
+  // for exchange n + 2 where that one happens (`again`).
+  __device__ void receive(int64_t n, bool again) const {
+    const int barrier = (int)((n + 1) & 1);
+    const unsigned parity = (unsigned)((n >> 1) & 1);
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "waiting:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra waiting;\n"
+        "}\n" ::"r"(address(barriers + barrier)), "r"(parity) : "memory");
+    if (again && threadIdx.x == 0) arm(barrier);
+  }
+
+  // Pushes `value` of exchange n to `local`'s place in block `rank` of the
+  // cluster (this block's own too).
+  __device__ void send(Math* local, unsigned rank, Math value, int64_t n) const {
+    unsigned target, barrier;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(target) : "r"(address(local)), "r"(rank));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(barrier) : "r"(address(barriers + ((n + 1) & 1))), "r"(rank));
+    push(target, value, barrier);
+  }
+
+  __device__ static void push(unsigned target, float value, unsigned barrier) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(target), "r"(__float_as_uint(value)), "r"(barrier) : "memory");
+  }
+  __device__ static void push(unsigned target, double value, unsigned barrier) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+                 ::"r"(target), "l"(__double_as_longlong(value)), "r"(barrier) : "memory");
+  }
+};
 
 // One level of warp_reduce_scatter: lanes whose bit `offset` is set keep
 // the upper half of their kCount values, the others the lower half, each
@@ -259,6 +327,7 @@ struct ClusterLane {
   int64_t warp_column;    // the warp's first column among its block's
   int64_t first_column;   // the warp's first column among the state's
   int64_t first_row;      // the cluster's first batch row
+  int64_t rows;           // the cluster's rows that are the batch's
   int element, unit, row_offset;
   int64_t column, row;
   bool active;  // its element is the state's and the batch's
@@ -269,7 +338,9 @@ struct ClusterLane {
         block_columns((state_size + blocks - 1) / blocks),
         warp_column((int64_t)(threadIdx.x / 32) * kColumns),
         first_column(rank * block_columns + warp_column),
-        first_row((int64_t)cluster_index() * kRows), element(lane % (kColumns * kRows)),
+        first_row((int64_t)cluster_index() * kRows),
+        rows(batch_size - first_row < kRows ? batch_size - first_row : kRows),
+        element(lane % (kColumns * kRows)),
         unit(element % kColumns), row_offset(element / kColumns), column(first_column + unit),
         row(first_row + row_offset),
         active(owns(unit, state_size) && row < batch_size) {}
@@ -299,6 +370,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
   const int kElements = kColumns * kRows;  // a warp's (row, column) elements
   const int kSums = 4 * kElements;         // a warp's gate sums, 3 used of each 4
   const int kSpan = kChunks * 32 * kWidth;  // a state row in shared memory
+  const int kPrefetch = cluster_prefetch<Math>();
   extern __shared__ __align__(16) unsigned char shared[];
   Math* buffers = reinterpret_cast<Math*>(shared);
   const ClusterLane<kColumns, kRows> at(state_size, batch_size);
@@ -329,100 +401,108 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
     buffers[i] = i < kRows * kSpan && k < state_size && row < batch_size
         ? static_cast<Math>(h0[row * state_size + k]) : Math(0);
   }
-  Math bias_of[3], inputs[3];
+  Math bias_of[3];
 #pragma unroll
   for (int g = 0; g < 3; ++g) {
     bias_of[g] = at.active && bias ? static_cast<Math>(bias[g * state_size + at.column]) : Math(0);
   }
-  // The input part of the gates plus the bias, of the step at `order`.
-  auto load_inputs = [&](int64_t order, Math(&values)[3]) {
+  // The input part of the gates of the step at `order`, as stored: they are
+  // converted where used, kPrefetch steps later.
+  auto load_inputs = [&](int64_t order, Dtype(&values)[3]) {
     const int64_t t = reverse ? steps - 1 - order : order;
     const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
 #pragma unroll
-    for (int g = 0; g < 3; ++g) {
-      values[g] = at.active ? static_cast<Math>(gates[gate + g * state_size]) + bias_of[g]
-                            : Math(0);
-    }
+    for (int g = 0; g < 3; ++g) values[g] = at.active ? gates[gate + g * state_size] : Dtype(0);
   };
-  load_inputs(0, inputs);
+  Dtype ahead[kPrefetch][3];
+#pragma unroll
+  for (int j = 0; j < kPrefetch; ++j) {
+    if (j < steps) load_inputs(j, ahead[j]);
+  }
   Math cell = at.active ? static_cast<Math>(c0[at.row * state_size + at.column]) : Math(0);
-  // Every block of the cluster runs, its buffers ready, before any block
-  // writes into another's.
+  // Exchange n (the new h of step n) happens for every step but the last.
+  const ClusterMailbox<Math> mailbox = {
+      reinterpret_cast<uint64_t*>(buffers + 2 * kRows * kSpan),
+      (unsigned)(at.rows * state_size * sizeof(Math))};
+  mailbox.open(steps > 1, steps > 2);
+  // Every block of the cluster runs, its buffers and mailbox ready, before
+  // any block pushes into another's.
   cluster_arrive();
   cluster_wait();
 
-  for (int64_t order = 0; order < steps; ++order) {
-    const int64_t t = reverse ? steps - 1 - order : order;
-    const bool last = order + 1 == steps;
-    const Math* h = buffers + (order & 1) * kRows * kSpan;
-    Math* h_next = buffers + ((order + 1) & 1) * kRows * kSpan;
-    // sums[g * kElements + e]: gate g of element e (row e / kColumns,
-    // column e % kColumns of the warp's).
-    Math sums[kSums];
+  // The steps kPrefetch at a time, so that the inputs read ahead have
+  // registers of their own (ahead[j] is step base + j's).
+  for (int64_t base = 0; base < steps; base += kPrefetch) {
 #pragma unroll
-    for (int i = 0; i < kSums; ++i) sums[i] = Math(0);
+    for (int j = 0; j < kPrefetch; ++j) {
+      const int64_t order = base + j;
+      if (order >= steps) break;
+      const int64_t t = reverse ? steps - 1 - order : order;
+      const bool last = order + 1 == steps;
+      const Math* h = buffers + (order & 1) * kRows * kSpan;
+      Math* h_next = buffers + ((order + 1) & 1) * kRows * kSpan;
+      if (order > 0) mailbox.receive(order - 1, order + 2 < steps);
+      // sums[g * kElements + e]: gate g of element e (row e / kColumns,
+      // column e % kColumns of the warp's).
+      Math sums[kSums];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
+      for (int i = 0; i < kSums; ++i) sums[i] = Math(0);
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        const Vector x =
-            *reinterpret_cast<const Vector*>(h + r * kSpan + (at.lane + 32 * c) * kWidth);
-        const Math* xs = reinterpret_cast<const Math*>(&x);
+      for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-        for (int u = 0; u < kColumns; ++u) {
+        for (int c = 0; c < kChunks; ++c) {
+          const Vector x =
+              *reinterpret_cast<const Vector*>(h + r * kSpan + (at.lane + 32 * c) * kWidth);
+          const Math* xs = reinterpret_cast<const Math*>(&x);
 #pragma unroll
-          for (int g = 0; g < 3; ++g) {
+          for (int u = 0; u < kColumns; ++u) {
 #pragma unroll
-            for (int v = 0; v < kWidth; ++v) {
-              sums[g * kElements + r * kColumns + u] += xs[v] * w[u][g][c][v];
+            for (int g = 0; g < 3; ++g) {
+#pragma unroll
+              for (int v = 0; v < kWidth; ++v) {
+                sums[g * kElements + r * kColumns + u] += xs[v] * w[u][g][c][v];
+              }
             }
           }
         }
       }
-    }
-    const Math sum = warp_reduce_scatter(sums, at.lane);
-    Math pre[3];
+      const Math sum = warp_reduce_scatter(sums, at.lane);
+      Math pre[3];
 #pragma unroll
-    for (int g = 0; g < 3; ++g) {
-      pre[g] = inputs[g] +
-               __shfl_sync(0xffffffffu, sum, holder_of<kSums>(g * kElements + at.element));
-    }
-    Math new_h, new_cell;
-    cell_forward(pre[0], pre[1], pre[2], cell, &new_h, &new_cell);
-    const Dtype stored_h = static_cast<Dtype>(new_h), stored_cell = static_cast<Dtype>(new_cell);
-    if (!last) {
-      if (at.active) {
+      for (int g = 0; g < 3; ++g) {
+        pre[g] = static_cast<Math>(ahead[j][g]) + bias_of[g] +
+                 __shfl_sync(0xffffffffu, sum, holder_of<kSums>(g * kElements + at.element));
+      }
+      Math new_h, new_cell;
+      cell_forward(pre[0], pre[1], pre[2], cell, &new_h, &new_cell);
+      const Dtype stored_h = static_cast<Dtype>(new_h);
+      const Dtype stored_cell = static_cast<Dtype>(new_cell);
+      if (!last && at.active) {
         Math* target = h_next + at.row_offset * kSpan + at.column;
         for (unsigned rank = at.lane / kElements; rank < at.blocks; rank += 32 / kElements) {
-          store_in_block(target, rank, static_cast<Math>(stored_h));
+          mailbox.send(target, rank, static_cast<Math>(stored_h), order);
         }
       }
-      cluster_arrive();
-    }
-    // The next step's inputs are read after the arrive, whose release
-    // would otherwise wait for them too: they arrive while the barrier
-    // completes and the next product is taken.
-    Math next_inputs[3] = {Math(0), Math(0), Math(0)};
-    if (!last) load_inputs(order + 1, next_inputs);
-    if (at.active && at.lane < kElements) {
-      const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
+      if (order + kPrefetch < steps) load_inputs(order + kPrefetch, ahead[j]);
+      if (at.active && at.lane < kElements) {
+        const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
 #pragma unroll
-      for (int g = 0; g < 3; ++g) gates[gate + g * state_size] = static_cast<Dtype>(pre[g]);
-      const int64_t element = (t * batch_size + at.row) * state_size + at.column;
-      outputs[element] = stored_h;
-      cells[element] = stored_cell;
-      if (last && final_h) {
-        final_h[at.row * state_size + at.column] = stored_h;
-        final_cell[at.row * state_size + at.column] = stored_cell;
+        for (int g = 0; g < 3; ++g) gates[gate + g * state_size] = static_cast<Dtype>(pre[g]);
+        const int64_t element = (t * batch_size + at.row) * state_size + at.column;
+        outputs[element] = stored_h;
+        cells[element] = stored_cell;
+        if (last && final_h) {
+          final_h[at.row * state_size + at.column] = stored_h;
+          final_cell[at.row * state_size + at.column] = stored_cell;
+        }
       }
+      cell = static_cast<Math>(stored_cell);
     }
-    cell = static_cast<Math>(stored_cell);
-#pragma unroll
-    for (int g = 0; g < 3; ++g) inputs[g] = next_inputs[g];
-    // No block exits while another may still write into its shared memory:
-    // the last step writes into none.
-    if (!last) cluster_wait();
   }
+  // A push completes asynchronously: no block leaves while its last ones
+  // may be on their way.
+  cluster_arrive();
+  cluster_wait();
 #endif
 }
 
@@ -451,6 +531,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   const int kElements = kColumns * kRows;
   const int kSpan = kChunks * 32 * kWidth;
   const int kRowSpan = 3 * kSpan;  // a row's d_gates in shared memory
+  const int kPrefetch = cluster_prefetch<Math>();
   extern __shared__ __align__(16) unsigned char shared[];
   Math* buffers = reinterpret_cast<Math*>(shared);
   const ClusterLane<kColumns, kRows> at(state_size, batch_size);
@@ -477,27 +558,26 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
     }
   }
   for (int i = threadIdx.x; i < 2 * kRows * kRowSpan; i += blockDim.x) buffers[i] = Math(0);
-  // What the cell's backward pass reads at the step at `order`: the
-  // output and cell gradients, the new cell and the three pre-activations.
-  auto load_inputs = [&](int64_t order, Math(&values)[6]) {
+  // What the cell's backward pass reads at the step at `order`, as stored
+  // (converted where used, kPrefetch steps later): the output and
+  // cell gradients, the new cell and the three pre-activations.
+  auto load_inputs = [&](int64_t order, Dtype(&values)[6]) {
     const int64_t t = reverse ? steps - 1 - order : order;
-    if (!at.active) {
 #pragma unroll
-      for (int i = 0; i < 6; ++i) values[i] = Math(0);
-      return;
+    for (int i = 0; i < 6; ++i) values[i] = Dtype(0);
+    if (!at.active) return;
+    if (grad_outputs) {
+      values[0] = grad_outputs[t * strides.outputs[0] + at.row * strides.outputs[1] +
+                               at.column * strides.outputs[2]];
     }
-    values[0] = grad_outputs
-        ? static_cast<Math>(grad_outputs[t * strides.outputs[0] + at.row * strides.outputs[1] +
-                                         at.column * strides.outputs[2]])
-        : Math(0);
-    values[1] = grad_cells
-        ? static_cast<Math>(grad_cells[t * strides.cells[0] + at.row * strides.cells[1] +
-                                       at.column * strides.cells[2]])
-        : Math(0);
-    values[2] = static_cast<Math>(cells[(t * batch_size + at.row) * state_size + at.column]);
+    if (grad_cells) {
+      values[1] = grad_cells[t * strides.cells[0] + at.row * strides.cells[1] +
+                             at.column * strides.cells[2]];
+    }
+    values[2] = cells[(t * batch_size + at.row) * state_size + at.column];
     const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
 #pragma unroll
-    for (int g = 0; g < 3; ++g) values[3 + g] = static_cast<Math>(gates[gate + g * state_size]);
+    for (int g = 0; g < 3; ++g) values[3 + g] = gates[gate + g * state_size];
   };
   // d_h of the lane's element from the d_gates in `d_next`: their dot
   // product with its column of W_h, summed over the warp.
@@ -531,57 +611,71 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   // The gradient carried to the lane's cell, from the final cell's.
   Math d_cell =
       at.active && grad_final_cell ? static_cast<Math>(grad_final_cell[state_element]) : Math(0);
-  Math inputs[6];
-  load_inputs(steps - 1, inputs);
+  Dtype ahead[kPrefetch][6];
+#pragma unroll
+  for (int j = 0; j < kPrefetch; ++j) {
+    if (j < steps) load_inputs(steps - 1 - j, ahead[j]);
+  }
+  // Exchange n (the d_gates of the n-th step visited) happens for every step
+  // but the last visited, and for that one too where d_h0 is wanted.
+  auto exchanged = [&](int64_t n) { return n < steps - 1 || (n == steps - 1 && d_h0); };
+  const ClusterMailbox<Math> mailbox = {
+      reinterpret_cast<uint64_t*>(buffers + 2 * kRows * kRowSpan),
+      (unsigned)(at.rows * 3 * state_size * sizeof(Math))};
+  mailbox.open(exchanged(0), exchanged(1));
   cluster_arrive();
   cluster_wait();
 
-  for (int64_t order = steps - 1; order >= 0; --order) {
-    const int64_t t = reverse ? steps - 1 - order : order;
-    const int64_t visited = steps - 1 - order;  // steps done before this one
-    // The d_gates of the step visited after this one (none for the last
-    // visited), and where this one's go.
-    const Math* d_next = buffers + (visited & 1) * kRows * kRowSpan;
-    Math* d_here = buffers + ((visited + 1) & 1) * kRows * kRowSpan;
-    const Math d_h = inputs[0] + (visited == 0 ? d_h_final : product(d_next));
-    Math d_old_cell, d_gate[3];
-    cell_backward(d_h, d_cell + inputs[1], inputs[2], inputs[3], inputs[4], inputs[5],
-                  &d_old_cell, &d_gate[0], &d_gate[1], &d_gate[2]);
-    Dtype stored[3];
+  // kPrefetch steps at a time, as in the forward kernel.
+  for (int64_t base = 0; base < steps; base += kPrefetch) {
 #pragma unroll
-    for (int g = 0; g < 3; ++g) stored[g] = static_cast<Dtype>(d_gate[g]);
-    // The first step visited's d_gates make d_h0, where wanted.
-    const bool exchange = order > 0 || d_h0;
-    if (exchange) {
-      if (at.active) {
+    for (int j = 0; j < kPrefetch; ++j) {
+      const int64_t visited = base + j;  // steps done before this one
+      if (visited >= steps) break;
+      const int64_t order = steps - 1 - visited;
+      const int64_t t = reverse ? steps - 1 - order : order;
+      // The d_gates of the step visited before this one (none for the first
+      // visited), and where this one's go.
+      const Math* d_next = buffers + (visited & 1) * kRows * kRowSpan;
+      Math* d_here = buffers + ((visited + 1) & 1) * kRows * kRowSpan;
+      if (visited > 0) mailbox.receive(visited - 1, exchanged(visited + 1));
+      Math inputs[6];
+#pragma unroll
+      for (int i = 0; i < 6; ++i) inputs[i] = static_cast<Math>(ahead[j][i]);
+      const Math d_h = inputs[0] + (visited == 0 ? d_h_final : product(d_next));
+      Math d_old_cell, d_gate[3];
+      cell_backward(d_h, d_cell + inputs[1], inputs[2], inputs[3], inputs[4], inputs[5],
+                    &d_old_cell, &d_gate[0], &d_gate[1], &d_gate[2]);
+      Dtype stored[3];
+#pragma unroll
+      for (int g = 0; g < 3; ++g) stored[g] = static_cast<Dtype>(d_gate[g]);
+      if (exchanged(visited) && at.active) {
         Math* target = d_here + at.row_offset * kRowSpan + at.column;
         for (unsigned rank = at.lane / kElements; rank < at.blocks; rank += 32 / kElements) {
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
-            store_in_block(target + g * kSpan, rank, static_cast<Math>(stored[g]));
+            mailbox.send(target + g * kSpan, rank, static_cast<Math>(stored[g]), visited);
           }
         }
       }
-      cluster_arrive();
-    }
-    // After the arrive, as in the forward kernel.
-    Math next_inputs[6] = {Math(0), Math(0), Math(0), Math(0), Math(0), Math(0)};
-    if (order > 0) load_inputs(order - 1, next_inputs);
-    if (at.active && at.lane < kElements) {
-      const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
+      if (visited + kPrefetch < steps) load_inputs(order - kPrefetch, ahead[j]);
+      if (at.active && at.lane < kElements) {
+        const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
 #pragma unroll
-      for (int g = 0; g < 3; ++g) d_gates[gate + g * state_size] = stored[g];
+        for (int g = 0; g < 3; ++g) d_gates[gate + g * state_size] = stored[g];
+      }
+      d_cell = d_old_cell;
     }
-    d_cell = d_old_cell;
-#pragma unroll
-    for (int i = 0; i < 6; ++i) inputs[i] = next_inputs[i];
-    if (exchange) cluster_wait();
   }
   if (d_h0) {
+    mailbox.receive(steps - 1, false);
     const Math d_h = product(buffers + (steps & 1) * kRows * kRowSpan);
     if (at.active && at.lane < kElements) d_h0[state_element] = static_cast<Dtype>(d_h);
   }
   if (d_c0 && at.active && at.lane < kElements) d_c0[state_element] = static_cast<Dtype>(d_cell);
+  // As in the forward kernel.
+  cluster_arrive();
+  cluster_wait();
 #endif
 }
 
@@ -713,8 +807,10 @@ static lltm_cluster_plan plan_cluster(int backward, int64_t steps, int64_t batch
   for (int rows = 1; rows <= 4; rows *= 2) {
     const void* kernel = cluster_kernel<Dtype>(backward != 0, chunks, rows);
     if (!kernel) return plan;
+    // The two buffers, then the mailbox's two barriers.
     const size_t shared_bytes =
-        (size_t)2 * rows * (backward ? 3 : 1) * chunks * 32 * width * sizeof(Math);
+        (size_t)2 * rows * (backward ? 3 : 1) * chunks * 32 * width * sizeof(Math) +
+        2 * sizeof(uint64_t);
     const int64_t clusters = (batch_size + rows - 1) / rows;
     const int active = active_clusters(device, kernel, blocks, threads, shared_bytes);
     if (active < 1) return plan;
