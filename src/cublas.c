@@ -110,6 +110,40 @@ static int use_stream(cublas_handle handle, cudaStream_t stream, void* workspace
                                     handle, workspace, workspace ? LLTM_CUBLAS_WORKSPACE : 0));
 }
 
+/* The two tables below (the streams' workspaces, the passes' graphs) keep
+ * what was used last: each entry begins with an lru_stamp, its last use by
+ * one clock the tables share, 0 while the entry is empty. Under the lock. */
+typedef struct {
+  uint64_t used;
+} lru_stamp;
+static uint64_t clock_now;
+
+static void lru_touch(lru_stamp* stamp) { stamp->used = ++clock_now; }
+
+/* Of the `count` entries of `size` bytes at `table`, the index of the one in
+ * use for which same(entry, wanted) holds, stamped used now; or -1, with
+ * *slot the one to fill: an empty one, else the least recently used, which
+ * the caller empties. */
+static int lru_find(void* table, int count, size_t size,
+                    int (*same)(const void* entry, const void* wanted), const void* wanted,
+                    int* slot) {
+  int oldest = 0;
+  uint64_t oldest_used = UINT64_MAX;
+  for (int i = 0; i < count; ++i) {
+    lru_stamp* entry = (lru_stamp*)((char*)table + (size_t)i * size);
+    if (entry->used && same(entry, wanted)) {
+      lru_touch(entry);
+      return i;
+    }
+    if (entry->used < oldest_used) {
+      oldest = i;
+      oldest_used = entry->used;
+    }
+  }
+  *slot = oldest;
+  return -1;
+}
+
 /* The workspaces of passes launched as they come, one a stream (of a
  * device), made on a stream's first such pass: the same size as a recorded
  * graph's, so that cuBLAS picks the same products' algorithms, and a pass
@@ -117,13 +151,20 @@ static int use_stream(cublas_handle handle, cudaStream_t stream, void* workspace
  * Launches on one stream never overlap, so neither do its products'. The
  * least recently used is freed for a new stream. Under the lock. */
 #define LLTM_STREAM_WORKSPACES 8
-static struct {
+typedef struct {
+  lru_stamp stamp; /* first, for lru_find */
   int device;
   cudaStream_t stream;
+  /* NULL where cudaMalloc failed: never found, so the stream's next pass tries again. */
   void* workspace;
-  uint64_t used;
-} stream_workspaces[LLTM_STREAM_WORKSPACES];
-static uint64_t clock_now;
+} stream_workspace_entry;
+static stream_workspace_entry stream_workspaces[LLTM_STREAM_WORKSPACES];
+
+static int same_stream(const void* entry, const void* wanted) {
+  const stream_workspace_entry* a = (const stream_workspace_entry*)entry;
+  const stream_workspace_entry* b = (const stream_workspace_entry*)wanted;
+  return a->workspace && a->device == b->device && a->stream == b->stream;
+}
 
 /* The workspace of `stream` on `device`, made now if need be; NULL (no
  * workspace) where none can be made, and while capturing: no memory can be
@@ -131,25 +172,20 @@ static uint64_t clock_now;
  * this one runs passes, must not hold this stream's workspace. */
 static void* stream_workspace(int device, cudaStream_t stream, int capturing) {
   if (capturing) return NULL;
-  int oldest = 0;
-  for (int i = 0; i < LLTM_STREAM_WORKSPACES; ++i) {
-    if (stream_workspaces[i].workspace && stream_workspaces[i].device == device &&
-        stream_workspaces[i].stream == stream) {
-      stream_workspaces[i].used = ++clock_now;
-      return stream_workspaces[i].workspace;
-    }
-    if (stream_workspaces[i].used < stream_workspaces[oldest].used) oldest = i;
-  }
+  const stream_workspace_entry wanted = {.device = device, .stream = stream};
+  int slot = 0;
+  const int found = lru_find(stream_workspaces, LLTM_STREAM_WORKSPACES,
+                             sizeof(stream_workspaces[0]), same_stream, &wanted, &slot);
+  if (found >= 0) return stream_workspaces[found].workspace;
+  stream_workspace_entry* entry = &stream_workspaces[slot];
   /* cudaFree waits for the device, so for the last product that used it. */
-  if (stream_workspaces[oldest].workspace) {
-    (void)runtime_code(cudaFree(stream_workspaces[oldest].workspace));
-  }
+  if (entry->workspace) (void)runtime_code(cudaFree(entry->workspace));
   void* workspace = NULL;
   if (runtime_code(cudaMalloc(&workspace, LLTM_CUBLAS_WORKSPACE))) workspace = NULL;
-  stream_workspaces[oldest].device = device;
-  stream_workspaces[oldest].stream = stream;
-  stream_workspaces[oldest].workspace = workspace;
-  stream_workspaces[oldest].used = ++clock_now;
+  entry->device = device;
+  entry->stream = stream;
+  entry->workspace = workspace;
+  lru_touch(&entry->stamp);
   return workspace;
 }
 
@@ -177,16 +213,15 @@ static int take_handle(int device, cudaStream_t stream, int capturing, int tf32)
  * orders each behind the one before), so a workspace per graph is never
  * used by two products at once. Under the lock. */
 #define LLTM_GRAPHS 16
-static struct {
-  int valid, device, unrecordable;
+typedef struct {
+  lru_stamp stamp; /* first, for lru_find; 0: an empty entry */
+  int device, unrecordable;
   lltm_pass_key key; /* its batch_sizes a copy the entry owns */
   cudaGraphExec_t graph;
   void* workspace;
-  uint64_t used; /* the clock at its last use */
-} graphs[LLTM_GRAPHS];
+} graph_entry;
+static graph_entry graphs[LLTM_GRAPHS];
 
-/* The index of the entry for (device, key), or -1 with *slot the one to
- * fill: an empty one, else the least recently used, emptied. */
 static int same_key(const lltm_pass_key* a, const lltm_pass_key* b) {
   const size_t sizes_bytes = (size_t)a->batch_sizes_count * sizeof(int64_t);
   return memcmp(a->values, b->values, sizeof(a->values)) == 0 &&
@@ -194,9 +229,15 @@ static int same_key(const lltm_pass_key* a, const lltm_pass_key* b) {
          (sizes_bytes == 0 || memcmp(a->batch_sizes, b->batch_sizes, sizes_bytes) == 0);
 }
 
+static int same_pass(const void* entry, const void* wanted) {
+  const graph_entry* a = (const graph_entry*)entry;
+  const graph_entry* b = (const graph_entry*)wanted;
+  return a->device == b->device && same_key(&a->key, &b->key);
+}
+
 /* Empties graphs[entry], waiting for its graph's last launch. */
 static void forget_graph(int entry) {
-  if (graphs[entry].valid && graphs[entry].graph) (void)cudaGraphExecDestroy(graphs[entry].graph);
+  if (graphs[entry].graph) (void)cudaGraphExecDestroy(graphs[entry].graph);
   /* cudaFree waits for the device, so for the graph's last launch too. */
   if (graphs[entry].workspace) (void)runtime_code(cudaFree(graphs[entry].workspace));
   free((void*)graphs[entry].key.batch_sizes);
@@ -213,27 +254,21 @@ static int remember_key(int device, int entry, const lltm_pass_key* key) {
     if (!batch_sizes) return 0;
     memcpy(batch_sizes, key->batch_sizes, bytes);
   }
-  graphs[entry].valid = 1;
   graphs[entry].device = device;
   graphs[entry].key = *key;
   graphs[entry].key.batch_sizes = batch_sizes;
-  graphs[entry].used = ++clock_now;
+  lru_touch(&graphs[entry].stamp);
   return 1;
 }
 
+/* The index of the entry for (device, key), stamped used now; or -1 with
+ * *slot the one to fill: an empty one, else the least recently used,
+ * emptied. */
 static int find_graph(int device, const lltm_pass_key* key, int* slot) {
-  int found = -1, oldest = 0;
-  for (int i = 0; i < LLTM_GRAPHS && found < 0; ++i) {
-    if (graphs[i].valid && graphs[i].device == device && same_key(&graphs[i].key, key)) {
-      found = i;
-    } else if (!graphs[i].valid || (graphs[oldest].valid && graphs[i].used < graphs[oldest].used)) {
-      oldest = i;
-    }
-  }
-  if (found >= 0) return found;
-  forget_graph(oldest);
-  *slot = oldest;
-  return -1;
+  const graph_entry wanted = {.device = device, .key = *key};
+  const int found = lru_find(graphs, LLTM_GRAPHS, sizeof(graphs[0]), same_pass, &wanted, slot);
+  if (found < 0) forget_graph(*slot);
+  return found;
 }
 
 /* Gives up recording graphs[entry]: no graph, its workspace freed. */
@@ -282,7 +317,6 @@ static int run_pass(int device, const lltm_pass_key* key, cudaStream_t stream, i
     (void)remember_key(device, entry, key); /* not remembered: never recorded */
     return steps(context, stream);
   }
-  graphs[found].used = ++clock_now;
   if (graphs[found].graph) return runtime_code(cudaGraphLaunch(graphs[found].graph, stream));
   if (!graphs[found].unrecordable) {
     const int code = record(device, found, stream, steps, context);

@@ -3,8 +3,9 @@ and newer, lltm_ffi/ops/lltm/cluster_kernel.cu): the sequence on a GPU
 against the CPU pass in float64, forward and every gradient, at sizes they
 take, either direction, with them and without them (LLTM_CLUSTER=0: the
 persistent kernels or the step loops, as before 9.0); that they run where
-they should and nowhere else; CUDA graph capture; both directions of a
-layer at once on two streams; a side stream and a second GPU.
+they should and nowhere else; both directions of a layer at once on two
+streams. CUDA graph capture, a side stream and a second GPU are in
+test_sequence.py, which runs the cluster kernels' shapes too.
 
 On a GPU older than 9.0 (or a module without sm_90 code) every test but
 the path check runs on the other paths, and agrees all the same."""
@@ -15,8 +16,6 @@ import pytest
 import torch
 
 import lltm_ffi
-from builders import slow_stream_inputs
-from conftest import skip_without_gpu
 from lltm_ffi.diagnostics import covering_arch
 
 # (steps, batch, input_features, state_size): batches of 1, 3 and 16 rows;
@@ -198,38 +197,3 @@ def test_both_directions_at_once_agree_with_the_cpu_pass(state_size, path, dtype
                                                    results("cpu", torch.float64))):
         error = ((value - reference).norm() / reference.norm()).item()
         assert error <= allowed, f"result {index}: relative error {error:.3g} > {allowed:g}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("index", [pytest.param(0, id="first_gpu"),
-                                   pytest.param(1, id="second_gpu", marks=pytest.mark.multi_gpu)])
-@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-def test_runs_on_the_tensors_device_and_stream(index, reverse, generator):
-    """Three calls on cuda:`index`'s current stream, a side stream that fills
-    the arguments after a long delay, while cuda:0 is the current device: a
-    launch on another stream reads NaNs, one on another device fails or
-    reads another GPU's memory."""
-    skip_without_gpu()
-    if torch.cuda.device_count() <= index:
-        pytest.skip(f"needs {index + 1} GPUs, torch sees {torch.cuda.device_count()}")
-    device = torch.device("cuda", index)
-    arguments = random_arguments((5, 16, 8, 128), generator)
-    expected = sequence_results(arguments, torch.float64, "cpu", reverse)
-    on_device = [tensor.detach().to(device) for tensor in arguments]
-    side = torch.cuda.Stream(device)
-    buffers, calls = [], []
-    for _ in range(3):
-        side.wait_stream(torch.cuda.current_stream(device))
-        buffers.append(slow_stream_inputs(side, on_device))  # kept until side is done
-        with torch.cuda.stream(side), torch.cuda.device(0):
-            leaves = [buffer.requires_grad_(True) for buffer in buffers[-1][:5]]
-            outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves, reverse=reverse)
-            torch.autograd.backward((outputs, h_n, c_n), buffers[-1][5:])
-            calls.append([outputs, h_n, c_n] + [leaf.grad for leaf in leaves])
-            assert torch.cuda.current_device() == 0
-    side.synchronize()
-    for call, actual in enumerate(calls):
-        for name, value, reference in zip(NAMES, actual, expected):
-            assert value.device == device, f"call {call}: {name} is on {value.device}"
-            error = ((value.cpu() - reference).norm() / reference.norm()).item()
-            assert error <= FLOAT64_TOLERANCE, f"call {call}: {name}: {error:.3g}"

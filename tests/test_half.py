@@ -5,9 +5,9 @@ gradient are compared with a float64 computation from the same values,
 next to the same computation done by torch in the half dtype: lltm_ffi's
 error may be at most ERROR_FACTOR times torch's plus SLACK_UNITS units of
 roundoff of the dtype. Then the refusals (mixed dtypes, an op whose passes
-take no half), the operators (opcheck, torch.compile), non-contiguous
-arguments, and a CUDA graph of a half training step. Autocast is in
-test_autocast.py."""
+take no half), the operators (opcheck, torch.compile) and non-contiguous
+arguments. Autocast is in test_autocast.py, a CUDA graph of a half training
+step in test_layers.py."""
 
 import copy
 
@@ -441,57 +441,4 @@ def test_non_contiguous_half_arguments_give_the_contiguous_results(layout, dtype
     exact = {"rtol": 0, "atol": 0} if device.type == "cpu" else {}
     for name, value in got.items():
         torch.testing.assert_close(value, dense[name], **exact,
-                                   msg=lambda message, name=name: f"{name}: {message}")
-
-
-# CUDA graphs ----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("dtype", HALVES)
-@pytest.mark.parametrize("state_size", [16, 420], ids=["persistent", "cublas"])
-def test_cuda_graph_capture_of_a_half_training_step(state_size, dtype, cuda_device, generator):
-    """A captured training step of a two-layer bidirectional half module
-    (forward, backward, SGD) trains it as eager steps train a copy."""
-    module = lltm_ffi.LLTMSequence(4, state_size, num_layers=2, bidirectional=True,
-                                   device=cuda_device, dtype=dtype)
-    inputs = torch.randn(6, 8, 4, generator=generator).to(cuda_device, dtype)
-
-    def train(model, optimizer):
-        output, (h_n, _) = model(inputs)
-        (output.float().square().mean() + h_n.float().sum()).backward()
-        optimizer.step()
-
-    # A small step: float16's range holds the weights the five steps make.
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
-    warm_up = torch.cuda.Stream(cuda_device)
-    warm_up.wait_stream(torch.cuda.current_stream(cuda_device))
-    with torch.cuda.stream(warm_up):
-        for _ in range(3):
-            optimizer.zero_grad(set_to_none=True)
-            train(module, optimizer)
-    torch.cuda.current_stream(cuda_device).wait_stream(warm_up)
-    eager = copy.deepcopy(module)
-    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.05)
-    graph = torch.cuda.CUDAGraph()
-    optimizer.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        train(module, optimizer)
-    before = [parameter.detach().clone() for parameter in module.parameters()]
-    for _ in range(2):
-        graph.replay()
-        eager_optimizer.zero_grad(set_to_none=True)
-        train(eager, eager_optimizer)
-    torch.cuda.synchronize(cuda_device)
-    assert any(not torch.equal(parameter, old) for parameter, old in
-               zip(module.parameters(), before)), "the replays changed no parameter"
-    # The captured products may take other cuBLAS algorithms (another
-    # workspace) than the eager ones, which round differently: the two agree
-    # within a couple of units of the dtype's roundoff at the parameters'
-    # scale, not bit for bit.
-    for (name, parameter), trained in zip(module.named_parameters(), eager.parameters()):
-        assert parameter.dtype == dtype
-        assert torch.isfinite(trained).all(), f"{name}: the eager steps overflowed"
-        scale = trained.abs().max().item()
-        torch.testing.assert_close(parameter, trained,
-                                   atol=2 * torch.finfo(dtype).eps * scale,
-                                   rtol=2 * torch.finfo(dtype).eps,
                                    msg=lambda message, name=name: f"{name}: {message}")

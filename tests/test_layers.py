@@ -2,9 +2,9 @@
 bidirectional layers against the tutorial's cell looped over the module's
 own parameters (outputs, final states and every gradient, on each GPU
 path), batch_first and unbatched inputs, bias=False, dropout, gradcheck,
-torch.compile, CUDA graphs, the two directions' streams, the parameters'
-names and state_dicts, and the refusals. Packed sequences are in
-test_packed.py."""
+torch.compile, CUDA graphs (float32 and the half dtypes), the two
+directions' streams, the parameters' names and state_dicts, and the
+refusals. Packed sequences are in test_packed.py."""
 
 import copy
 import itertools
@@ -15,7 +15,7 @@ import torch
 
 import lltm_ffi
 from builders import slow_stream_inputs
-from conftest import raises_with
+from conftest import raises_with, shape_id
 from layers_reference import (assert_same_results, parameters_of, random_sequences, random_state,
                               reference_layers)
 from lltm_ffi.testing import assert_close_to_reference
@@ -298,24 +298,49 @@ def test_compile_fullgraph_matches_eager(device, generator):
         torch.testing.assert_close(value, reference)
 
 
-# The persistent kernels, then cuBLAS's products.
-@pytest.mark.parametrize("shape, state_size", [((6, 8, 4), 16), ((3, 40, 4), 420)],
-                         ids=["6x8x4x16", "3x40x4x420"])
-def test_cuda_graph_capture_of_a_training_step(shape, state_size, cuda_device, generator):
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+# A captured training step's SGD learning rate: in the half dtypes a small
+# step, so that float16's range holds the weights the five steps make.
+CAPTURE_LEARNING_RATES = {torch.float32: 0.5, torch.bfloat16: 0.05, torch.float16: 0.05}
+# How close the captured steps leave the parameters to the eager steps'
+# (relative, and absolute at the parameters' scale). A capture's cuBLAS
+# products run without a workspace (none can be allocated while capturing),
+# the eager ones with their stream's, so cuBLAS may take other algorithms,
+# which sum in another order: the two agree to float32's roundoff over the
+# products' depth, and within a couple of units of a half dtype's roundoff,
+# not bit for bit.
+CAPTURE_TOLERANCES = {torch.float32: 1e-5,
+                      **{dtype: 2 * torch.finfo(dtype).eps for dtype in HALF_DTYPES}}
+# (steps, batch, input_features), state size, dtype: the persistent kernels,
+# then cuBLAS's products.
+CAPTURE_CASES = ([((6, 8, 4), 16, torch.float32), ((3, 40, 4), 420, torch.float32)]
+                 + [((6, 8, 4), state_size, dtype)
+                    for dtype in HALF_DTYPES for state_size in (16, 420)])
+
+
+def capture_id(case):
+    shape, state_size, dtype = case
+    return f"{shape_id(shape + (state_size,))}-{str(dtype).removeprefix('torch.')}"
+
+
+@pytest.mark.parametrize("shape, state_size, dtype", CAPTURE_CASES,
+                         ids=[capture_id(case) for case in CAPTURE_CASES])
+def test_cuda_graph_capture_of_a_training_step(shape, state_size, dtype, cuda_device, generator):
     """torch's whole-network capture of a two-layer bidirectional module's
     training step (forward, backward and an SGD step; both directions'
-    streams inside the graph): its replays train the module as eager steps
-    train a copy of it."""
+    streams inside the graph), in float32 and the half dtypes: its replays
+    train the module as eager steps train a copy of it."""
     module = lltm_ffi.LLTMSequence(shape[2], state_size, num_layers=2, bidirectional=True,
-                                   device=cuda_device)
-    inputs = torch.randn(shape, generator=generator).to(cuda_device)
+                                   device=cuda_device, dtype=dtype)
+    inputs = torch.randn(shape, generator=generator).to(cuda_device, dtype)
 
     def train(model, optimizer):
         output, (h_n, _) = model(inputs)
-        (output.square().mean() + h_n.sum()).backward()
+        (output.float().square().mean() + h_n.float().sum()).backward()
         optimizer.step()
 
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
+    learning_rate = CAPTURE_LEARNING_RATES[dtype]
+    optimizer = torch.optim.SGD(module.parameters(), lr=learning_rate)
     # Warm-up, as torch.cuda.graph asks: cuBLAS's handle, the reverse
     # directions' stream and the passes' first runs, outside the capture.
     warm_up = torch.cuda.Stream(cuda_device)
@@ -326,23 +351,25 @@ def test_cuda_graph_capture_of_a_training_step(shape, state_size, cuda_device, g
             train(module, optimizer)
     torch.cuda.current_stream(cuda_device).wait_stream(warm_up)
     eager = copy.deepcopy(module)
-    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.5)
+    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=learning_rate)
     graph = torch.cuda.CUDAGraph()
     optimizer.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph):
         train(module, optimizer)
+    before = [parameter.detach().clone() for parameter in module.parameters()]
     for _ in range(2):
         graph.replay()
         eager_optimizer.zero_grad(set_to_none=True)
         train(eager, eager_optimizer)
     torch.cuda.synchronize(cuda_device)
-    # A capture's cuBLAS products run without a workspace (none can be
-    # allocated while capturing), the eager ones with their stream's, so
-    # cuBLAS may take other algorithms, which sum in another order: the two
-    # agree to float32's roundoff over the products' depth, not bit for bit.
+    assert any(not torch.equal(parameter, old) for parameter, old in
+               zip(module.parameters(), before)), "the replays changed no parameter"
+    tolerance = CAPTURE_TOLERANCES[dtype]
     for (name, parameter), trained in zip(module.named_parameters(), eager.parameters()):
+        assert parameter.dtype == dtype
+        assert torch.isfinite(trained).all(), f"{name}: the eager steps overflowed"
         scale = trained.abs().max().item()
-        torch.testing.assert_close(parameter, trained, rtol=1e-5, atol=1e-5 * scale,
+        torch.testing.assert_close(parameter, trained, rtol=tolerance, atol=tolerance * scale,
                                    msg=lambda message, name=name: f"{name}: {message}")
 
 

@@ -3,6 +3,7 @@
 gradcheck, the operators (opcheck, compile, CUDA graphs, streams, devices),
 refusals, and the module."""
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -48,12 +49,14 @@ def random_arguments(shape, dtype, device, generator):
             normal(batch_size, state_size)]
 
 
-def python_loop(inputs, weights, bias, h0, c0):
+def python_loop(inputs, weights, bias, h0, c0, reverse=False):
+    """lltm_sequence as a loop of the cell; reverse: from the last step to the first."""
     h, c, outputs = h0, c0, []
-    for step in inputs:
+    for step in inputs.flip(0) if reverse else inputs:
         h, c = lltm_ffi.lltm(step, weights, bias, h, c)
         outputs.append(h)
-    return torch.stack(outputs), (h, c)
+    outputs = torch.stack(outputs)
+    return outputs.flip(0) if reverse else outputs, (h, c)
 
 
 def results(function, arguments, grads):
@@ -321,35 +324,40 @@ def test_bad_arguments_are_refused_naming_them(index, value, exception, fragment
 
 # Each GPU path: the step kernels (one step), the persistent kernels, cuBLAS's
 # products (run, then recorded, then replayed: three calls), and with
-# LLTM_CUBLAS=0 the step-by-step kernels.
-DEVICE_PATHS = [((1, 16, 32, 128), "1"), ((5, 3, 4, 9), "1"), ((5, 33, 7, 520), "1"),
-                ((5, 33, 7, 520), "0")]
+# LLTM_CUBLAS=0 the step-by-step kernels. On compute capability 9.0 and newer
+# the cluster kernels (LLTM_CLUSTER unset) take 5x3x4x9, and 5x16x8x128: a
+# state of 128, held by a cluster of several blocks.
+DEVICE_PATHS = [((1, 16, 32, 128), "1"), ((5, 3, 4, 9), "1"), ((5, 16, 8, 128), "1"),
+                ((5, 33, 7, 520), "1"), ((5, 33, 7, 520), "0")]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("index", [pytest.param(0, id="first_gpu"),
                                    pytest.param(1, id="second_gpu", marks=pytest.mark.multi_gpu)])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("shape, cublas", DEVICE_PATHS,
                          ids=[f"{shape_id(shape)}-LLTM_CUBLAS={cublas}"
                               for shape, cublas in DEVICE_PATHS])
-def test_runs_on_the_tensors_device_and_stream(index, shape, cublas, generator, monkeypatch):
+def test_runs_on_the_tensors_device_and_stream(index, reverse, shape, cublas, generator,
+                                               monkeypatch):
     """Three calls on cuda:`index`'s current stream, a side stream that fills
     the arguments after a long delay, while cuda:0 is the current device: a
     launch on another stream reads NaNs, one on another device fails or reads
     another GPU's memory. (A kernel's first launch in a process can wait for
     the device, its module loaded then, and hide a wrong stream: hence more
-    than one call.)"""
+    than one call.) Either direction."""
     skip_without_gpu()
     if torch.cuda.device_count() <= index:
         pytest.skip(f"needs {index + 1} GPUs, torch sees {torch.cuda.device_count()}")
     monkeypatch.setenv("LLTM_CUBLAS", cublas)
+    monkeypatch.delenv("LLTM_CLUSTER", raising=False)
     device = torch.device("cuda", index)
     steps, batch_size, _, state_size = shape
     arguments = random_arguments(shape, torch.float64, "cpu", generator)
     grads = [torch.randn(size, generator=generator, dtype=torch.float64)
              for size in ((steps, batch_size, state_size), (batch_size, state_size),
                           (batch_size, state_size))]
-    expected = results(python_loop, arguments, grads)
+    expected = results(functools.partial(python_loop, reverse=reverse), arguments, grads)
     on_device = [tensor.to(device) for tensor in arguments + grads]
     side = torch.cuda.Stream(device)
     buffers, calls = [], []
@@ -361,7 +369,7 @@ def test_runs_on_the_tensors_device_and_stream(index, shape, cublas, generator, 
         # stream current on cuda:`index`.
         with torch.cuda.stream(side), torch.cuda.device(0):
             leaves = [buffer.requires_grad_(True) for buffer in buffers[-1][:5]]
-            outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves)
+            outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves, reverse=reverse)
             torch.autograd.backward((outputs, h_n, c_n), buffers[-1][5:])
             calls.append([outputs, h_n, c_n] + [leaf.grad for leaf in leaves])
             assert torch.cuda.current_device() == 0
