@@ -28,6 +28,12 @@ SHAPES = [(64, batch, 7, state) for batch in (1, 3, 16) for state in (5, 33, 128
 # CPU float32 pass itself 3e-3 from float64 in the gradients.
 FEW_STEPS = [(1, 16, 32, 128), (1, 1, 3, 5), (2, 3, 5, 33), (2, 16, 4, 256), (2, 1, 6, 130)]
 LONG = (1000, 3, 4, 130)
+# Over a thousand steps float64's own rounding can grow past
+# FLOAT64_TOLERANCE in the gradients that cross every step: on an H200, at
+# nine seeds, d_h0 was within 1.6e-11 of the CPU pass at eight and 1.7e-10
+# (cluster kernels) and 4.7e-10 (persistent kernels) at the ninth, the same
+# seed on either path.
+LONG_FLOAT64_TOLERANCE = 1e-9
 # The relative errors allowed against float64. float32's rounding grows with
 # the steps: at 64 steps the CPU float32 pass itself is up to 7e-6 from
 # float64 (measured on these shapes), so 64 steps get 3e-5; up to 32, the
@@ -37,7 +43,7 @@ FLOAT64_TOLERANCE = 1e-10
 
 def tolerance(dtype, steps):
     if dtype == torch.float64:
-        return FLOAT64_TOLERANCE
+        return LONG_FLOAT64_TOLERANCE if steps >= LONG[0] else FLOAT64_TOLERANCE
     return 1e-5 if steps <= 32 else 3e-5
 
 

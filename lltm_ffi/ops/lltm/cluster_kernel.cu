@@ -771,7 +771,7 @@ static int active_clusters(int device, const void* kernel, int blocks, int threa
 }
 
 // The layout (see the header comment): the state padded to whole chunks of
-// 32 lanes' vectors; the smallest cluster (a power of two) whose blocks
+// 32 lanes' vectors; the smallest cluster (a power of two, 2 at least) whose blocks
 // own about kClusterBlockColumns columns, larger where they would own more
 // than a block's warps hold; the fewest rows a cluster (1, 2 or 4) with
 // which every cluster is resident at once (kClusterMaxWaves).
@@ -796,7 +796,10 @@ static lltm_cluster_plan plan_cluster(int backward, int64_t steps, int64_t batch
   if (chunks > 2) chunks = 4;
   const int columns = cluster_warp_columns(chunks);
   const int64_t most_block_columns = (int64_t)(kClusterMaxThreads / 32) * columns;
-  int blocks = 1;
+  // Two blocks at least: a push (st.async) goes to a block of a cluster of
+  // two or more; in a cluster of one, compute-sanitizer's memcheck finds
+  // the push into the block's own shared memory invalid.
+  int blocks = 2;
   while (blocks < kClusterPortableSize && blocks * kClusterBlockColumns < state_size) blocks *= 2;
   while (blocks < kClusterMaxSize && (state_size + blocks - 1) / blocks > most_block_columns) {
     blocks *= 2;
