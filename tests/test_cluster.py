@@ -95,16 +95,33 @@ def sequence_results(arguments, dtype, device, reverse):
                                                  for leaf in leaves]]
 
 
+def relative_error(value, reference):
+    return ((value - reference).norm() / reference.norm()).item()
+
+
+# How far past the CPU float32 pass's own error a float32 result may stray.
+# How fast float32's rounding grows over the steps depends on the inputs:
+# at 64 steps some seeds leave both paths, and the CPU pass too, past the
+# fixed tolerance above (3.5e-5 to 4.7e-5 seen in d_h0 and d_inputs on an
+# H200, at about one seed in five, the library's exp and reciprocal or the
+# hardware's alike).
+FLOAT32_OWN_ERROR_FACTOR = 4
+
+
 def assert_agrees_with_the_cpu_pass(shape, dtype, device, generator, reverse, bias=True):
     arguments = random_arguments(shape, generator, bias)
     got = sequence_results(arguments, dtype, device, reverse)
     expected = sequence_results(arguments, torch.float64, "cpu", reverse)
-    allowed = tolerance(dtype, shape[0])
-    for name, value, reference in zip(NAMES, got, expected):
+    own = (sequence_results(arguments, dtype, "cpu", reverse) if dtype == torch.float32
+           else [None] * len(NAMES))
+    for name, value, reference, own_value in zip(NAMES, got, expected, own):
         if reference is None:
             assert value is None, name
             continue
-        error = ((value - reference).norm() / reference.norm()).item()
+        allowed = tolerance(dtype, shape[0])
+        if own_value is not None:
+            allowed = max(allowed, FLOAT32_OWN_ERROR_FACTOR * relative_error(own_value, reference))
+        error = relative_error(value, reference)
         assert error <= allowed, f"{name}: relative error {error:.3g} > {allowed:g}"
 
 

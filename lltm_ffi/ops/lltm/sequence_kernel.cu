@@ -662,8 +662,11 @@ __device__ __forceinline__ int parts_per_task(int64_t tasks) {
 // Copies the first `rows` rows of a (., length) row-major matrix into
 // shared memory rows `stride` apart, zero-padded; bypasses L1, since other
 // blocks wrote them during this launch. Whole vectors where the rows allow
-// it, so that each thread has its few loads in flight at once (the unrolled
-// loop issues them together): a step waits for one round trip to L2.
+// it: on compute capability 8.0 and newer as asynchronous copies
+// (cp.async), every one of the thread's in flight at once, so that a step
+// waits for about one round trip to L2 (at B=16 S=768 a backward step
+// stages 147 KB a block: 10 us of its 24 with eight loads a thread in
+// flight, on an H200); before 8.0 eight loads at a time.
 template <typename Dtype>
 __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_t length,
                                            Dtype* target, int64_t stride) {
@@ -672,6 +675,21 @@ __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_
   if (length % kWidth == 0 && reinterpret_cast<uintptr_t>(source) % sizeof(V) == 0) {
     const int width = (int)(stride / kWidth), total = rows * width;
     const int length_vectors = (int)(length / kWidth);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+      const int r = i / width, k = i - r * width;
+      V* slot = reinterpret_cast<V*>(target) + i;
+      if (k < length_vectors) {
+        const unsigned address = (unsigned)__cvta_generic_to_shared(slot);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address),
+                     "l"(reinterpret_cast<const V*>(source + r * length) + k)
+                     : "memory");
+      } else {
+        *slot = V{};
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#else
 #pragma unroll 8
     for (int i = threadIdx.x; i < total; i += blockDim.x) {
       const int r = i / width, k = i - r * width;
@@ -679,6 +697,7 @@ __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_
       if (k < length_vectors) value = __ldcg(reinterpret_cast<const V*>(source + r * length) + k);
       reinterpret_cast<V*>(target)[i] = value;
     }
+#endif
     return;
   }
   const int width = (int)stride, total = rows * width;
