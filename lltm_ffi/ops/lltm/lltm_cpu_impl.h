@@ -2,9 +2,11 @@
  * this file once a type, with SUFFIX (the family: float, double, float16,
  * bfloat16), STORAGE (what the tensors hold: float, double, lltm_float16,
  * lltm_bfloat16), SCALAR (what the math runs in: float for the 16-bit types)
- * and LOAD(x) and STORE(x) (a STORAGE element to SCALAR and back; nothing
- * for float and double) defined, after defining exp_SCALAR, expm1_SCALAR and
- * tanh_SCALAR.
+ * LOAD(x) and STORE(x) (a STORAGE element to SCALAR and back; nothing
+ * for float and double) and AMX_PIECES (how many bfloat16s hold a factor
+ * of the products exactly, lltm_amx.h: 1 for bfloat16, 2 for float16; 0
+ * for float and double, whose products never run on AMX) defined, after
+ * defining exp_SCALAR, expm1_SCALAR and tanh_SCALAR.
  *
  * The 16-bit types round where their tensors hold a value: each result, and
  * whatever a pass keeps in a tensor between steps (each step's h, cell and
@@ -35,6 +37,18 @@ static LLTM_ALWAYS_INLINE SCALAR LLTM_NAME(d_elu_)(SCALAR z) {
   return z > (SCALAR)0 ? (SCALAR)1 : LLTM_MATH(exp_)(z);
 }
 
+/* One element of the forward pass, from its three pre-activations. */
+static LLTM_ALWAYS_INLINE void LLTM_NAME(forward_element_)(SCALAR input_pre, SCALAR output_pre,
+                                                           SCALAR candidate_pre, SCALAR old_cell,
+                                                           STORAGE* new_h, STORAGE* new_cell) {
+  const SCALAR input_gate = LLTM_NAME(sigmoid_)(input_pre);
+  const SCALAR output_gate = LLTM_NAME(sigmoid_)(output_pre);
+  const SCALAR candidate_cell = LLTM_NAME(elu_)(candidate_pre);
+  const SCALAR cell = old_cell + candidate_cell * input_gate;
+  *new_cell = STORE(cell);
+  *new_h = STORE(LLTM_MATH(tanh_)(cell) * output_gate);
+}
+
 /* `columns` elements of one batch row; a gate's pre-activations are
  * gate_stride after the one before (the state size). */
 LLTM_VECTOR_CLONES
@@ -43,12 +57,31 @@ static void LLTM_NAME(forward_row_)(int64_t columns, int64_t gate_stride, const 
                                     STORAGE* new_cell) {
 #pragma omp simd
   for (int64_t column = 0; column < columns; ++column) {
-    const SCALAR input_gate = LLTM_NAME(sigmoid_)(LOAD(gate_row[column]));
-    const SCALAR output_gate = LLTM_NAME(sigmoid_)(LOAD(gate_row[gate_stride + column]));
-    const SCALAR candidate_cell = LLTM_NAME(elu_)(LOAD(gate_row[2 * gate_stride + column]));
-    const SCALAR cell = LOAD(old_cell[column]) + candidate_cell * input_gate;
-    new_cell[column] = STORE(cell);
-    new_h[column] = STORE(LLTM_MATH(tanh_)(cell) * output_gate);
+    LLTM_NAME(forward_element_)(LOAD(gate_row[column]), LOAD(gate_row[gate_stride + column]),
+                                LOAD(gate_row[2 * gate_stride + column]), LOAD(old_cell[column]),
+                                &new_h[column], &new_cell[column]);
+  }
+}
+
+/* forward_row_ after adding `sums` (laid out as gate_row) to the row's
+ * pre-activations, each rounded as the gates hold it. */
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(forward_sums_row_)(int64_t columns, int64_t gate_stride,
+                                         const SCALAR* sums, STORAGE* gate_row,
+                                         const STORAGE* old_cell, STORAGE* new_h,
+                                         STORAGE* new_cell) {
+  STORAGE* output_row = gate_row + gate_stride;
+  STORAGE* candidate_row = gate_row + 2 * gate_stride;
+  const SCALAR* output_sums = sums + gate_stride;
+  const SCALAR* candidate_sums = sums + 2 * gate_stride;
+#pragma omp simd
+  for (int64_t column = 0; column < columns; ++column) {
+    gate_row[column] = STORE(LOAD(gate_row[column]) + sums[column]);
+    output_row[column] = STORE(LOAD(output_row[column]) + output_sums[column]);
+    candidate_row[column] = STORE(LOAD(candidate_row[column]) + candidate_sums[column]);
+    LLTM_NAME(forward_element_)(LOAD(gate_row[column]), LOAD(output_row[column]),
+                                LOAD(candidate_row[column]), LOAD(old_cell[column]),
+                                &new_h[column], &new_cell[column]);
   }
 }
 
@@ -159,6 +192,14 @@ static inline struct lltm_tile lltm_tile_at(int64_t index, int64_t rows, int64_t
 static inline int64_t lltm_tile_count(int64_t rows, int64_t columns) {
   return (rows + LLTM_TILE_ROWS - 1) / LLTM_TILE_ROWS *
          ((columns + LLTM_TILE_COLUMNS - 1) / LLTM_TILE_COLUMNS);
+}
+
+/* Row `row` whole, `columns` wide, as a tile: where a step's products are
+ * done already, its tiles only run the cell's math, in rows as long as
+ * they come. */
+static inline struct lltm_tile lltm_row_tile(int64_t row, int64_t columns) {
+  struct lltm_tile tile = {row, 0, 1, (int)columns};
+  return tile;
 }
 #endif
 
@@ -286,6 +327,25 @@ static SCALAR* LLTM_NAME(padded_columns_)(int panels, int64_t panel_offset, int6
   return padded;
 }
 
+/* sums (rows x columns, row stride sums_stride) = a b on AMX (lltm_amx.h),
+ * where the pass lets it (use_amx) and the factors allow it; else
+ * LLTM_AMX_DECLINED, and nothing done. a and b as product_'s below. */
+static int LLTM_NAME(amx_multiply_)(int use_amx, int64_t rows, int64_t columns, int64_t depth,
+                                    const SCALAR* a, int64_t a_row_stride,
+                                    int64_t a_depth_stride, const SCALAR* b, int64_t b_stride,
+                                    SCALAR* sums, int64_t sums_stride) {
+#if AMX_PIECES
+  if (use_amx) {
+    return lltm_amx_multiply(rows, columns, depth, a, a_row_stride, a_depth_stride, b, b_stride,
+                             AMX_PIECES, sums, sums_stride);
+  }
+#else
+  (void)rows, (void)columns, (void)depth, (void)a, (void)a_row_stride, (void)a_depth_stride;
+  (void)b, (void)b_stride, (void)sums, (void)sums_stride, (void)use_amx;
+#endif
+  return LLTM_AMX_DECLINED;
+}
+
 /* out (rows x columns, row stride out_stride) = base + a b, or out += a b
  * where `accumulate` (base, one value a column, may be NULL: zero). a is
  * rows x depth, element (i, k) at a[i * a_row_stride + k * a_depth_stride];
@@ -297,26 +357,33 @@ static SCALAR* LLTM_NAME(padded_columns_)(int panels, int64_t panel_offset, int6
 #ifndef LLTM_DEPTH_BLOCK
 #define LLTM_DEPTH_BLOCK 256
 #endif
-static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, const SCALAR* a,
-                               int64_t a_row_stride, int64_t a_depth_stride, const SCALAR* b,
-                               int64_t b_stride, const STORAGE* base, int accumulate,
-                               STORAGE* out, int64_t out_stride) {
+static int LLTM_NAME(product_)(int use_amx, int64_t rows, int64_t columns, int64_t depth,
+                               const SCALAR* a, int64_t a_row_stride, int64_t a_depth_stride,
+                               const SCALAR* b, int64_t b_stride, const STORAGE* base,
+                               int accumulate, STORAGE* out, int64_t out_stride) {
   if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
   if (LLTM_NARROW_STORAGE) {
-    /* SCALAR's own product of the factors (SCALAR already), its sums kept
-     * in SCALAR over every depth block, then added to base or out and
-     * rounded once. */
+    /* SCALAR's own product of the factors (SCALAR already), on AMX where it
+     * may run, its sums kept in SCALAR over the whole depth, then added to
+     * base or out and rounded once. */
     SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns));
     if (!sums) return LLTM_ERROR_NO_MEMORY;
-    const int status = LLTM_MATH(product_)(rows, columns, depth, a, a_row_stride, a_depth_stride,
-                                           b, b_stride, NULL, 0, sums, columns);
-    LLTM_FOR_EACH(i, rows, rows * columns, {
-      LLTM_NAME(add_sums_row_)(columns, accumulate ? out + i * out_stride : base,
-                               sums + i * columns, out + i * out_stride);
-    });
+    int status = LLTM_NAME(amx_multiply_)(use_amx, rows, columns, depth, a, a_row_stride,
+                                          a_depth_stride, b, b_stride, sums, columns);
+    if (status == LLTM_AMX_DECLINED) {
+      status = LLTM_MATH(product_)(0, rows, columns, depth, a, a_row_stride, a_depth_stride, b,
+                                   b_stride, NULL, 0, sums, columns);
+    }
+    if (status == LLTM_SUCCESS) {
+      LLTM_FOR_EACH(i, rows, rows * columns, {
+        LLTM_NAME(add_sums_row_)(columns, accumulate ? out + i * out_stride : base,
+                                 sums + i * columns, out + i * out_stride);
+      });
+    }
     free(sums);
     return status;
   }
+  (void)use_amx;
   const int64_t full_columns = columns - columns % LLTM_TILE_COLUMNS;
   SCALAR* padded = NULL;
   if (full_columns < columns) {
@@ -385,12 +452,12 @@ static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const STORA
                                       int64_t stride) {
   SCALAR* result = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
   if (!result) return NULL;
-  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-    const int64_t r1 = r0 + 16 < rows ? r0 + 16 : rows;
+  LLTM_FOR_EACH(block, (rows + 15) / 16, rows * columns, {
+    const int64_t r0 = block * 16, r1 = r0 + 16 < rows ? r0 + 16 : rows;
     for (int64_t k = 0; k < columns; ++k) {
       for (int64_t r = r0; r < r1; ++r) result[k * rows + r] = LOAD(matrix[r * stride + k]);
     }
-  }
+  });
   return result;
 }
 
@@ -400,6 +467,62 @@ static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const STORA
  * cut into tiles of its rows by states, each tile doing the recurrent
  * product for its states' three gates and then the cell's math on them, so
  * that the threads share the step's pointwise work as well as its product. */
+
+/* A pass's recurrent products on AMX (lltm_amx.h): the hidden weights (the
+ * right factor, depth x columns) packed once, each step's left factor (its
+ * old h forward, the next step's gate gradients backward) packed as it
+ * comes, and room for a step's sums, row stride `columns`. sums NULL: the
+ * step tiles take their own products, as where AMX may not run, a weight
+ * is not finite, or no memory could be had. */
+struct LLTM_NAME(recurrent_amx_) {
+  lltm_amx_factor weights, step;
+  int64_t depth, columns;
+  SCALAR* sums;
+};
+
+static void LLTM_NAME(start_recurrent_amx_)(int use_amx, int64_t rows, int64_t depth,
+                                            int64_t columns, const SCALAR* weights,
+                                            int64_t weights_stride,
+                                            struct LLTM_NAME(recurrent_amx_) * amx) {
+  memset(amx, 0, sizeof *amx);
+  amx->depth = depth;
+  amx->columns = columns;
+#if AMX_PIECES
+  if (use_amx && lltm_amx_pack_right(depth, columns, weights, weights_stride, AMX_PIECES,
+                                     &amx->weights) == LLTM_SUCCESS &&
+      amx->weights.finite) {
+    amx->sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
+  }
+#else
+  (void)use_amx, (void)rows, (void)weights, (void)weights_stride;
+#endif
+}
+
+/* A step's sums: `rows` rows of the left factor (row stride a_stride)
+ * times the weights; NULL where the step tiles take their own. */
+static const SCALAR* LLTM_NAME(recurrent_sums_)(struct LLTM_NAME(recurrent_amx_) * amx,
+                                                int64_t rows, const SCALAR* a,
+                                                int64_t a_stride) {
+#if AMX_PIECES
+  if (!amx->sums || rows <= 0 ||
+      lltm_amx_pack_left(rows, amx->depth, a, a_stride, 1, AMX_PIECES, &amx->step) !=
+          LLTM_SUCCESS ||
+      !amx->step.finite) {
+    return NULL;
+  }
+  lltm_amx_product(&amx->step, &amx->weights, 0, amx->sums, amx->columns);
+  return amx->sums;
+#else
+  (void)amx, (void)rows, (void)a, (void)a_stride;
+  return NULL;
+#endif
+}
+
+static void LLTM_NAME(end_recurrent_amx_)(struct LLTM_NAME(recurrent_amx_) * amx) {
+  lltm_amx_free(&amx->weights);
+  lltm_amx_free(&amx->step);
+  free(amx->sums);
+}
 
 /* The state a step starts from: its row r below `carried` is row r of the
  * previous step's (h, cell), any other row r of (h0, c0). A narrow
@@ -419,45 +542,58 @@ static inline const STORAGE* LLTM_NAME(old_row_)(const STORAGE* previous,
 /* A step's forward tile: its old h times the hidden weights (`hidden`,
  * transposed: state x 3 * state; `last_columns`, each gate's columns of the
  * last block of states padded to a tile, where that block is short of one)
- * added to the tile's three gates, then the cell's forward math. */
+ * added to the tile's three gates, then the cell's forward math. Where
+ * hidden_sums is not NULL it holds the step's products already (row stride
+ * 3 * state). */
 static void LLTM_NAME(forward_step_tile_)(int64_t state_size, struct lltm_tile tile,
                                           const SCALAR* hidden, const SCALAR* last_columns,
+                                          const SCALAR* hidden_sums,
                                           struct LLTM_NAME(old_state_) old, STORAGE* gates,
                                           STORAGE* new_h, STORAGE* new_cell) {
   const int64_t gates_size = 3 * state_size;
-  const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
-  const SCALAR* a_rows[LLTM_TILE_ROWS];
-  for (int i = 0; i < LLTM_TILE_ROWS; ++i) {
-    const int64_t row = tile.first_row + (i < tile.rows ? i : tile.rows - 1);
-    a_rows[i] = LLTM_NARROW_STORAGE ? old.h_factors + row * state_size
-                                    : LLTM_AS_SCALAR(LLTM_NAME(old_row_)(
-                                          old.h, old.h0, old.carried, row, state_size));
-  }
-  for (int gate = 0; gate < 3; ++gate) {
-    const int64_t column = gate * state_size + tile.first_column;
-    LLTM_NAME(product_tile_)(
-        state_size, a_rows, 1,
-        is_padded ? last_columns + gate * state_size * LLTM_TILE_COLUMNS : hidden + column,
-        is_padded ? LLTM_TILE_COLUMNS : gates_size, tile.rows, tile.columns, NULL, 1,
-        gates + tile.first_row * gates_size + column, gates_size);
+  if (!hidden_sums) {
+    const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
+    const SCALAR* a_rows[LLTM_TILE_ROWS];
+    for (int i = 0; i < LLTM_TILE_ROWS; ++i) {
+      const int64_t row = tile.first_row + (i < tile.rows ? i : tile.rows - 1);
+      a_rows[i] = LLTM_NARROW_STORAGE ? old.h_factors + row * state_size
+                                      : LLTM_AS_SCALAR(LLTM_NAME(old_row_)(
+                                            old.h, old.h0, old.carried, row, state_size));
+    }
+    for (int gate = 0; gate < 3; ++gate) {
+      const int64_t column = gate * state_size + tile.first_column;
+      LLTM_NAME(product_tile_)(
+          state_size, a_rows, 1,
+          is_padded ? last_columns + gate * state_size * LLTM_TILE_COLUMNS : hidden + column,
+          is_padded ? LLTM_TILE_COLUMNS : gates_size, tile.rows, tile.columns, NULL, 1,
+          gates + tile.first_row * gates_size + column, gates_size);
+    }
   }
   for (int i = 0; i < tile.rows; ++i) {
     const int64_t row = tile.first_row + i, offset = row * state_size + tile.first_column;
-    LLTM_NAME(forward_row_)(
-        tile.columns, state_size, gates + row * gates_size + tile.first_column,
-        LLTM_NAME(old_row_)(old.cell, old.c0, old.carried, row, state_size) + tile.first_column,
-        new_h + offset, new_cell + offset);
+    const int64_t gate_offset = row * gates_size + tile.first_column;
+    const STORAGE* old_cell =
+        LLTM_NAME(old_row_)(old.cell, old.c0, old.carried, row, state_size) + tile.first_column;
+    if (hidden_sums) {
+      LLTM_NAME(forward_sums_row_)(tile.columns, state_size, hidden_sums + gate_offset,
+                                   gates + gate_offset, old_cell, new_h + offset,
+                                   new_cell + offset);
+    } else {
+      LLTM_NAME(forward_row_)(tile.columns, state_size, gates + gate_offset, old_cell,
+                              new_h + offset, new_cell + offset);
+    }
   }
 }
 
 /* Every step's outputs, cells and pre-activation gates, and where final_h
  * is not NULL each sequence's final state in final_h and final_cell
  * (batch, state). bias may be NULL (none). */
-static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_features,
-                                          int64_t state_size, const STORAGE* inputs,
-                                          const STORAGE* weights, const STORAGE* bias,
-                                          const STORAGE* h0, const STORAGE* c0, STORAGE* outputs,
-                                          STORAGE* cells, STORAGE* gates, STORAGE* final_h,
+static int LLTM_NAME(recurrence_forward_)(int use_amx, const lltm_walk* walk,
+                                          int64_t input_features, int64_t state_size,
+                                          const STORAGE* inputs, const STORAGE* weights,
+                                          const STORAGE* bias, const STORAGE* h0,
+                                          const STORAGE* c0, STORAGE* outputs, STORAGE* cells,
+                                          STORAGE* gates, STORAGE* final_h,
                                           STORAGE* final_cell) {
   if (walk->steps == 0) return LLTM_SUCCESS;
   /* The weights transposed, (state + input_features, 3 * state), so that
@@ -490,10 +626,14 @@ static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_f
     return LLTM_ERROR_NO_MEMORY;
   }
   /* Every step's input part of its gates, and the bias, before the loop. */
-  int status = LLTM_NAME(product_)(walk->rows, gates_size, input_features, input_factors,
-                                   input_features, 1, transposed + state_size * gates_size,
-                                   gates_size, bias, 0, gates, gates_size);
+  int status = LLTM_NAME(product_)(use_amx, walk->rows, gates_size, input_features,
+                                   input_factors, input_features, 1,
+                                   transposed + state_size * gates_size, gates_size, bias, 0,
+                                   gates, gates_size);
   free(inputs_copy);
+  struct LLTM_NAME(recurrent_amx_) amx;
+  LLTM_NAME(start_recurrent_amx_)(use_amx, walk->batch_size, state_size, gates_size, transposed,
+                                  gates_size, &amx);
   lltm_step step = lltm_first_step(walk);
   while (status == LLTM_SUCCESS) {
     const struct LLTM_NAME(old_state_) old = {outputs + step.previous_offset * state_size,
@@ -506,12 +646,17 @@ static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_f
                           h_factors + row * state_size);
       }
     }
+    const SCALAR* hidden_sums =
+        LLTM_NAME(recurrent_sums_)(&amx, step.rows, h_factors, state_size);
     const int64_t elements = step.rows * state_size;
     STORAGE* step_outputs = outputs + step.offset * state_size;
     STORAGE* step_cells = cells + step.offset * state_size;
-    LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size), elements * gates_size / 16, {
-      LLTM_NAME(forward_step_tile_)(state_size, lltm_tile_at(index, step.rows, state_size),
-                                    transposed, last_columns, old,
+    LLTM_FOR_EACH(index, hidden_sums ? step.rows : lltm_tile_count(step.rows, state_size),
+                  hidden_sums ? elements : elements * gates_size / 16, {
+      LLTM_NAME(forward_step_tile_)(state_size,
+                                    hidden_sums ? lltm_row_tile(index, state_size)
+                                                : lltm_tile_at(index, step.rows, state_size),
+                                    transposed, last_columns, hidden_sums, old,
                                     gates + step.offset * gates_size, step_outputs, step_cells);
     });
     if (final_h && step.continued < step.rows) {
@@ -523,6 +668,7 @@ static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_f
     if (step.order + 1 == walk->steps) break;
     step = lltm_next_step(walk, &step);
   }
+  LLTM_NAME(end_recurrent_amx_)(&amx);
   free(transposed);
   free(last_columns);
   free(h_factors);
@@ -564,27 +710,39 @@ struct LLTM_NAME(step_gradients_) {
  * carried from the next step or the final cell's. Both then take the
  * step's own output and cell gradients, and the cell's backward math writes
  * the tile's gate gradients and, over d_c, the gradient reaching the old
- * cell. */
+ * cell. Where carried_sums is not NULL it holds the products of the rows
+ * below `continued` already (row stride state). Where gate_factors is not
+ * NULL the tile's gate gradients are also converted into it, as SCALAR
+ * (laid out as d_gates), for the products that read them. */
 static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_features,
                                            struct lltm_tile tile, const SCALAR* weights,
                                            const SCALAR* last_columns, int64_t continued,
                                            const SCALAR* next_d_gates,
+                                           const SCALAR* carried_sums,
                                            struct LLTM_NAME(step_gradients_) gradients,
                                            const STORAGE* cells, const STORAGE* gates,
-                                           STORAGE* d_h, STORAGE* d_c, STORAGE* d_gates) {
+                                           STORAGE* d_h, STORAGE* d_c, STORAGE* d_gates,
+                                           SCALAR* gate_factors) {
   const int64_t gates_size = 3 * state_size;
   const int64_t* strides = gradients.strides;
   if (continued > tile.first_row) {
     struct lltm_tile carried = tile;
     if (continued - tile.first_row < tile.rows) carried.rows = (int)(continued - tile.first_row);
-    const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
-    const SCALAR* a_rows[LLTM_TILE_ROWS];
-    LLTM_NAME(tile_rows_)(next_d_gates, gates_size, carried, a_rows);
-    LLTM_NAME(product_tile_)(gates_size, a_rows, 1,
-                             is_padded ? last_columns : weights + tile.first_column,
-                             is_padded ? LLTM_TILE_COLUMNS : state_size + input_features,
-                             carried.rows, tile.columns, NULL, 0,
-                             d_h + tile.first_row * state_size + tile.first_column, state_size);
+    for (int i = 0; carried_sums && i < carried.rows; ++i) {
+      const int64_t offset = (tile.first_row + i) * state_size + tile.first_column;
+      LLTM_NAME(add_sums_row_)(tile.columns, NULL, carried_sums + offset, d_h + offset);
+    }
+    if (!carried_sums) {
+      const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
+      const SCALAR* a_rows[LLTM_TILE_ROWS];
+      LLTM_NAME(tile_rows_)(next_d_gates, gates_size, carried, a_rows);
+      LLTM_NAME(product_tile_)(gates_size, a_rows, 1,
+                               is_padded ? last_columns : weights + tile.first_column,
+                               is_padded ? LLTM_TILE_COLUMNS : state_size + input_features,
+                               carried.rows, tile.columns, NULL, 0,
+                               d_h + tile.first_row * state_size + tile.first_column,
+                               state_size);
+    }
   }
   for (int i = 0; i < tile.rows; ++i) {
     const int64_t row = tile.first_row + i, column = tile.first_column;
@@ -607,6 +765,10 @@ static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_fea
     LLTM_NAME(backward_row_)(tile.columns, state_size, d_h + offset, 1, d_c + offset, 1,
                              cells + offset, gates + gate_offset, d_c + offset,
                              d_gates + gate_offset);
+    for (int gate = 0; gate_factors && gate < 3; ++gate) {
+      const int64_t at = gate_offset + gate * state_size;
+      LLTM_NAME(widen_)(tile.columns, d_gates + at, gate_factors + at);
+    }
   }
 }
 
@@ -617,8 +779,9 @@ static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_fea
  * block's states into `previous`, in the order of d_gates' rows, and takes
  * one product of the whole depth: its sums are rounded once, not once a
  * block. */
-static int LLTM_NAME(hidden_weight_grads_)(const lltm_walk* walk, int64_t state_size,
-                                           int64_t columns, const SCALAR* d_gates,
+static int LLTM_NAME(hidden_weight_grads_)(int use_amx, const lltm_walk* walk,
+                                           int64_t state_size, int64_t columns,
+                                           const SCALAR* d_gates,
                                            const STORAGE* h0, const STORAGE* outputs,
                                            STORAGE* d_weights) {
   const int64_t gates_size = 3 * state_size;
@@ -636,15 +799,15 @@ static int LLTM_NAME(hidden_weight_grads_)(const lltm_walk* walk, int64_t state_
       LLTM_NAME(widen_)(block.rows * state_size, states, previous + block.gate_row * state_size);
       continue;
     }
-    status = LLTM_NAME(product_)(gates_size, state_size, block.rows,
+    status = LLTM_NAME(product_)(use_amx, gates_size, state_size, block.rows,
                                  d_gates + block.gate_row * gates_size, 1, gates_size,
                                  LLTM_AS_SCALAR(states), state_size, NULL, !first, d_weights,
                                  columns);
     first = 0;
   }
   if (status == LLTM_SUCCESS && (first || LLTM_NARROW_STORAGE)) {
-    status = LLTM_NAME(product_)(gates_size, state_size, LLTM_NARROW_STORAGE ? walk->rows : 0,
-                                 d_gates, 1, gates_size,
+    status = LLTM_NAME(product_)(use_amx, gates_size, state_size,
+                                 LLTM_NARROW_STORAGE ? walk->rows : 0, d_gates, 1, gates_size,
                                  LLTM_NARROW_STORAGE ? previous : LLTM_AS_SCALAR(h0), state_size,
                                  NULL, 0, d_weights, columns);
   }
@@ -680,7 +843,7 @@ static void LLTM_NAME(column_sums_)(int64_t rows, int64_t columns, const STORAGE
  * reaching each step's h, d_c0 as that reaching each step's cell; a single
  * step given neither (not wanted) uses scratch space. */
 static int LLTM_NAME(recurrence_backward_)(
-    const lltm_walk* walk, int64_t input_features, int64_t state_size,
+    int use_amx, const lltm_walk* walk, int64_t input_features, int64_t state_size,
     const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
     const STORAGE* outputs, const STORAGE* cells, const STORAGE* gates, const STORAGE* grad_outputs,
     const STORAGE* grad_cells, const STORAGE* grad_final_h, const STORAGE* grad_final_cell,
@@ -701,7 +864,7 @@ static int LLTM_NAME(recurrence_backward_)(
   const int has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &weight_factors,
                                               &weights_copy);
   /* The gate gradients as the products read them: a narrow STORAGE's are
-   * converted step by step, once each step's are done. */
+   * converted by the step tiles that write them. */
   SCALAR* gates_copy =
       LLTM_NARROW_STORAGE
           ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->rows * gates_size + 1))
@@ -724,6 +887,9 @@ static int LLTM_NAME(recurrence_backward_)(
   }
   if (!d_h0) d_h0 = scratch;
   if (!d_c0) d_c0 = scratch + batch_state;
+  struct LLTM_NAME(recurrent_amx_) amx;
+  LLTM_NAME(start_recurrent_amx_)(use_amx && walk->steps > 1, walk->batch_size, gates_size,
+                                  state_size, weight_factors, columns, &amx);
   lltm_step step = lltm_last_step(walk);
   int64_t next_offset = 0; /* the first row of the step visited after `step` */
   for (;;) {
@@ -736,23 +902,27 @@ static int LLTM_NAME(recurrence_backward_)(
         strides, grad_final_h, grad_final_cell};
     const SCALAR* next_d_gates =
         step.continued ? gate_factors + next_offset * gates_size : NULL;
-    LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size),
-                  step.rows * state_size * gates_size / 16, {
+    const SCALAR* carried_sums =
+        LLTM_NAME(recurrent_sums_)(&amx, step.continued, next_d_gates, gates_size);
+    LLTM_FOR_EACH(index, carried_sums ? step.rows : lltm_tile_count(step.rows, state_size),
+                  step.rows * state_size * (carried_sums ? 1 : gates_size / 16), {
       LLTM_NAME(backward_step_tile_)(state_size, input_features,
-                                     lltm_tile_at(index, step.rows, state_size), weight_factors,
-                                     last_columns, step.continued, next_d_gates, gradients,
+                                     carried_sums ? lltm_row_tile(index, state_size)
+                                                  : lltm_tile_at(index, step.rows, state_size),
+                                     weight_factors,
+                                     last_columns, step.continued, next_d_gates, carried_sums,
+                                     gradients,
                                      cells + step.offset * state_size,
                                      gates + step.offset * gates_size, d_h0, d_c0,
-                                     d_gates + step.offset * gates_size);
+                                     d_gates + step.offset * gates_size,
+                                     LLTM_NARROW_STORAGE ? gates_copy + step.offset * gates_size
+                                                         : NULL);
     });
-    if (LLTM_NARROW_STORAGE) {
-      LLTM_NAME(widen_)(step.rows * gates_size, d_gates + step.offset * gates_size,
-                        gates_copy + step.offset * gates_size);
-    }
     if (step.order == 0) break;
     next_offset = step.offset;
     step = lltm_previous_step(walk, &step);
   }
+  LLTM_NAME(end_recurrent_amx_)(&amx);
   free(scratch);
   free(last_columns);
   int status = LLTM_SUCCESS;
@@ -762,20 +932,20 @@ static int LLTM_NAME(recurrence_backward_)(
     lltm_state_block block;
     while (status == LLTM_SUCCESS && lltm_next_block(walk, &cursor, &block)) {
       if (!block.initial) continue;
-      status = LLTM_NAME(product_)(block.rows, state_size, gates_size,
+      status = LLTM_NAME(product_)(use_amx, block.rows, state_size, gates_size,
                                    gate_factors + block.gate_row * gates_size, gates_size, 1,
                                    weight_factors, columns, NULL, 0,
                                    d_h0 + block.state_row * state_size, state_size);
     }
   }
   if (status == LLTM_SUCCESS && d_inputs) {
-    status = LLTM_NAME(product_)(walk->rows, input_features, gates_size, gate_factors,
+    status = LLTM_NAME(product_)(use_amx, walk->rows, input_features, gates_size, gate_factors,
                                  gates_size, 1, weight_factors + state_size, columns, NULL, 0,
                                  d_inputs, input_features);
   }
   if (status == LLTM_SUCCESS && d_weights) {
-    status = LLTM_NAME(hidden_weight_grads_)(walk, state_size, columns, gate_factors, h0,
-                                             outputs, d_weights);
+    status = LLTM_NAME(hidden_weight_grads_)(use_amx, walk, state_size, columns, gate_factors,
+                                             h0, outputs, d_weights);
     const SCALAR* input_factors;
     SCALAR* inputs_copy = NULL;
     if (status == LLTM_SUCCESS && !LLTM_NAME(operand_)(walk->rows * input_features, inputs,
@@ -783,9 +953,9 @@ static int LLTM_NAME(recurrence_backward_)(
       status = LLTM_ERROR_NO_MEMORY;
     }
     if (status == LLTM_SUCCESS) {
-      status = LLTM_NAME(product_)(gates_size, input_features, walk->rows, gate_factors, 1,
-                                   gates_size, input_factors, input_features, NULL, 0,
-                                   d_weights + state_size, columns);
+      status = LLTM_NAME(product_)(use_amx, gates_size, input_features, walk->rows,
+                                   gate_factors, 1, gates_size, input_factors, input_features,
+                                   NULL, 0, d_weights + state_size, columns);
     }
     free(inputs_copy);
   }
@@ -797,26 +967,38 @@ static int LLTM_NAME(recurrence_backward_)(
   return status;
 }
 
+/* Whether a pass whose options (sequence.py's _options) are `kernels` takes
+ * its products on AMX: a 16-bit type's, where the CPU has it, unless
+ * kernels' bit 2 (LLTM_AMX=0 in the environment) asks for the portable
+ * products. */
+#ifndef LLTM_NO_AMX
+#define LLTM_NO_AMX 4
+#endif
+static int LLTM_NAME(uses_amx_)(int64_t kernels) {
+  return AMX_PIECES && !(kernels & LLTM_NO_AMX) && lltm_amx_usable();
+}
+
 /* The registered passes (lltm_cpu.c): sequence_forward and
  * sequence_backward over dense steps in the forward direction, each step's
  * cell gradients given, no final state; packed_forward and packed_backward
  * over dense or packed steps in either direction, with the final states. */
 static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size,
                                         int64_t input_features, int64_t state_size,
-                                        const STORAGE* inputs, const STORAGE* weights,
+                                        int64_t kernels, const STORAGE* inputs, const STORAGE* weights,
                                         const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
                                         STORAGE* outputs, STORAGE* cells, STORAGE* gates) {
   lltm_walk walk;
   if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
     return LLTM_ERROR_ARGUMENTS;
   }
-  return LLTM_NAME(recurrence_forward_)(&walk, input_features, state_size, inputs, weights, bias,
-                                        h0, c0, outputs, cells, gates, NULL, NULL);
+  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(kernels), &walk, input_features,
+                                        state_size, inputs, weights, bias, h0, c0, outputs, cells,
+                                        gates, NULL, NULL);
 }
 
 static int LLTM_NAME(sequence_backward_)(
     int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
-    const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
+    int64_t kernels, const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
     const STORAGE* outputs, const STORAGE* cells, const STORAGE* gates, const STORAGE* grad_outputs,
     const STORAGE* grad_cells, STORAGE* d_gates, STORAGE* d_inputs, STORAGE* d_weights,
     STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0) {
@@ -824,14 +1006,14 @@ static int LLTM_NAME(sequence_backward_)(
   if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
     return LLTM_ERROR_ARGUMENTS;
   }
-  return LLTM_NAME(recurrence_backward_)(&walk, input_features, state_size, grad_strides, inputs,
-                                         weights, h0, outputs, cells, gates, grad_outputs,
-                                         grad_cells, NULL, NULL, d_gates, d_inputs, d_weights,
-                                         d_bias, d_h0, d_c0);
+  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(kernels), &walk, input_features,
+                                         state_size, grad_strides, inputs, weights, h0, outputs,
+                                         cells, gates, grad_outputs, grad_cells, NULL, NULL,
+                                         d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0);
 }
 
-/* sizes: rows, steps, batch, input_features, state, reverse (then tf32 and
- * own kernels, read by CUDA only). */
+/* sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
+ * CUDA only), kernels. */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
                                       const STORAGE* inputs, const STORAGE* weights,
                                       const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
@@ -839,8 +1021,9 @@ static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch
                                       STORAGE* final_h, STORAGE* final_cell) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
-  return LLTM_NAME(recurrence_forward_)(&walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
-                                        outputs, cells, gates, final_h, final_cell);
+  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(sizes[7]), &walk, sizes[3], sizes[4],
+                                        inputs, weights, bias, h0, c0, outputs, cells, gates,
+                                        final_h, final_cell);
 }
 
 /* sizes as packed_forward's, then grad_outputs' and grad_cells' row and
@@ -856,8 +1039,9 @@ static int LLTM_NAME(packed_backward_)(
   const int64_t* row_strides = sizes + 8;
   const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
                                    sizes[2] * row_strides[2], row_strides[2], row_strides[3]};
-  return LLTM_NAME(recurrence_backward_)(&walk, sizes[3], sizes[4], grad_strides, inputs, weights,
-                                         h0, outputs, cells, gates, grad_outputs, grad_cells,
-                                         grad_final_h, grad_final_cell, d_gates, d_inputs,
-                                         d_weights, d_bias, d_h0, d_c0);
+  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(sizes[7]), &walk, sizes[3],
+                                         sizes[4], grad_strides, inputs, weights, h0, outputs,
+                                         cells, gates, grad_outputs, grad_cells, grad_final_h,
+                                         grad_final_cell, d_gates, d_inputs, d_weights, d_bias,
+                                         d_h0, d_c0);
 }
