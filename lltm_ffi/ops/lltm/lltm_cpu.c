@@ -92,7 +92,6 @@ static inline double tanh_double(double x) { return tanh(x); }
 #define SCALAR float
 #define STORAGE float
 #define SUFFIX float
-#define AMX_PIECES 0
 #define LOAD(x) (x)
 #define STORE(x) (x)
 #include "lltm_cpu_impl.h"
@@ -101,12 +100,11 @@ static inline double tanh_double(double x) { return tanh(x); }
 #undef SUFFIX
 #undef LOAD
 #undef STORE
-#undef AMX_PIECES
+#undef AMX_DTYPE
 
 #define SCALAR double
 #define STORAGE double
 #define SUFFIX double
-#define AMX_PIECES 0
 #define LOAD(x) (x)
 #define STORE(x) (x)
 #include "lltm_cpu_impl.h"
@@ -115,12 +113,12 @@ static inline double tanh_double(double x) { return tanh(x); }
 #undef SUFFIX
 #undef LOAD
 #undef STORE
-#undef AMX_PIECES
+#undef AMX_DTYPE
 
 #define SCALAR float
 #define STORAGE lltm_float16
 #define SUFFIX float16
-#define AMX_PIECES 2
+#define AMX_DTYPE LLTM_FLOAT16
 #define LOAD(x) lltm_float16_to_float(x)
 #define STORE(x) lltm_float_to_float16(x)
 #include "lltm_cpu_impl.h"
@@ -129,12 +127,12 @@ static inline double tanh_double(double x) { return tanh(x); }
 #undef SUFFIX
 #undef LOAD
 #undef STORE
-#undef AMX_PIECES
+#undef AMX_DTYPE
 
 #define SCALAR float
 #define STORAGE lltm_bfloat16
 #define SUFFIX bfloat16
-#define AMX_PIECES 1
+#define AMX_DTYPE LLTM_BFLOAT16
 #define LOAD(x) lltm_bfloat16_to_float(x)
 #define STORE(x) lltm_float_to_bfloat16(x)
 #include "lltm_cpu_impl.h"
@@ -143,7 +141,7 @@ static inline double tanh_double(double x) { return tanh(x); }
 #undef SUFFIX
 #undef LOAD
 #undef STORE
-#undef AMX_PIECES
+#undef AMX_DTYPE
 
 /* The passes, in the argument order of their declarations in cell.py and
  * sequence.py. */

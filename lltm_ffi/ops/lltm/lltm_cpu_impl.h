@@ -2,11 +2,10 @@
  * this file once a type, with SUFFIX (the family: float, double, float16,
  * bfloat16), STORAGE (what the tensors hold: float, double, lltm_float16,
  * lltm_bfloat16), SCALAR (what the math runs in: float for the 16-bit types)
- * LOAD(x) and STORE(x) (a STORAGE element to SCALAR and back; nothing
- * for float and double) and AMX_PIECES (how many bfloat16s hold a factor
- * of the products exactly, lltm_amx.h: 1 for bfloat16, 2 for float16; 0
- * for float and double, whose products never run on AMX) defined, after
- * defining exp_SCALAR, expm1_SCALAR and tanh_SCALAR.
+ * and LOAD(x) and STORE(x) (a STORAGE element to SCALAR and back; nothing
+ * for float and double) defined, and for the 16-bit types AMX_DTYPE (their
+ * lltm_dtype: their products may run on AMX, lltm_amx.h), after defining
+ * exp_SCALAR, expm1_SCALAR and tanh_SCALAR.
  *
  * The 16-bit types round where their tensors hold a value: each result, and
  * whatever a pass keeps in a tensor between steps (each step's h, cell and
@@ -327,25 +326,6 @@ static SCALAR* LLTM_NAME(padded_columns_)(int panels, int64_t panel_offset, int6
   return padded;
 }
 
-/* sums (rows x columns, row stride sums_stride) = a b on AMX (lltm_amx.h),
- * where the pass lets it (use_amx) and the factors allow it; else
- * LLTM_AMX_DECLINED, and nothing done. a and b as product_'s below. */
-static int LLTM_NAME(amx_multiply_)(int use_amx, int64_t rows, int64_t columns, int64_t depth,
-                                    const SCALAR* a, int64_t a_row_stride,
-                                    int64_t a_depth_stride, const SCALAR* b, int64_t b_stride,
-                                    SCALAR* sums, int64_t sums_stride) {
-#if AMX_PIECES
-  if (use_amx) {
-    return lltm_amx_multiply(rows, columns, depth, a, a_row_stride, a_depth_stride, b, b_stride,
-                             AMX_PIECES, sums, sums_stride);
-  }
-#else
-  (void)rows, (void)columns, (void)depth, (void)a, (void)a_row_stride, (void)a_depth_stride;
-  (void)b, (void)b_stride, (void)sums, (void)sums_stride, (void)use_amx;
-#endif
-  return LLTM_AMX_DECLINED;
-}
-
 /* out (rows x columns, row stride out_stride) = base + a b, or out += a b
  * where `accumulate` (base, one value a column, may be NULL: zero). a is
  * rows x depth, element (i, k) at a[i * a_row_stride + k * a_depth_stride];
@@ -357,33 +337,26 @@ static int LLTM_NAME(amx_multiply_)(int use_amx, int64_t rows, int64_t columns, 
 #ifndef LLTM_DEPTH_BLOCK
 #define LLTM_DEPTH_BLOCK 256
 #endif
-static int LLTM_NAME(product_)(int use_amx, int64_t rows, int64_t columns, int64_t depth,
-                               const SCALAR* a, int64_t a_row_stride, int64_t a_depth_stride,
-                               const SCALAR* b, int64_t b_stride, const STORAGE* base,
-                               int accumulate, STORAGE* out, int64_t out_stride) {
+static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, const SCALAR* a,
+                               int64_t a_row_stride, int64_t a_depth_stride, const SCALAR* b,
+                               int64_t b_stride, const STORAGE* base, int accumulate,
+                               STORAGE* out, int64_t out_stride) {
   if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
   if (LLTM_NARROW_STORAGE) {
-    /* SCALAR's own product of the factors (SCALAR already), on AMX where it
-     * may run, its sums kept in SCALAR over the whole depth, then added to
-     * base or out and rounded once. */
+    /* SCALAR's own product of the factors (SCALAR already), its sums kept
+     * in SCALAR over every depth block, then added to base or out and
+     * rounded once. */
     SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns));
     if (!sums) return LLTM_ERROR_NO_MEMORY;
-    int status = LLTM_NAME(amx_multiply_)(use_amx, rows, columns, depth, a, a_row_stride,
-                                          a_depth_stride, b, b_stride, sums, columns);
-    if (status == LLTM_AMX_DECLINED) {
-      status = LLTM_MATH(product_)(0, rows, columns, depth, a, a_row_stride, a_depth_stride, b,
-                                   b_stride, NULL, 0, sums, columns);
-    }
-    if (status == LLTM_SUCCESS) {
-      LLTM_FOR_EACH(i, rows, rows * columns, {
-        LLTM_NAME(add_sums_row_)(columns, accumulate ? out + i * out_stride : base,
-                                 sums + i * columns, out + i * out_stride);
-      });
-    }
+    const int status = LLTM_MATH(product_)(rows, columns, depth, a, a_row_stride, a_depth_stride,
+                                           b, b_stride, NULL, 0, sums, columns);
+    LLTM_FOR_EACH(i, rows, rows * columns, {
+      LLTM_NAME(add_sums_row_)(columns, accumulate ? out + i * out_stride : base,
+                               sums + i * columns, out + i * out_stride);
+    });
     free(sums);
     return status;
   }
-  (void)use_amx;
   const int64_t full_columns = columns - columns % LLTM_TILE_COLUMNS;
   SCALAR* padded = NULL;
   if (full_columns < columns) {
@@ -461,68 +434,151 @@ static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const STORA
   return result;
 }
 
+/* The 16-bit types' products on AMX (lltm_amx.h), where the pass takes them
+ * (use_amx, from uses_amx_ below). They read the tensors themselves, not
+ * SCALAR copies, so that a pass on AMX makes none: a's element (i, k) at
+ * a[i * a_row_stride + k * a_depth_stride], b's (k, j) at
+ * b[k * b_row_stride + j * b_column_stride], one stride of each 1. A
+ * product AMX declines (a float16 factor not finite) takes SCALAR's own
+ * product of converted copies instead. */
+
+/* sums (rows x columns, row stride sums_stride) = a b, by SCALAR's own
+ * product of copies of a and b converted to SCALAR. */
+static int LLTM_NAME(converted_product_)(int64_t rows, int64_t columns, int64_t depth,
+                                         const STORAGE* a, int64_t a_row_stride,
+                                         int64_t a_depth_stride, const STORAGE* b,
+                                         int64_t b_row_stride, int64_t b_column_stride,
+                                         SCALAR* sums, int64_t sums_stride) {
+  SCALAR* a_copy = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * depth + 1));
+  SCALAR* b_copy = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(depth * columns + 1));
+  int status = a_copy && b_copy ? LLTM_SUCCESS : LLTM_ERROR_NO_MEMORY;
+  if (status == LLTM_SUCCESS) {
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t k = 0; k < depth; ++k) {
+        a_copy[i * depth + k] = LOAD(a[i * a_row_stride + k * a_depth_stride]);
+      }
+    }
+    for (int64_t k = 0; k < depth; ++k) {
+      for (int64_t j = 0; j < columns; ++j) {
+        b_copy[k * columns + j] = LOAD(b[k * b_row_stride + j * b_column_stride]);
+      }
+    }
+    status = LLTM_MATH(product_)(rows, columns, depth, a_copy, depth, 1, b_copy, columns, NULL, 0,
+                                 sums, sums_stride);
+  }
+  free(a_copy);
+  free(b_copy);
+  return status;
+}
+
+/* out (rows x columns, row stride out_stride) = base + a b, or out += a b
+ * where `accumulate` (base, one value a column, may be NULL: zero), as
+ * product_ does, on AMX: b packed once, a LLTM_AMX_ROWS rows at a time,
+ * each block's sums added and rounded while they are in cache. */
+#ifndef LLTM_AMX_ROWS
+#define LLTM_AMX_ROWS 256
+#endif
+static int LLTM_NAME(amx_product_)(int64_t rows, int64_t columns, int64_t depth,
+                                   const STORAGE* a, int64_t a_row_stride,
+                                   int64_t a_depth_stride, const STORAGE* b,
+                                   int64_t b_row_stride, int64_t b_column_stride,
+                                   const STORAGE* base, int accumulate, STORAGE* out,
+                                   int64_t out_stride) {
+#ifdef AMX_DTYPE
+  if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
+  const int64_t block = rows < LLTM_AMX_ROWS ? rows : LLTM_AMX_ROWS;
+  lltm_amx_factor left = {0}, right = {0};
+  SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(block * columns));
+  int status = sums ? lltm_amx_pack_right(AMX_DTYPE, depth, columns, b, b_row_stride,
+                                          b_column_stride, &right)
+                    : LLTM_ERROR_NO_MEMORY;
+  for (int64_t first = 0; status == LLTM_SUCCESS && first < rows; first += block) {
+    const int64_t count = rows - first < block ? rows - first : block;
+    const STORAGE* a_rows = a + first * a_row_stride;
+    status = lltm_amx_multiply(count, a_rows, a_row_stride, a_depth_stride, &right, &left, sums,
+                               columns);
+    if (status == LLTM_AMX_DECLINED) {
+      status = LLTM_NAME(converted_product_)(count, columns, depth, a_rows, a_row_stride,
+                                             a_depth_stride, b, b_row_stride, b_column_stride,
+                                             sums, columns);
+    }
+    if (status != LLTM_SUCCESS) break;
+    STORAGE* out_rows = out + first * out_stride;
+    LLTM_FOR_EACH(i, count, count * columns, {
+      LLTM_NAME(add_sums_row_)(columns, accumulate ? out_rows + i * out_stride : base,
+                               sums + i * columns, out_rows + i * out_stride);
+    });
+  }
+  lltm_amx_free(&left);
+  lltm_amx_free(&right);
+  free(sums);
+  return status;
+#else
+  (void)rows, (void)columns, (void)depth, (void)a, (void)a_row_stride, (void)a_depth_stride;
+  (void)b, (void)b_row_stride, (void)b_column_stride, (void)base, (void)accumulate, (void)out;
+  (void)out_stride;
+  return LLTM_ERROR_DTYPE;
+#endif
+}
+
+/* A pass's recurrent product on AMX: the hidden weights (the right
+ * factor, depth x columns, laid out as amx_product_'s b) packed once, each
+ * step's left factor (its old h forward, the next step's gate gradients
+ * backward) packed as it comes, and its sums, up to `rows` rows of them
+ * (row stride `columns`), for the step tiles. */
+struct LLTM_NAME(recurrent_amx_) {
+  const STORAGE* weights;
+  int64_t depth, columns, row_stride, column_stride;
+  lltm_amx_factor packed_weights, packed_step;
+  SCALAR* sums;
+};
+
+static int LLTM_NAME(start_recurrent_amx_)(int64_t rows, int64_t depth, int64_t columns,
+                                           const STORAGE* weights, int64_t row_stride,
+                                           int64_t column_stride,
+                                           struct LLTM_NAME(recurrent_amx_) * amx) {
+  memset(amx, 0, sizeof *amx);
+  amx->weights = weights;
+  amx->depth = depth;
+  amx->columns = columns;
+  amx->row_stride = row_stride;
+  amx->column_stride = column_stride;
+  amx->sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
+  if (!amx->sums) return LLTM_ERROR_NO_MEMORY;
+#ifdef AMX_DTYPE
+  return lltm_amx_pack_right(AMX_DTYPE, depth, columns, weights, row_stride, column_stride,
+                             &amx->packed_weights);
+#else
+  return LLTM_ERROR_DTYPE;
+#endif
+}
+
+/* amx->sums = `rows` rows of a (row stride a_stride) times the weights. */
+static int LLTM_NAME(recurrent_sums_)(struct LLTM_NAME(recurrent_amx_) * amx, int64_t rows,
+                                      const STORAGE* a, int64_t a_stride) {
+  if (rows <= 0) return LLTM_SUCCESS;
+#ifdef AMX_DTYPE
+  const int status = lltm_amx_multiply(rows, a, a_stride, 1, &amx->packed_weights,
+                                       &amx->packed_step, amx->sums, amx->columns);
+  if (status != LLTM_AMX_DECLINED) return status;
+#endif
+  return LLTM_NAME(converted_product_)(rows, amx->columns, amx->depth, a, a_stride, 1,
+                                       amx->weights, amx->row_stride, amx->column_stride,
+                                       amx->sums, amx->columns);
+}
+
+static void LLTM_NAME(end_recurrent_amx_)(struct LLTM_NAME(recurrent_amx_) * amx) {
+  lltm_amx_free(&amx->packed_weights);
+  lltm_amx_free(&amx->packed_step);
+  free(amx->sums);
+}
+
 /* The whole-sequence layer's passes, step by step as the step-by-step
  * kernels of sequence_kernel.cu, over the steps of one direction as
  * lltm_steps.h walks them; lltm_ffi.h describes the arguments. Each step is
  * cut into tiles of its rows by states, each tile doing the recurrent
  * product for its states' three gates and then the cell's math on them, so
  * that the threads share the step's pointwise work as well as its product. */
-
-/* A pass's recurrent products on AMX (lltm_amx.h): the hidden weights (the
- * right factor, depth x columns) packed once, each step's left factor (its
- * old h forward, the next step's gate gradients backward) packed as it
- * comes, and room for a step's sums, row stride `columns`. sums NULL: the
- * step tiles take their own products, as where AMX may not run, a weight
- * is not finite, or no memory could be had. */
-struct LLTM_NAME(recurrent_amx_) {
-  lltm_amx_factor weights, step;
-  int64_t depth, columns;
-  SCALAR* sums;
-};
-
-static void LLTM_NAME(start_recurrent_amx_)(int use_amx, int64_t rows, int64_t depth,
-                                            int64_t columns, const SCALAR* weights,
-                                            int64_t weights_stride,
-                                            struct LLTM_NAME(recurrent_amx_) * amx) {
-  memset(amx, 0, sizeof *amx);
-  amx->depth = depth;
-  amx->columns = columns;
-#if AMX_PIECES
-  if (use_amx && lltm_amx_pack_right(depth, columns, weights, weights_stride, AMX_PIECES,
-                                     &amx->weights) == LLTM_SUCCESS &&
-      amx->weights.finite) {
-    amx->sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
-  }
-#else
-  (void)use_amx, (void)rows, (void)weights, (void)weights_stride;
-#endif
-}
-
-/* A step's sums: `rows` rows of the left factor (row stride a_stride)
- * times the weights; NULL where the step tiles take their own. */
-static const SCALAR* LLTM_NAME(recurrent_sums_)(struct LLTM_NAME(recurrent_amx_) * amx,
-                                                int64_t rows, const SCALAR* a,
-                                                int64_t a_stride) {
-#if AMX_PIECES
-  if (!amx->sums || rows <= 0 ||
-      lltm_amx_pack_left(rows, amx->depth, a, a_stride, 1, AMX_PIECES, &amx->step) !=
-          LLTM_SUCCESS ||
-      !amx->step.finite) {
-    return NULL;
-  }
-  lltm_amx_product(&amx->step, &amx->weights, 0, amx->sums, amx->columns);
-  return amx->sums;
-#else
-  (void)amx, (void)rows, (void)a, (void)a_stride;
-  return NULL;
-#endif
-}
-
-static void LLTM_NAME(end_recurrent_amx_)(struct LLTM_NAME(recurrent_amx_) * amx) {
-  lltm_amx_free(&amx->weights);
-  lltm_amx_free(&amx->step);
-  free(amx->sums);
-}
 
 /* The state a step starts from: its row r below `carried` is row r of the
  * previous step's (h, cell), any other row r of (h0, c0). A narrow
@@ -585,6 +641,21 @@ static void LLTM_NAME(forward_step_tile_)(int64_t state_size, struct lltm_tile t
   }
 }
 
+/* The old h of a step's `rows` rows, one row after another (row stride
+ * state): the state's own rows where they all come from one place, else
+ * copied into `scratch` (a packed step in reverse, whose rows past
+ * `carried` start from h0). */
+static const STORAGE* LLTM_NAME(old_h_rows_)(struct LLTM_NAME(old_state_) old, int64_t rows,
+                                             int64_t state_size, STORAGE* scratch) {
+  if (old.carried >= rows) return old.h;
+  if (old.carried == 0) return old.h0;
+  const size_t carried = sizeof(STORAGE) * (size_t)(old.carried * state_size);
+  memcpy(scratch, old.h, carried);
+  memcpy(scratch + old.carried * state_size, old.h0 + old.carried * state_size,
+         sizeof(STORAGE) * (size_t)((rows - old.carried) * state_size));
+  return scratch;
+}
+
 /* Every step's outputs, cells and pre-activation gates, and where final_h
  * is not NULL each sequence's final state in final_h and final_cell
  * (batch, state). bias may be NULL (none). */
@@ -596,66 +667,83 @@ static int LLTM_NAME(recurrence_forward_)(int use_amx, const lltm_walk* walk,
                                           STORAGE* gates, STORAGE* final_h,
                                           STORAGE* final_cell) {
   if (walk->steps == 0) return LLTM_SUCCESS;
-  /* The weights transposed, (state + input_features, 3 * state), so that
-   * every product runs along contiguous rows, as the backward pass's do:
-   * rows below state_size are the hidden weights, the rest the input ones. */
-  const int64_t gates_size = 3 * state_size;
-  const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
-  SCALAR* transposed = LLTM_NAME(transposed_)(gates_size, state_size + input_features, weights,
-                                              state_size + input_features);
-  const int needs_last_columns = full_states < state_size;
-  SCALAR* last_columns = transposed && needs_last_columns
-                             ? LLTM_NAME(padded_columns_)(3, state_size, state_size, transposed,
-                                                          gates_size, full_states,
-                                                          state_size - full_states)
-                             : NULL;
-  const SCALAR* input_factors;
-  SCALAR* inputs_copy;
-  const int has_inputs = LLTM_NAME(operand_)(walk->rows * input_features, inputs, &input_factors,
-                                             &inputs_copy);
-  SCALAR* h_factors =
-      LLTM_NARROW_STORAGE
-          ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->batch_size * state_size + 1))
-          : NULL;
-  if (!transposed || (needs_last_columns && !last_columns) || !has_inputs ||
-      (LLTM_NARROW_STORAGE && !h_factors)) {
-    free(transposed);
-    free(last_columns);
+  const int64_t gates_size = 3 * state_size, columns = state_size + input_features;
+  /* Every step's input part of its gates, and the bias, before the loop;
+   * then the recurrent products, step by step: on AMX from the weights as
+   * they are; else from the weights transposed (columns, 3 * state), so
+   * that every product runs along contiguous rows, as the backward pass's
+   * do: rows below state_size are the hidden weights, the rest the input
+   * ones. */
+  SCALAR *transposed = NULL, *last_columns = NULL, *h_factors = NULL;
+  STORAGE* old_h_scratch = NULL;
+  struct LLTM_NAME(recurrent_amx_) amx = {0};
+  int status = LLTM_SUCCESS;
+  if (use_amx) {
+    old_h_scratch =
+        (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(walk->batch_size * state_size + 1));
+    status = old_h_scratch ? LLTM_NAME(amx_product_)(walk->rows, gates_size, input_features,
+                                                     inputs, input_features, 1,
+                                                     weights + state_size, 1, columns, bias, 0,
+                                                     gates, gates_size)
+                           : LLTM_ERROR_NO_MEMORY;
+    if (status == LLTM_SUCCESS) {
+      status = LLTM_NAME(start_recurrent_amx_)(walk->batch_size, state_size, gates_size, weights,
+                                               1, columns, &amx);
+    }
+  } else {
+    const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
+    const int needs_last_columns = full_states < state_size;
+    transposed = LLTM_NAME(transposed_)(gates_size, columns, weights, columns);
+    last_columns = transposed && needs_last_columns
+                       ? LLTM_NAME(padded_columns_)(3, state_size, state_size, transposed,
+                                                    gates_size, full_states,
+                                                    state_size - full_states)
+                       : NULL;
+    const SCALAR* input_factors;
+    SCALAR* inputs_copy;
+    const int has_inputs = LLTM_NAME(operand_)(walk->rows * input_features, inputs,
+                                               &input_factors, &inputs_copy);
+    h_factors =
+        LLTM_NARROW_STORAGE
+            ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->batch_size * state_size + 1))
+            : NULL;
+    if (!transposed || (needs_last_columns && !last_columns) || !has_inputs ||
+        (LLTM_NARROW_STORAGE && !h_factors)) {
+      status = LLTM_ERROR_NO_MEMORY;
+    } else {
+      status = LLTM_NAME(product_)(walk->rows, gates_size, input_features, input_factors,
+                                   input_features, 1, transposed + state_size * gates_size,
+                                   gates_size, bias, 0, gates, gates_size);
+    }
     free(inputs_copy);
-    free(h_factors);
-    return LLTM_ERROR_NO_MEMORY;
   }
-  /* Every step's input part of its gates, and the bias, before the loop. */
-  int status = LLTM_NAME(product_)(use_amx, walk->rows, gates_size, input_features,
-                                   input_factors, input_features, 1,
-                                   transposed + state_size * gates_size, gates_size, bias, 0,
-                                   gates, gates_size);
-  free(inputs_copy);
-  struct LLTM_NAME(recurrent_amx_) amx;
-  LLTM_NAME(start_recurrent_amx_)(use_amx, walk->batch_size, state_size, gates_size, transposed,
-                                  gates_size, &amx);
   lltm_step step = lltm_first_step(walk);
   while (status == LLTM_SUCCESS) {
     const struct LLTM_NAME(old_state_) old = {outputs + step.previous_offset * state_size,
                                               cells + step.previous_offset * state_size, h0, c0,
                                               step.carried, h_factors};
-    if (LLTM_NARROW_STORAGE) {
+    if (use_amx) {
+      status = LLTM_NAME(recurrent_sums_)(
+          &amx, step.rows, LLTM_NAME(old_h_rows_)(old, step.rows, state_size, old_h_scratch),
+          state_size);
+      if (status != LLTM_SUCCESS) break;
+    } else if (LLTM_NARROW_STORAGE) {
       for (int64_t row = 0; row < step.rows; ++row) {
         LLTM_NAME(widen_)(state_size,
                           LLTM_NAME(old_row_)(old.h, old.h0, old.carried, row, state_size),
                           h_factors + row * state_size);
       }
     }
-    const SCALAR* hidden_sums =
-        LLTM_NAME(recurrent_sums_)(&amx, step.rows, h_factors, state_size);
+    /* On AMX the step's products are done: its tiles are whole rows. */
+    const SCALAR* hidden_sums = use_amx ? amx.sums : NULL;
     const int64_t elements = step.rows * state_size;
     STORAGE* step_outputs = outputs + step.offset * state_size;
     STORAGE* step_cells = cells + step.offset * state_size;
-    LLTM_FOR_EACH(index, hidden_sums ? step.rows : lltm_tile_count(step.rows, state_size),
-                  hidden_sums ? elements : elements * gates_size / 16, {
+    LLTM_FOR_EACH(index, use_amx ? step.rows : lltm_tile_count(step.rows, state_size),
+                  use_amx ? elements : elements * gates_size / 16, {
       LLTM_NAME(forward_step_tile_)(state_size,
-                                    hidden_sums ? lltm_row_tile(index, state_size)
-                                                : lltm_tile_at(index, step.rows, state_size),
+                                    use_amx ? lltm_row_tile(index, state_size)
+                                            : lltm_tile_at(index, step.rows, state_size),
                                     transposed, last_columns, hidden_sums, old,
                                     gates + step.offset * gates_size, step_outputs, step_cells);
     });
@@ -669,6 +757,7 @@ static int LLTM_NAME(recurrence_forward_)(int use_amx, const lltm_walk* walk,
     step = lltm_next_step(walk, &step);
   }
   LLTM_NAME(end_recurrent_amx_)(&amx);
+  free(old_h_scratch);
   free(transposed);
   free(last_columns);
   free(h_factors);
@@ -779,9 +868,8 @@ static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_fea
  * block's states into `previous`, in the order of d_gates' rows, and takes
  * one product of the whole depth: its sums are rounded once, not once a
  * block. */
-static int LLTM_NAME(hidden_weight_grads_)(int use_amx, const lltm_walk* walk,
-                                           int64_t state_size, int64_t columns,
-                                           const SCALAR* d_gates,
+static int LLTM_NAME(hidden_weight_grads_)(const lltm_walk* walk, int64_t state_size,
+                                           int64_t columns, const SCALAR* d_gates,
                                            const STORAGE* h0, const STORAGE* outputs,
                                            STORAGE* d_weights) {
   const int64_t gates_size = 3 * state_size;
@@ -799,15 +887,15 @@ static int LLTM_NAME(hidden_weight_grads_)(int use_amx, const lltm_walk* walk,
       LLTM_NAME(widen_)(block.rows * state_size, states, previous + block.gate_row * state_size);
       continue;
     }
-    status = LLTM_NAME(product_)(use_amx, gates_size, state_size, block.rows,
+    status = LLTM_NAME(product_)(gates_size, state_size, block.rows,
                                  d_gates + block.gate_row * gates_size, 1, gates_size,
                                  LLTM_AS_SCALAR(states), state_size, NULL, !first, d_weights,
                                  columns);
     first = 0;
   }
   if (status == LLTM_SUCCESS && (first || LLTM_NARROW_STORAGE)) {
-    status = LLTM_NAME(product_)(use_amx, gates_size, state_size,
-                                 LLTM_NARROW_STORAGE ? walk->rows : 0, d_gates, 1, gates_size,
+    status = LLTM_NAME(product_)(gates_size, state_size, LLTM_NARROW_STORAGE ? walk->rows : 0,
+                                 d_gates, 1, gates_size,
                                  LLTM_NARROW_STORAGE ? previous : LLTM_AS_SCALAR(h0), state_size,
                                  NULL, 0, d_weights, columns);
   }
@@ -837,6 +925,37 @@ static void LLTM_NAME(column_sums_)(int64_t rows, int64_t columns, const STORAGE
   }
 }
 
+/* d_weights (3 * state x (state + input_features)) on AMX, in one product:
+ * d_gates^T times each row's [previous state, input], laid out as the
+ * weights' columns are (the previous states in the order of d_gates' rows,
+ * as hidden_weight_grads_ takes them). */
+static int LLTM_NAME(amx_weight_grads_)(const lltm_walk* walk, int64_t input_features,
+                                        int64_t state_size, const STORAGE* d_gates,
+                                        const STORAGE* inputs, const STORAGE* h0,
+                                        const STORAGE* outputs, STORAGE* d_weights) {
+  const int64_t gates_size = 3 * state_size, columns = state_size + input_features;
+  STORAGE* factors = (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(walk->rows * columns + 1));
+  if (!factors) return LLTM_ERROR_NO_MEMORY;
+  lltm_block_cursor cursor = lltm_first_block(walk);
+  lltm_state_block block;
+  while (lltm_next_block(walk, &cursor, &block)) {
+    const STORAGE* states = (block.initial ? h0 : outputs) + block.state_row * state_size;
+    for (int64_t row = 0; row < block.rows; ++row) {
+      memcpy(factors + (block.gate_row + row) * columns, states + row * state_size,
+             sizeof(STORAGE) * (size_t)state_size);
+    }
+  }
+  LLTM_FOR_EACH(row, walk->rows, walk->rows * input_features, {
+    memcpy(factors + row * columns + state_size, inputs + row * input_features,
+           sizeof(STORAGE) * (size_t)input_features);
+  });
+  const int status = LLTM_NAME(amx_product_)(gates_size, columns, walk->rows, d_gates, 1,
+                                             gates_size, factors, columns, 1, NULL, 0, d_weights,
+                                             columns);
+  free(factors);
+  return status;
+}
+
 /* The gradients of the forward pass's arguments. grad_strides: the (step,
  * row, column) strides of grad_outputs, then of grad_cells (a packed walk
  * reads only the row and column ones). d_h0 doubles as the gradient
@@ -854,45 +973,47 @@ static int LLTM_NAME(recurrence_backward_)(
   if (walk->steps == 0) return LLTM_SUCCESS;
   const int64_t batch_state = walk->batch_size * state_size, gates_size = 3 * state_size;
   const int64_t columns = state_size + input_features;
-  const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
   const int64_t strides[4] = {grad_strides[1], grad_strides[2], grad_strides[4], grad_strides[5]};
   const int wants_d_h0 = d_h0 != NULL;
   const int needs_scratch = !d_h0 || !d_c0;
-  const int needs_last_columns = walk->steps > 1 && full_states < state_size;
-  const SCALAR* weight_factors;
-  SCALAR* weights_copy;
-  const int has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &weight_factors,
-                                              &weights_copy);
-  /* The gate gradients as the products read them: a narrow STORAGE's are
-   * converted by the step tiles that write them. */
-  SCALAR* gates_copy =
-      LLTM_NARROW_STORAGE
-          ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->rows * gates_size + 1))
-          : NULL;
-  const SCALAR* gate_factors = LLTM_NARROW_STORAGE ? gates_copy : LLTM_AS_SCALAR(d_gates);
   STORAGE* scratch =
       needs_scratch ? (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(2 * batch_state + 1)) : NULL;
-  SCALAR* last_columns = has_weights && needs_last_columns
-                             ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weight_factors,
-                                                          columns, full_states,
-                                                          state_size - full_states)
-                             : NULL;
-  if (!has_weights || (LLTM_NARROW_STORAGE && !gates_copy) || (needs_scratch && !scratch) ||
-      (needs_last_columns && !last_columns)) {
-    free(weights_copy);
-    free(gates_copy);
-    free(scratch);
-    free(last_columns);
-    return LLTM_ERROR_NO_MEMORY;
+  int status = needs_scratch && !scratch ? LLTM_ERROR_NO_MEMORY : LLTM_SUCCESS;
+  /* On AMX the products read the tensors themselves. Else they read SCALAR
+   * factors: the weights, and the gate gradients, a narrow STORAGE's
+   * converted by the step tiles that write them. */
+  struct LLTM_NAME(recurrent_amx_) amx = {0};
+  const SCALAR* weight_factors = NULL;
+  SCALAR *weights_copy = NULL, *gates_copy = NULL, *last_columns = NULL;
+  if (status == LLTM_SUCCESS && use_amx) {
+    if (walk->steps > 1 || wants_d_h0) {
+      status = LLTM_NAME(start_recurrent_amx_)(walk->batch_size, gates_size, state_size, weights,
+                                               columns, 1, &amx);
+    }
+  } else if (status == LLTM_SUCCESS) {
+    const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
+    const int needs_last_columns = walk->steps > 1 && full_states < state_size;
+    const int has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &weight_factors,
+                                                &weights_copy);
+    gates_copy =
+        LLTM_NARROW_STORAGE
+            ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->rows * gates_size + 1))
+            : NULL;
+    last_columns = has_weights && needs_last_columns
+                       ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weight_factors, columns,
+                                                    full_states, state_size - full_states)
+                       : NULL;
+    if (!has_weights || (LLTM_NARROW_STORAGE && !gates_copy) ||
+        (needs_last_columns && !last_columns)) {
+      status = LLTM_ERROR_NO_MEMORY;
+    }
   }
+  const SCALAR* gate_factors = LLTM_NARROW_STORAGE ? gates_copy : LLTM_AS_SCALAR(d_gates);
   if (!d_h0) d_h0 = scratch;
   if (!d_c0) d_c0 = scratch + batch_state;
-  struct LLTM_NAME(recurrent_amx_) amx;
-  LLTM_NAME(start_recurrent_amx_)(use_amx && walk->steps > 1, walk->batch_size, gates_size,
-                                  state_size, weight_factors, columns, &amx);
   lltm_step step = lltm_last_step(walk);
   int64_t next_offset = 0; /* the first row of the step visited after `step` */
-  for (;;) {
+  while (status == LLTM_SUCCESS) {
     const struct LLTM_NAME(step_gradients_) gradients = {
         grad_outputs ? grad_outputs + lltm_step_start(walk, &step, grad_strides[0],
                                                       grad_strides[1])
@@ -901,51 +1022,67 @@ static int LLTM_NAME(recurrence_backward_)(
                    : NULL,
         strides, grad_final_h, grad_final_cell};
     const SCALAR* next_d_gates =
-        step.continued ? gate_factors + next_offset * gates_size : NULL;
-    const SCALAR* carried_sums =
-        LLTM_NAME(recurrent_sums_)(&amx, step.continued, next_d_gates, gates_size);
-    LLTM_FOR_EACH(index, carried_sums ? step.rows : lltm_tile_count(step.rows, state_size),
-                  step.rows * state_size * (carried_sums ? 1 : gates_size / 16), {
-      LLTM_NAME(backward_step_tile_)(state_size, input_features,
-                                     carried_sums ? lltm_row_tile(index, state_size)
-                                                  : lltm_tile_at(index, step.rows, state_size),
-                                     weight_factors,
-                                     last_columns, step.continued, next_d_gates, carried_sums,
-                                     gradients,
-                                     cells + step.offset * state_size,
-                                     gates + step.offset * gates_size, d_h0, d_c0,
-                                     d_gates + step.offset * gates_size,
-                                     LLTM_NARROW_STORAGE ? gates_copy + step.offset * gates_size
-                                                         : NULL);
+        step.continued && !use_amx ? gate_factors + next_offset * gates_size : NULL;
+    /* On AMX the step's products are done first: its tiles are whole rows. */
+    const SCALAR* carried_sums = NULL;
+    if (step.continued && use_amx) {
+      status = LLTM_NAME(recurrent_sums_)(&amx, step.continued, d_gates + next_offset * gates_size,
+                                          gates_size);
+      if (status != LLTM_SUCCESS) break;
+      carried_sums = amx.sums;
+    }
+    LLTM_FOR_EACH(index, use_amx ? step.rows : lltm_tile_count(step.rows, state_size),
+                  step.rows * state_size * (use_amx ? 1 : gates_size / 16), {
+      LLTM_NAME(backward_step_tile_)(
+          state_size, input_features,
+          use_amx ? lltm_row_tile(index, state_size) : lltm_tile_at(index, step.rows, state_size),
+          weight_factors, last_columns, step.continued, next_d_gates, carried_sums, gradients,
+          cells + step.offset * state_size, gates + step.offset * gates_size, d_h0, d_c0,
+          d_gates + step.offset * gates_size,
+          gates_copy ? gates_copy + step.offset * gates_size : NULL);
     });
     if (step.order == 0) break;
     next_offset = step.offset;
     step = lltm_previous_step(walk, &step);
   }
-  LLTM_NAME(end_recurrent_amx_)(&amx);
   free(scratch);
   free(last_columns);
-  int status = LLTM_SUCCESS;
-  if (wants_d_h0) {
+  if (status == LLTM_SUCCESS && wants_d_h0) {
     /* Each row of h0 is the old state of its sequence's first step. */
     lltm_block_cursor cursor = lltm_first_block(walk);
     lltm_state_block block;
     while (status == LLTM_SUCCESS && lltm_next_block(walk, &cursor, &block)) {
       if (!block.initial) continue;
-      status = LLTM_NAME(product_)(use_amx, block.rows, state_size, gates_size,
-                                   gate_factors + block.gate_row * gates_size, gates_size, 1,
-                                   weight_factors, columns, NULL, 0,
-                                   d_h0 + block.state_row * state_size, state_size);
+      STORAGE* block_d_h0 = d_h0 + block.state_row * state_size;
+      if (!use_amx) {
+        status = LLTM_NAME(product_)(block.rows, state_size, gates_size,
+                                     gate_factors + block.gate_row * gates_size, gates_size, 1,
+                                     weight_factors, columns, NULL, 0, block_d_h0, state_size);
+        continue;
+      }
+      status = LLTM_NAME(recurrent_sums_)(&amx, block.rows, d_gates + block.gate_row * gates_size,
+                                          gates_size);
+      for (int64_t row = 0; status == LLTM_SUCCESS && row < block.rows; ++row) {
+        LLTM_NAME(add_sums_row_)(state_size, NULL, amx.sums + row * state_size,
+                                 block_d_h0 + row * state_size);
+      }
     }
   }
+  LLTM_NAME(end_recurrent_amx_)(&amx);
   if (status == LLTM_SUCCESS && d_inputs) {
-    status = LLTM_NAME(product_)(use_amx, walk->rows, input_features, gates_size, gate_factors,
-                                 gates_size, 1, weight_factors + state_size, columns, NULL, 0,
-                                 d_inputs, input_features);
+    status = use_amx ? LLTM_NAME(amx_product_)(walk->rows, input_features, gates_size, d_gates,
+                                               gates_size, 1, weights + state_size, columns, 1,
+                                               NULL, 0, d_inputs, input_features)
+                     : LLTM_NAME(product_)(walk->rows, input_features, gates_size, gate_factors,
+                                           gates_size, 1, weight_factors + state_size, columns,
+                                           NULL, 0, d_inputs, input_features);
   }
-  if (status == LLTM_SUCCESS && d_weights) {
-    status = LLTM_NAME(hidden_weight_grads_)(use_amx, walk, state_size, columns, gate_factors,
-                                             h0, outputs, d_weights);
+  if (status == LLTM_SUCCESS && d_weights && use_amx) {
+    status = LLTM_NAME(amx_weight_grads_)(walk, input_features, state_size, d_gates, inputs, h0,
+                                          outputs, d_weights);
+  } else if (status == LLTM_SUCCESS && d_weights) {
+    status = LLTM_NAME(hidden_weight_grads_)(walk, state_size, columns, gate_factors, h0, outputs,
+                                             d_weights);
     const SCALAR* input_factors;
     SCALAR* inputs_copy = NULL;
     if (status == LLTM_SUCCESS && !LLTM_NAME(operand_)(walk->rows * input_features, inputs,
@@ -953,9 +1090,9 @@ static int LLTM_NAME(recurrence_backward_)(
       status = LLTM_ERROR_NO_MEMORY;
     }
     if (status == LLTM_SUCCESS) {
-      status = LLTM_NAME(product_)(use_amx, gates_size, input_features, walk->rows,
-                                   gate_factors, 1, gates_size, input_factors, input_features,
-                                   NULL, 0, d_weights + state_size, columns);
+      status = LLTM_NAME(product_)(gates_size, input_features, walk->rows, gate_factors, 1,
+                                   gates_size, input_factors, input_features, NULL, 0,
+                                   d_weights + state_size, columns);
     }
     free(inputs_copy);
   }
@@ -975,7 +1112,12 @@ static int LLTM_NAME(recurrence_backward_)(
 #define LLTM_NO_AMX 4
 #endif
 static int LLTM_NAME(uses_amx_)(int64_t kernels) {
-  return AMX_PIECES && !(kernels & LLTM_NO_AMX) && lltm_amx_usable();
+#ifdef AMX_DTYPE
+  return !(kernels & LLTM_NO_AMX) && lltm_amx_usable();
+#else
+  (void)kernels;
+  return 0;
+#endif
 }
 
 /* The registered passes (lltm_cpu.c): sequence_forward and
