@@ -24,6 +24,11 @@
 
 #include "lltm_op.h"
 
+/* The bit of the sequence passes' `kernels` option (sequence.py's
+ * _options) that LLTM_AMX=0 in the environment sets: the portable products
+ * only, never AMX. */
+#define LLTM_NO_AMX 4
+
 /* A factor packed into the tiles' layout: `count` rows of the left factor
  * or columns of the right one, over `depth`. `finite` is 0 where a float16
  * factor holds inf or NaN, whose pieces' products (inf times a zero piece)

@@ -1106,11 +1106,7 @@ static int LLTM_NAME(recurrence_backward_)(
 
 /* Whether a pass whose options (sequence.py's _options) are `kernels` takes
  * its products on AMX: a 16-bit type's, where the CPU has it, unless
- * kernels' bit 2 (LLTM_AMX=0 in the environment) asks for the portable
- * products. */
-#ifndef LLTM_NO_AMX
-#define LLTM_NO_AMX 4
-#endif
+ * kernels asks for the portable products (LLTM_NO_AMX). */
 static int LLTM_NAME(uses_amx_)(int64_t kernels) {
 #ifdef AMX_DTYPE
   return !(kernels & LLTM_NO_AMX) && lltm_amx_usable();
