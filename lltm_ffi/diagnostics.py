@@ -114,8 +114,11 @@ def _describe_module(report, extension):
     elif not amx_usable():
         report.row("CPU 16-bit products", "portable (no AMX on this CPU)")
     else:
-        report.row("CPU 16-bit products", "portable (LLTM_AMX=0)" if os.environ.get("LLTM_AMX") == "0"
-                   else "AMX (bfloat16 tiles)")
+        setting = os.environ.get("LLTM_AMX")
+        report.row("CPU 16-bit products",
+                   "portable (LLTM_AMX=0)" if setting == "0"
+                   else "AMX for every size (LLTM_AMX=1)" if setting == "1"
+                   else "AMX (bfloat16 tiles; float16 from a state of 320)")
     return lib if extension.lib is not None else None
 
 

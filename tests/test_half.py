@@ -259,8 +259,9 @@ def test_layers_are_as_accurate_as_torch_in_the_dtype(layers, packed, dtype, dev
 
 
 # The CPU's two paths for the 16-bit products (ARCHITECTURE.md, "The
-# sequence's paths"): AMX's tiles where the CPU has them, and the portable
-# products (LLTM_AMX=0), which every other CPU takes. Their products differ
+# sequence's paths"): AMX's tiles where the CPU has them (LLTM_AMX=1: at
+# every size, float16's too), and the portable products (LLTM_AMX=0), which
+# every other CPU takes. Their products differ
 # only in the order of float32's sums, so their results only where such a
 # sum rounds to the dtype on the other side of a boundary: by less than a
 # unit of roundoff over a tensor (a fifth of one at most over these tests).
@@ -275,11 +276,8 @@ needs_amx = pytest.mark.skipif(
 def on_both_cpu_paths(function, monkeypatch):
     """{path: function()} with the products on AMX, then the portable ones."""
     results = {}
-    for path, setting in (("AMX", None), ("portable", "0")):
-        if setting is None:
-            monkeypatch.delenv("LLTM_AMX", raising=False)
-        else:
-            monkeypatch.setenv("LLTM_AMX", setting)
+    for path, setting in (("AMX", "1"), ("portable", "0")):
+        monkeypatch.setenv("LLTM_AMX", setting)
         results[path] = function()
     return results
 

@@ -135,7 +135,9 @@ INLINE int pack_left_row(int dtype, const uint16_t* row, int64_t depth, int64_t 
   const int per_tile = TILE_DEPTH / spread;
   int finite = 1;
   for (int64_t first = 0; first * spread < packed_depth; first += per_tile) {
-    if (row && first + per_tile <= depth) {
+    if (!row) {
+      memset(out, 0, 2 * TILE_DEPTH);
+    } else if (first + per_tile <= depth) {
       if (dtype == LLTM_BFLOAT16) {
         memcpy(out, row + first, 2 * TILE_DEPTH);
       } else {
@@ -145,7 +147,7 @@ INLINE int pack_left_row(int dtype, const uint16_t* row, int64_t depth, int64_t 
       }
     } else {
       for (int t = 0; t < per_tile; ++t) {
-        const int valid = row && first + t < depth;
+        const int valid = first + t < depth;
         uint16_t piece[2];
         finite &= split(dtype, valid, valid ? row[first + t] : 0, piece);
         for (int p = 0; p < spread; ++p) out[t * spread + p] = piece[p / pieces];
@@ -175,6 +177,10 @@ INLINE int pack_left_across(int dtype, int64_t first_row, int64_t rows, int64_t 
     for (int64_t block = first_row; block < end; block += TILE_ROWS) {
       uint16_t* tile = tiles + block * packed_depth + e / TILE_DEPTH * TILE_ELEMENTS;
       const int whole = block + TILE_ROWS <= rows && k + per_tile <= depth;
+      if (block >= rows) {
+        memset(tile, 0, 2 * TILE_ELEMENTS);
+        continue;
+      }
       for (int t = 0; t < per_tile; ++t) {
         const uint16_t* source = a + block + (k + t) * depth_stride;
         if (whole && dtype == LLTM_BFLOAT16) {
@@ -224,6 +230,10 @@ INLINE int pack_right_rows(int dtype, int64_t first, int64_t columns, int64_t de
     for (int64_t block = first; block < end; block += TILE_ROWS) {
       uint16_t* out = right_pair(tiles + block * packed_depth, e, 0);
       const uint16_t* row = b + k * row_stride + block;
+      if (block >= columns) {
+        memset(out, 0, 2 * TILE_DEPTH * pieces);
+        continue;
+      }
       if (block + TILE_ROWS <= columns && k + rows_a_pair <= depth) {
         if (dtype == LLTM_BFLOAT16) {
           for (int j = 0; j < TILE_ROWS; ++j) {
@@ -263,6 +273,10 @@ INLINE int pack_right_columns(int dtype, int64_t first, int64_t columns, int64_t
   for (int64_t e = 0; e < packed_depth; e += TILE_DEPTH) {
     uint16_t* tile = block + e / TILE_DEPTH * TILE_ELEMENTS;
     const int64_t k = e / spread;
+    if (first >= columns) {
+      memset(tile, 0, 2 * TILE_ELEMENTS);
+      continue;
+    }
     for (int j = 0; j < TILE_ROWS; ++j) {
       const uint16_t* column = b + (first + j) * column_stride + k;
       if (first + j < columns && k + per_tile <= depth) {
@@ -333,6 +347,7 @@ VECTOR_TARGET static int pack_left(int dtype, int64_t rows, int64_t depth, const
 VECTOR_TARGET int lltm_amx_pack_right(int dtype, int64_t depth, int64_t columns,
                                       const uint16_t* b, int64_t row_stride,
                                       int64_t column_stride, lltm_amx_factor* packed) {
+  if (row_stride != 1 && column_stride != 1) return LLTM_ERROR_ARGUMENTS;
   if (!make_room(dtype, columns, depth, packed)) return LLTM_ERROR_NO_MEMORY;
   const int64_t packed_depth = packed->packed_depth;
   uint16_t* tiles = packed->tiles;
@@ -529,6 +544,7 @@ static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, f
 int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
                       const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
                       int64_t sums_stride) {
+  if (row_stride != 1 && depth_stride != 1) return LLTM_ERROR_ARGUMENTS;
   if (!right->finite) return LLTM_AMX_DECLINED;
   const int status =
       pack_left(right->dtype, rows, right->depth, a, row_stride, depth_stride, left);

@@ -24,10 +24,12 @@
 
 #include "lltm_op.h"
 
-/* The bit of the sequence passes' `kernels` option (sequence.py's
- * _options) that LLTM_AMX=0 in the environment sets: the portable products
- * only, never AMX. */
+/* The bits of the sequence passes' `kernels` option (sequence.py's
+ * _options) that LLTM_AMX in the environment sets: =0, the portable
+ * products only, never AMX; =1, AMX for every product it can take, where
+ * by default float16's take it only where it pays (lltm_cpu_impl.h). */
 #define LLTM_NO_AMX 4
+#define LLTM_ALL_AMX 8
 
 /* A factor packed into the tiles' layout: `count` rows of the left factor
  * or columns of the right one, over `depth`. `finite` is 0 where a float16
@@ -45,7 +47,8 @@ typedef struct {
 
 /* The right factor b (depth x columns) of dtype's bits, element (k, j) at
  * b[k * row_stride + j * column_stride], one of the strides 1, into
- * *packed. LLTM_SUCCESS, or LLTM_ERROR_NO_MEMORY. */
+ * *packed. LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY, or LLTM_ERROR_ARGUMENTS where
+ * neither stride is 1. */
 int lltm_amx_pack_right(int dtype, int64_t depth, int64_t columns, const uint16_t* b,
                         int64_t row_stride, int64_t column_stride, lltm_amx_factor* packed);
 
@@ -56,8 +59,8 @@ int lltm_amx_pack_right(int dtype, int64_t depth, int64_t columns, const uint16_
 /* sums (rows x right's columns, row stride sums_stride) = a times right,
  * a (rows x right's depth, of right's dtype) with element (i, k) at
  * a[i * row_stride + k * depth_stride], one of the strides 1, packed into
- * *left on the way. LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY or
- * LLTM_AMX_DECLINED. Only where lltm_amx_usable. */
+ * *left on the way. LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS
+ * (neither stride 1) or LLTM_AMX_DECLINED. Only where lltm_amx_usable. */
 int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
                       const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
                       int64_t sums_stride);

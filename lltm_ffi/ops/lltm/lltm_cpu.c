@@ -5,7 +5,8 @@
  * float uses the branch-free exp/expm1/tanh below (Cephes' polynomials, within
  * a few ulp of libm) so that each row loop vectorises; glibc's scalar calls
  * run several times slower than ATen's vectorised ops. double keeps libm.
- * float16 and bfloat16 tensors compute in float (lltm_half.h converts). */
+ * float16 and bfloat16 tensors compute in float (lltm_half.h converts),
+ * their products on AMX where the CPU has it (lltm_amx.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>

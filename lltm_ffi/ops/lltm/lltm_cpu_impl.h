@@ -12,8 +12,9 @@
  * gates, the gate gradients, the gradients carried to the step before, in
  * d_h0 and d_c0), as a loop of the cell over tensors of that type would.
  * All else is SCALAR: the cell's math; the products' factors, converted
- * once for all the products that read them; and the products' sums, each
- * rounded once, whatever its depth. Where a tensor holds a step's value in
+ * once for all the products that read them (on AMX, read as the tensors
+ * hold them, each product of two exact in float); and the products' sums,
+ * each rounded once, whatever its depth. Where a tensor holds a step's value in
  * two parts (the gates' input, then hidden products; the gradient reaching
  * h or the cell, then the step's own) it is rounded after each. */
 
@@ -1106,12 +1107,21 @@ static int LLTM_NAME(recurrence_backward_)(
 
 /* Whether a pass whose options (sequence.py's _options) are `kernels` takes
  * its products on AMX: a 16-bit type's, where the CPU has it, unless
- * kernels asks for the portable products (LLTM_NO_AMX). */
-static int LLTM_NAME(uses_amx_)(int64_t kernels) {
+ * kernels asks for the portable products (LLTM_NO_AMX). A float16 product
+ * takes four tile products (lltm_amx.h) and its packing costs more: on 2
+ * cores of a Sapphire Rapids the portable products beat AMX's but from a
+ * state of 320 and 2^24 multiply-adds a step's recurrent product
+ * (BENCHMARKS.md), and only there does float16 take AMX by default. */
+#define LLTM_AMX_FLOAT16_STATE 320
+#define LLTM_AMX_FLOAT16_MULTIPLY_ADDS ((int64_t)1 << 24)
+static int LLTM_NAME(uses_amx_)(int64_t kernels, int64_t batch_size, int64_t state_size) {
 #ifdef AMX_DTYPE
-  return !(kernels & LLTM_NO_AMX) && lltm_amx_usable();
+  if ((kernels & LLTM_NO_AMX) || !lltm_amx_usable()) return 0;
+  return AMX_DTYPE == LLTM_BFLOAT16 || (kernels & LLTM_ALL_AMX) ||
+         (state_size >= LLTM_AMX_FLOAT16_STATE &&
+          batch_size * 3 * state_size * state_size >= LLTM_AMX_FLOAT16_MULTIPLY_ADDS);
 #else
-  (void)kernels;
+  (void)kernels, (void)batch_size, (void)state_size;
   return 0;
 #endif
 }
@@ -1129,9 +1139,9 @@ static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size,
   if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
     return LLTM_ERROR_ARGUMENTS;
   }
-  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(kernels), &walk, input_features,
-                                        state_size, inputs, weights, bias, h0, c0, outputs, cells,
-                                        gates, NULL, NULL);
+  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(kernels, batch_size, state_size),
+                                        &walk, input_features, state_size, inputs, weights, bias,
+                                        h0, c0, outputs, cells, gates, NULL, NULL);
 }
 
 static int LLTM_NAME(sequence_backward_)(
@@ -1144,10 +1154,11 @@ static int LLTM_NAME(sequence_backward_)(
   if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
     return LLTM_ERROR_ARGUMENTS;
   }
-  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(kernels), &walk, input_features,
-                                         state_size, grad_strides, inputs, weights, h0, outputs,
-                                         cells, gates, grad_outputs, grad_cells, NULL, NULL,
-                                         d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0);
+  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(kernels, batch_size, state_size),
+                                         &walk, input_features, state_size, grad_strides, inputs,
+                                         weights, h0, outputs, cells, gates, grad_outputs,
+                                         grad_cells, NULL, NULL, d_gates, d_inputs, d_weights,
+                                         d_bias, d_h0, d_c0);
 }
 
 /* sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
@@ -1159,9 +1170,9 @@ static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch
                                       STORAGE* final_h, STORAGE* final_cell) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
-  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(sizes[7]), &walk, sizes[3], sizes[4],
-                                        inputs, weights, bias, h0, c0, outputs, cells, gates,
-                                        final_h, final_cell);
+  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(sizes[7], sizes[2], sizes[4]),
+                                        &walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
+                                        outputs, cells, gates, final_h, final_cell);
 }
 
 /* sizes as packed_forward's, then grad_outputs' and grad_cells' row and
@@ -1177,9 +1188,9 @@ static int LLTM_NAME(packed_backward_)(
   const int64_t* row_strides = sizes + 8;
   const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
                                    sizes[2] * row_strides[2], row_strides[2], row_strides[3]};
-  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(sizes[7]), &walk, sizes[3],
-                                         sizes[4], grad_strides, inputs, weights, h0, outputs,
-                                         cells, gates, grad_outputs, grad_cells, grad_final_h,
-                                         grad_final_cell, d_gates, d_inputs, d_weights, d_bias,
-                                         d_h0, d_c0);
+  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(sizes[7], sizes[2], sizes[4]),
+                                         &walk, sizes[3], sizes[4], grad_strides, inputs, weights,
+                                         h0, outputs, cells, gates, grad_outputs, grad_cells,
+                                         grad_final_h, grad_final_cell, d_gates, d_inputs,
+                                         d_weights, d_bias, d_h0, d_c0);
 }

@@ -260,9 +260,9 @@ struct sequence_shape {
   int state_grads;   /* whether d_h0 and d_c0 are asked for (always past one step) */
 };
 
-/* The `kernels` option the sequence and packed checks pass: 0, the 16-bit
- * types' products on AMX where the CPU has it; LLTM_NO_AMX, the portable
- * products. The checks run with each. */
+/* The `kernels` option the sequence and packed checks pass: LLTM_ALL_AMX,
+ * the 16-bit types' products on AMX where the CPU has it, at every size;
+ * LLTM_NO_AMX, the portable products. The checks run with each. */
 static int64_t products_option;
 
 static double* zeros(int64_t count) {
@@ -660,7 +660,7 @@ LLTM_CHECK(lltm_cpu_passes) {
       {3, 9, 5, 33, 0, 1},  {2, 8, 300, 31, 1, 1}, {5, 17, 3, 40, 0, 1}, {4, 3, 2, 95, 1, 1},
       {18, 17, 6, 64, 0, 1}, {3, 40, 7, 130, 1, 1}, {2, 0, 3, 4, 0, 1},  {3, 2, 0, 4, 1, 1}};
   for (int path = 0; path < 2; ++path) {
-    products_option = path ? LLTM_NO_AMX : 0;
+    products_option = path ? LLTM_NO_AMX : LLTM_ALL_AMX;
     for (size_t k = 0; k < sizeof sequences / sizeof sequences[0]; ++k) {
       for (int d = 0; d < DTYPES; ++d) check_sequence(sequences[k], all_dtypes[d]);
     }
@@ -955,7 +955,7 @@ LLTM_CHECK(lltm_cpu_packed_passes) {
       {3, 40, 7, 130, forty, 1, 0, 1, 1, 0, 1}, {6, 1, 3, 5, single, 1, 1, 1, 1, 1, 1},
       {6, 1, 3, 5, single, 1, 0, 0, 0, 1, 1}};
   for (int path = 0; path < 2; ++path) {
-    products_option = path ? LLTM_NO_AMX : 0;
+    products_option = path ? LLTM_NO_AMX : LLTM_ALL_AMX;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
       for (int d = 0; d < DTYPES; ++d) check_packed(shapes[k], all_dtypes[d]);
     }
@@ -1035,7 +1035,7 @@ static void compare_product_paths(struct sequence_shape shape, int dtype, int wi
   }
   double* results[2][PATH_RESULTS];
   int64_t sizes[PATH_RESULTS];
-  path_results(shape, dtype, 0, arguments, results[0], sizes);
+  path_results(shape, dtype, LLTM_ALL_AMX, arguments, results[0], sizes);
   path_results(shape, dtype, LLTM_NO_AMX, arguments, results[1], sizes);
   for (int r = 0; r < PATH_RESULTS; ++r) {
     double difference = 0.0, norm = 0.0;
