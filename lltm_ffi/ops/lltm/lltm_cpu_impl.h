@@ -14,9 +14,9 @@
  * All else is SCALAR: the cell's math; the products' factors, converted
  * once for all the products that read them (on AMX, read as the tensors
  * hold them, each product of two exact in float); and the products' sums,
- * each rounded once, whatever its depth. Where a tensor holds a step's value in
- * two parts (the gates' input, then hidden products; the gradient reaching
- * h or the cell, then the step's own) it is rounded after each. */
+ * each rounded once, whatever its depth. Where a tensor holds a step's
+ * value in two parts (the gates' input, then hidden products; the gradient
+ * reaching h or the cell, then the step's own) it is rounded after each. */
 
 #ifndef LLTM_MATH
 #define LLTM_MATH(name) LLTM_CONCAT(name, SCALAR)
