@@ -34,8 +34,11 @@ REDUCED_SEQUENCE_SHAPES = ((64, 16, 32, 128), (1024, 16, 32, 128), (64, 256, 256
 # time per step is the same at every length.
 LOOPED_STEPS = 64
 DEFAULT_RUNS = {128: 100, 512: 50, 768: 10, 1024: 20, 2048: 5}  # by state size
-# On the CPU: the demo's sequences and the smallest above.
+# On the CPU: the demo's sequences and the smallest above; with --half and
+# --autocast also a layer of 512, where torch's bfloat16 products run on
+# AMX (lltm_sequence's too, where the CPU has it).
 CPU_SEQUENCE_SHAPES = ((20, 64, 8, 64), (64, 16, 32, 128))
+CPU_REDUCED_SEQUENCE_SHAPES = CPU_SEQUENCE_SHAPES + ((20, 128, 512, 512),)
 CPU_DEFAULT_RUNS = 100
 
 
@@ -76,7 +79,8 @@ def training_step(outputs_of, precision, device):
 
 def candidates(shape, device, precision):
     """{name: training step} at `shape`: in full precision the cell's loops
-    too; in a reduced one lltm_sequence in float32 beside the others."""
+    too; in a reduced one lltm_sequence in float32 beside the others, and on
+    the CPU the reference's loop in that precision."""
     steps, batch, features, state = shape
     dtype = precision.dtype
     inputs = torch.randn(steps, batch, features, device=device, dtype=dtype)
@@ -98,6 +102,9 @@ def candidates(shape, device, precision):
         float32_inputs = inputs.float()
         functions = {"lltm_sequence, float32": training_step(
             lambda: float32(float32_inputs)[0], precisions.Precision.full(torch.float32), device)}
+        if not cuda and steps <= LOOPED_STEPS:
+            functions["reference, Python loop"] = training_step(
+                lambda: cell_loop(reference.lltm, module, inputs), precision, device)
     for name, model in (("lltm_sequence", module), ("nn.LSTM", lstm), ("nn.GRU", gru)):
         functions[f"{name} (cuDNN)" if cuda and model is not module else name] = training_step(
             lambda model=model: model(inputs)[0], precision, device)
@@ -254,7 +261,7 @@ def run(args, device, dtype):
 def shapes_of(device, precision):
     """The sizes of the one-layer table."""
     if device.type != "cuda":
-        return CPU_SEQUENCE_SHAPES
+        return CPU_SEQUENCE_SHAPES if precision.kind == "full" else CPU_REDUCED_SEQUENCE_SHAPES
     return SEQUENCE_SHAPES if precision.kind == "full" else REDUCED_SEQUENCE_SHAPES
 
 

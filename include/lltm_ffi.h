@@ -79,3 +79,8 @@ const char* lltm_cuda_archs(void);
 int lltm_cuda_runtime_version(void);
 const char* lltm_source_hash(void);
 const char* lltm_package_version(void);
+
+/* 1 where the CPU passes of float16 and bfloat16 may take their products
+ * on AMX (the CPU has its bfloat16 tiles and Linux let this process use
+ * them; asked once), else 0: lltm_ffi/ops/lltm/lltm_amx.h. */
+int lltm_amx_usable(void);

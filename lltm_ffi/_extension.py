@@ -110,6 +110,18 @@ def cuda_compiled():
     return _CUDA_COMPILED
 
 
+_AMX_USABLE = bool(lib.lltm_amx_usable()) if lib is not None else None
+
+
+def amx_usable():
+    """Whether the CPU passes of float16 and bfloat16 may take their products
+    on AMX here (lltm_ffi/ops/lltm/lltm_amx.h); LLTM_AMX=0 in the
+    environment keeps them on the portable products all the same."""
+    if _AMX_USABLE is None:
+        require()
+    return _AMX_USABLE
+
+
 def error_message(code):
     return ffi.string(require().lltm_error_string(code)).decode()
 

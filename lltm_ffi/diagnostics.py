@@ -13,6 +13,7 @@ warns about it (see _extension), so this runs in exactly the situations a
 user needs it for.
 """
 
+import os
 import platform
 import re
 import sys
@@ -107,6 +108,17 @@ def _describe_module(report, extension):
         report.row("CUDA runtime (built)", _cuda_runtime_text(runtime()) if runtime else "unknown")
     else:
         report.row("CUDA compiled in", "no (CPU-only build)")
+    amx_usable = getattr(lib, "lltm_amx_usable", None)
+    if amx_usable is None:
+        report.row("CPU 16-bit products", "unknown (an older build)")
+    elif not amx_usable():
+        report.row("CPU 16-bit products", "portable (no AMX on this CPU)")
+    else:
+        setting = os.environ.get("LLTM_AMX")
+        report.row("CPU 16-bit products",
+                   "portable (LLTM_AMX=0)" if setting == "0"
+                   else "AMX for every size (LLTM_AMX=1)" if setting == "1"
+                   else "AMX (bfloat16 tiles; float16 from a state of 320)")
     return lib if extension.lib is not None else None
 
 

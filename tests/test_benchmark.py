@@ -235,9 +235,10 @@ REDUCED = [pytest.param(["--half", "bf16"], id="half-bf16"),
 def test_sequence_in_a_reduced_precision_times_lltm_sequence_lstm_and_gru(
         reduced, few_warmup_runs, device, monkeypatch, capsys, tmp_path):
     """--sequence --half/--autocast: lltm_sequence in that precision and in
-    float32, nn.LSTM and nn.GRU at every size, then the two-layer table."""
+    float32 (on the CPU the reference's loop in that precision too), nn.LSTM
+    and nn.GRU at every size, then the two-layer table."""
     small = ((3, 5, 7, 9), (2, 4, 3, 17))
-    monkeypatch.setattr(sequence, "CPU_SEQUENCE_SHAPES", small)
+    monkeypatch.setattr(sequence, "CPU_REDUCED_SEQUENCE_SHAPES", small)
     monkeypatch.setattr(sequence, "REDUCED_SEQUENCE_SHAPES", small)
     monkeypatch.setattr(sequence, "LAYERED_SHAPES", SMALL_LAYERED_SHAPES)
     report = tmp_path / "sequence.md"
@@ -251,7 +252,8 @@ def test_sequence_in_a_reduced_precision_times_lltm_sequence_lstm_and_gru(
             else f"modules and data in {dtype}") in output
     one_layer, layered = output.split(sequence.LAYERED_HEADING)
     cudnn = " (cuDNN)" if device.type == "cuda" else ""
-    names = ["lltm_sequence, float32", "lltm_sequence", f"nn.LSTM{cudnn}", f"nn.GRU{cudnn}"]
+    names = ["lltm_sequence, float32", *([] if cudnn else ["reference, Python loop"]),
+             "lltm_sequence", f"nn.LSTM{cudnn}", f"nn.GRU{cudnn}"]
     layered_names = ["LLTMSequence", f"nn.LSTM{cudnn}", f"nn.GRU{cudnn}", "LLTMSequence, packed",
                      f"nn.GRU{cudnn}, packed"]
     for table, sizes, expected in ((one_layer, ("3x5x7x9", "2x4x3x17"), names),
@@ -276,7 +278,7 @@ def test_accuracy_reports_every_result_of_lltm_sequence_and_gru(reduced, device,
     and nn.GRU's outputs and six, each a relative error against float64 that
     a bfloat16 run makes small but not zero."""
     small = ((3, 5, 7, 9), (2, 4, 3, 17))
-    monkeypatch.setattr(sequence, "CPU_SEQUENCE_SHAPES", small)
+    monkeypatch.setattr(sequence, "CPU_REDUCED_SEQUENCE_SHAPES", small)
     monkeypatch.setattr(sequence, "REDUCED_SEQUENCE_SHAPES", small)
     assert benchmark.main(["--accuracy", *device_flags(device), *reduced]) == 0
     output = capsys.readouterr().out

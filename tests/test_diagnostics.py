@@ -3,6 +3,7 @@ on this checkout's build (exit 0, every field right; the CUDA fields only
 with a GPU) and on copies whose module is missing or stale (the environment
 is still reported, the problem said plainly, exit 1)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -54,6 +55,11 @@ def test_report_on_this_build():
         assert report["CUDA runtime (built)"] == f"{version // 1000}.{version % 1000 // 10}"
     else:
         assert report["CUDA compiled in"] == "no (CPU-only build)"
+    assert report["CPU 16-bit products"] == (
+        "portable (no AMX on this CPU)" if not _extension.amx_usable()
+        else "portable (LLTM_AMX=0)" if os.environ.get("LLTM_AMX") == "0"
+        else "AMX for every size (LLTM_AMX=1)" if os.environ.get("LLTM_AMX") == "1"
+        else "AMX (bfloat16 tiles; float16 from a state of 320)")
 
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):

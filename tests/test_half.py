@@ -258,6 +258,91 @@ def test_layers_are_as_accurate_as_torch_in_the_dtype(layers, packed, dtype, dev
     assert_as_accurate_as_torch(got, in_torch, exact, dtype)
 
 
+# The CPU's two paths for the 16-bit products (ARCHITECTURE.md, "The
+# sequence's paths"): AMX's tiles where the CPU has them (LLTM_AMX=1: at
+# every size, float16's too), and the portable products (LLTM_AMX=0), which
+# every other CPU takes. Their products differ
+# only in the order of float32's sums, so their results only where such a
+# sum rounds to the dtype on the other side of a boundary: by less than a
+# unit of roundoff over a tensor (a fifth of one at most over these tests).
+# Sizes no multiple of a tile (16 or 32), batch 1, one step; dense, reverse
+# and packed steps.
+CPU_PATH_SHAPES = [(1, 1, 3, 5), (6, 1, 7, 33), (5, 17, 40, 130), (3, 33, 9, 70)]
+needs_amx = pytest.mark.skipif(
+    _extension.lib is not None and not _extension.amx_usable(),
+    reason="this CPU has no AMX: both paths are the portable products")
+
+
+def on_both_cpu_paths(function, monkeypatch):
+    """{path: function()} with the products on AMX, then the portable ones."""
+    results = {}
+    for path, setting in (("AMX", "1"), ("portable", "0")):
+        monkeypatch.setenv("LLTM_AMX", setting)
+        results[path] = function()
+    return results
+
+
+def assert_paths_agree(paths, dtype):
+    """Each result of the AMX path within a unit of roundoff of the portable one's."""
+    failures = [f"{name}: {error:.3g}" for name, value in paths["AMX"].items()
+                if not (error := selfcheck.relative_error(value, paths["portable"][name]))
+                <= UNIT_ROUNDOFF[dtype]]
+    assert not failures, f"AMX against the portable products: {'; '.join(failures)}"
+
+
+@needs_amx
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape", CPU_PATH_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+def test_the_cpu_product_paths_agree(shape, reverse, dtype, monkeypatch, generator):
+    steps, batch, features, state = shape
+    arguments = [torch.randn(steps, batch, features, generator=generator, dtype=torch.float64),
+                 *selfcheck.random_inputs(batch, features, state, torch.float64, "cpu",
+                                          generator)[1:]]
+    grads = random_grads([(steps, batch, state), (batch, state), (batch, state)], generator)
+    halves, doubles = rounded(arguments, dtype, "cpu")
+    paths = on_both_cpu_paths(
+        lambda: with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES), monkeypatch)
+    in_torch = with_gradients(torch_sequence(reverse), halves, grads, SEQUENCE_NAMES)
+    exact = with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES)
+    for got in paths.values():
+        assert_as_accurate_as_torch(got, in_torch, exact, dtype)
+    assert_paths_agree(paths, dtype)
+
+
+@needs_amx
+@pytest.mark.parametrize("dtype", HALVES)
+def test_the_cpu_product_paths_agree_on_packed_layers(dtype, monkeypatch, generator):
+    module = lltm_ffi.LLTMSequence(9, 70, num_layers=2, bidirectional=True, dtype=dtype)
+    lengths = [7, 1, 4, 3]
+    sequences = [torch.randn(length, 9, generator=generator).to(dtype) for length in lengths]
+    h0, c0 = (torch.randn(4, len(lengths), 70, generator=generator).to(dtype) for _ in range(2))
+    grads = ([torch.randn(length, 140, generator=generator, dtype=torch.float64)
+              for length in lengths], *random_grads([(4, len(lengths), 70)] * 2, generator))
+    paths = on_both_cpu_paths(
+        lambda: layers_results(module, sequences, h0, c0, grads, True, by_lltm_ffi=True),
+        monkeypatch)
+    assert_paths_agree(paths, dtype)
+
+
+@needs_amx
+def test_a_float16_product_amx_declines_takes_the_portable_products(monkeypatch, generator):
+    """A float16 factor that is inf or NaN is no tile product's (its pieces'
+    products would make inf times zero): those products run the portable
+    way, and give what the portable path gives, inf and NaN where it has
+    them."""
+    steps, batch, features, state = 4, 3, 5, 40
+    inputs = torch.randn(steps, batch, features, generator=generator).half()
+    inputs[2, 1, 3] = float("inf")
+    arguments = [inputs, *(tensor.half() for tensor in selfcheck.random_inputs(
+        batch, features, state, torch.float64, "cpu", generator)[1:])]
+    paths = on_both_cpu_paths(lambda: lltm_ffi.lltm_sequence(*arguments)[0], monkeypatch)
+    amx, portable = paths["AMX"], paths["portable"]
+    assert not amx.isfinite().all()
+    torch.testing.assert_close(amx, portable, rtol=UNIT_ROUNDOFF[torch.float16], atol=0,
+                               equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", HALVES)
 def test_sequence_module_converted_to_the_dtype(dtype, device, generator):
     """LLTMSequence(...).to(dtype): the zero initial state, batch_first and

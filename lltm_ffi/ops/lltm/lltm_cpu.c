@@ -5,12 +5,14 @@
  * float uses the branch-free exp/expm1/tanh below (Cephes' polynomials, within
  * a few ulp of libm) so that each row loop vectorises; glibc's scalar calls
  * run several times slower than ATen's vectorised ops. double keeps libm.
- * float16 and bfloat16 tensors compute in float (lltm_half.h converts). */
+ * float16 and bfloat16 tensors compute in float (lltm_half.h converts),
+ * their products on AMX where the CPU has it (lltm_amx.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "lltm_amx.h"
 #include "lltm_half.h"
 #include "lltm_op.h"
 #include "lltm_steps.h"
@@ -99,6 +101,7 @@ static inline double tanh_double(double x) { return tanh(x); }
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef AMX_DTYPE
 
 #define SCALAR double
 #define STORAGE double
@@ -111,10 +114,12 @@ static inline double tanh_double(double x) { return tanh(x); }
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef AMX_DTYPE
 
 #define SCALAR float
 #define STORAGE lltm_float16
 #define SUFFIX float16
+#define AMX_DTYPE LLTM_FLOAT16
 #define LOAD(x) lltm_float16_to_float(x)
 #define STORE(x) lltm_float_to_float16(x)
 #include "lltm_cpu_impl.h"
@@ -123,10 +128,12 @@ static inline double tanh_double(double x) { return tanh(x); }
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef AMX_DTYPE
 
 #define SCALAR float
 #define STORAGE lltm_bfloat16
 #define SUFFIX bfloat16
+#define AMX_DTYPE LLTM_BFLOAT16
 #define LOAD(x) lltm_bfloat16_to_float(x)
 #define STORE(x) lltm_float_to_bfloat16(x)
 #include "lltm_cpu_impl.h"
@@ -135,6 +142,7 @@ static inline double tanh_double(double x) { return tanh(x); }
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef AMX_DTYPE
 
 /* The passes, in the argument order of their declarations in cell.py and
  * sequence.py. */
@@ -144,11 +152,11 @@ LLTM_CPU_PASS_WITH_HALF(backward_pass, backward, args->sizes[0], args->sizes[1],
                         args->sizes + 2, args->tensors[0], args->tensors[1], args->tensors[2],
                         args->tensors[3], args->tensors[4], args->tensors[5])
 LLTM_CPU_PASS_WITH_HALF(sequence_forward, sequence_forward, args->sizes[0], args->sizes[1],
-                        args->sizes[2], args->sizes[3], args->tensors[0], args->tensors[1],
+                        args->sizes[2], args->sizes[3], args->sizes[5], args->tensors[0], args->tensors[1],
                         args->tensors[2], args->tensors[3], args->tensors[4], args->tensors[5],
                         args->tensors[6], args->tensors[7])
 LLTM_CPU_PASS_WITH_HALF(sequence_backward, sequence_backward, args->sizes[0], args->sizes[1],
-                        args->sizes[2], args->sizes[3], args->sizes + 6, args->tensors[0],
+                        args->sizes[2], args->sizes[3], args->sizes[5], args->sizes + 6, args->tensors[0],
                         args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
                         args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
                         args->tensors[9], args->tensors[10], args->tensors[11],

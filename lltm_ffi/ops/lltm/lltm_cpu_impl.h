@@ -3,18 +3,20 @@
  * bfloat16), STORAGE (what the tensors hold: float, double, lltm_float16,
  * lltm_bfloat16), SCALAR (what the math runs in: float for the 16-bit types)
  * and LOAD(x) and STORE(x) (a STORAGE element to SCALAR and back; nothing
- * for float and double) defined, after defining exp_SCALAR, expm1_SCALAR and
- * tanh_SCALAR.
+ * for float and double) defined, and for the 16-bit types AMX_DTYPE (their
+ * lltm_dtype: their products may run on AMX, lltm_amx.h), after defining
+ * exp_SCALAR, expm1_SCALAR and tanh_SCALAR.
  *
  * The 16-bit types round where their tensors hold a value: each result, and
  * whatever a pass keeps in a tensor between steps (each step's h, cell and
  * gates, the gate gradients, the gradients carried to the step before, in
  * d_h0 and d_c0), as a loop of the cell over tensors of that type would.
  * All else is SCALAR: the cell's math; the products' factors, converted
- * once for all the products that read them; and the products' sums, each
- * rounded once, whatever its depth. Where a tensor holds a step's value in
- * two parts (the gates' input, then hidden products; the gradient reaching
- * h or the cell, then the step's own) it is rounded after each. */
+ * once for all the products that read them (on AMX, read as the tensors
+ * hold them, each product of two exact in float); and the products' sums,
+ * each rounded once, whatever its depth. Where a tensor holds a step's
+ * value in two parts (the gates' input, then hidden products; the gradient
+ * reaching h or the cell, then the step's own) it is rounded after each. */
 
 #ifndef LLTM_MATH
 #define LLTM_MATH(name) LLTM_CONCAT(name, SCALAR)
@@ -35,6 +37,18 @@ static LLTM_ALWAYS_INLINE SCALAR LLTM_NAME(d_elu_)(SCALAR z) {
   return z > (SCALAR)0 ? (SCALAR)1 : LLTM_MATH(exp_)(z);
 }
 
+/* One element of the forward pass, from its three pre-activations. */
+static LLTM_ALWAYS_INLINE void LLTM_NAME(forward_element_)(SCALAR input_pre, SCALAR output_pre,
+                                                           SCALAR candidate_pre, SCALAR old_cell,
+                                                           STORAGE* new_h, STORAGE* new_cell) {
+  const SCALAR input_gate = LLTM_NAME(sigmoid_)(input_pre);
+  const SCALAR output_gate = LLTM_NAME(sigmoid_)(output_pre);
+  const SCALAR candidate_cell = LLTM_NAME(elu_)(candidate_pre);
+  const SCALAR cell = old_cell + candidate_cell * input_gate;
+  *new_cell = STORE(cell);
+  *new_h = STORE(LLTM_MATH(tanh_)(cell) * output_gate);
+}
+
 /* `columns` elements of one batch row; a gate's pre-activations are
  * gate_stride after the one before (the state size). */
 LLTM_VECTOR_CLONES
@@ -43,12 +57,31 @@ static void LLTM_NAME(forward_row_)(int64_t columns, int64_t gate_stride, const 
                                     STORAGE* new_cell) {
 #pragma omp simd
   for (int64_t column = 0; column < columns; ++column) {
-    const SCALAR input_gate = LLTM_NAME(sigmoid_)(LOAD(gate_row[column]));
-    const SCALAR output_gate = LLTM_NAME(sigmoid_)(LOAD(gate_row[gate_stride + column]));
-    const SCALAR candidate_cell = LLTM_NAME(elu_)(LOAD(gate_row[2 * gate_stride + column]));
-    const SCALAR cell = LOAD(old_cell[column]) + candidate_cell * input_gate;
-    new_cell[column] = STORE(cell);
-    new_h[column] = STORE(LLTM_MATH(tanh_)(cell) * output_gate);
+    LLTM_NAME(forward_element_)(LOAD(gate_row[column]), LOAD(gate_row[gate_stride + column]),
+                                LOAD(gate_row[2 * gate_stride + column]), LOAD(old_cell[column]),
+                                &new_h[column], &new_cell[column]);
+  }
+}
+
+/* forward_row_ after adding `sums` (laid out as gate_row) to the row's
+ * pre-activations, each rounded as the gates hold it. */
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(forward_sums_row_)(int64_t columns, int64_t gate_stride,
+                                         const SCALAR* sums, STORAGE* gate_row,
+                                         const STORAGE* old_cell, STORAGE* new_h,
+                                         STORAGE* new_cell) {
+  STORAGE* output_row = gate_row + gate_stride;
+  STORAGE* candidate_row = gate_row + 2 * gate_stride;
+  const SCALAR* output_sums = sums + gate_stride;
+  const SCALAR* candidate_sums = sums + 2 * gate_stride;
+#pragma omp simd
+  for (int64_t column = 0; column < columns; ++column) {
+    gate_row[column] = STORE(LOAD(gate_row[column]) + sums[column]);
+    output_row[column] = STORE(LOAD(output_row[column]) + output_sums[column]);
+    candidate_row[column] = STORE(LOAD(candidate_row[column]) + candidate_sums[column]);
+    LLTM_NAME(forward_element_)(LOAD(gate_row[column]), LOAD(output_row[column]),
+                                LOAD(candidate_row[column]), LOAD(old_cell[column]),
+                                &new_h[column], &new_cell[column]);
   }
 }
 
@@ -159,6 +192,14 @@ static inline struct lltm_tile lltm_tile_at(int64_t index, int64_t rows, int64_t
 static inline int64_t lltm_tile_count(int64_t rows, int64_t columns) {
   return (rows + LLTM_TILE_ROWS - 1) / LLTM_TILE_ROWS *
          ((columns + LLTM_TILE_COLUMNS - 1) / LLTM_TILE_COLUMNS);
+}
+
+/* Row `row` whole, `columns` wide, as a tile: where a step's products are
+ * done already, its tiles only run the cell's math, in rows as long as
+ * they come. */
+static inline struct lltm_tile lltm_row_tile(int64_t row, int64_t columns) {
+  struct lltm_tile tile = {row, 0, 1, (int)columns};
+  return tile;
 }
 #endif
 
@@ -385,13 +426,152 @@ static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const STORA
                                       int64_t stride) {
   SCALAR* result = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
   if (!result) return NULL;
-  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-    const int64_t r1 = r0 + 16 < rows ? r0 + 16 : rows;
+  LLTM_FOR_EACH(block, (rows + 15) / 16, rows * columns, {
+    const int64_t r0 = block * 16, r1 = r0 + 16 < rows ? r0 + 16 : rows;
     for (int64_t k = 0; k < columns; ++k) {
       for (int64_t r = r0; r < r1; ++r) result[k * rows + r] = LOAD(matrix[r * stride + k]);
     }
-  }
+  });
   return result;
+}
+
+/* The 16-bit types' products on AMX (lltm_amx.h), where the pass takes them
+ * (use_amx, from uses_amx_ below). They read the tensors themselves, not
+ * SCALAR copies, so that a pass on AMX makes none: a's element (i, k) at
+ * a[i * a_row_stride + k * a_depth_stride], b's (k, j) at
+ * b[k * b_row_stride + j * b_column_stride], one stride of each 1. A
+ * product AMX declines (a float16 factor not finite) takes SCALAR's own
+ * product of converted copies instead. */
+
+/* sums (rows x columns, row stride sums_stride) = a b, by SCALAR's own
+ * product of copies of a and b converted to SCALAR. */
+static int LLTM_NAME(converted_product_)(int64_t rows, int64_t columns, int64_t depth,
+                                         const STORAGE* a, int64_t a_row_stride,
+                                         int64_t a_depth_stride, const STORAGE* b,
+                                         int64_t b_row_stride, int64_t b_column_stride,
+                                         SCALAR* sums, int64_t sums_stride) {
+  SCALAR* a_copy = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * depth + 1));
+  SCALAR* b_copy = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(depth * columns + 1));
+  int status = a_copy && b_copy ? LLTM_SUCCESS : LLTM_ERROR_NO_MEMORY;
+  if (status == LLTM_SUCCESS) {
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t k = 0; k < depth; ++k) {
+        a_copy[i * depth + k] = LOAD(a[i * a_row_stride + k * a_depth_stride]);
+      }
+    }
+    for (int64_t k = 0; k < depth; ++k) {
+      for (int64_t j = 0; j < columns; ++j) {
+        b_copy[k * columns + j] = LOAD(b[k * b_row_stride + j * b_column_stride]);
+      }
+    }
+    status = LLTM_MATH(product_)(rows, columns, depth, a_copy, depth, 1, b_copy, columns, NULL, 0,
+                                 sums, sums_stride);
+  }
+  free(a_copy);
+  free(b_copy);
+  return status;
+}
+
+/* out (rows x columns, row stride out_stride) = base + a b, or out += a b
+ * where `accumulate` (base, one value a column, may be NULL: zero), as
+ * product_ does, on AMX: b packed once, a LLTM_AMX_ROWS rows at a time,
+ * each block's sums added and rounded while they are in cache. */
+#ifndef LLTM_AMX_ROWS
+#define LLTM_AMX_ROWS 256
+#endif
+static int LLTM_NAME(amx_product_)(int64_t rows, int64_t columns, int64_t depth,
+                                   const STORAGE* a, int64_t a_row_stride,
+                                   int64_t a_depth_stride, const STORAGE* b,
+                                   int64_t b_row_stride, int64_t b_column_stride,
+                                   const STORAGE* base, int accumulate, STORAGE* out,
+                                   int64_t out_stride) {
+#ifdef AMX_DTYPE
+  if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
+  const int64_t block = rows < LLTM_AMX_ROWS ? rows : LLTM_AMX_ROWS;
+  lltm_amx_factor left = {0}, right = {0};
+  SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(block * columns));
+  int status = sums ? lltm_amx_pack_right(AMX_DTYPE, depth, columns, b, b_row_stride,
+                                          b_column_stride, &right)
+                    : LLTM_ERROR_NO_MEMORY;
+  for (int64_t first = 0; status == LLTM_SUCCESS && first < rows; first += block) {
+    const int64_t count = rows - first < block ? rows - first : block;
+    const STORAGE* a_rows = a + first * a_row_stride;
+    status = lltm_amx_multiply(count, a_rows, a_row_stride, a_depth_stride, &right, &left, sums,
+                               columns);
+    if (status == LLTM_AMX_DECLINED) {
+      status = LLTM_NAME(converted_product_)(count, columns, depth, a_rows, a_row_stride,
+                                             a_depth_stride, b, b_row_stride, b_column_stride,
+                                             sums, columns);
+    }
+    if (status != LLTM_SUCCESS) break;
+    STORAGE* out_rows = out + first * out_stride;
+    LLTM_FOR_EACH(i, count, count * columns, {
+      LLTM_NAME(add_sums_row_)(columns, accumulate ? out_rows + i * out_stride : base,
+                               sums + i * columns, out_rows + i * out_stride);
+    });
+  }
+  lltm_amx_free(&left);
+  lltm_amx_free(&right);
+  free(sums);
+  return status;
+#else
+  (void)rows, (void)columns, (void)depth, (void)a, (void)a_row_stride, (void)a_depth_stride;
+  (void)b, (void)b_row_stride, (void)b_column_stride, (void)base, (void)accumulate, (void)out;
+  (void)out_stride;
+  return LLTM_ERROR_DTYPE;
+#endif
+}
+
+/* A pass's recurrent product on AMX: the hidden weights (the right
+ * factor, depth x columns, laid out as amx_product_'s b) packed once, each
+ * step's left factor (its old h forward, the next step's gate gradients
+ * backward) packed as it comes, and its sums, up to `rows` rows of them
+ * (row stride `columns`), for the step tiles. */
+struct LLTM_NAME(recurrent_amx_) {
+  const STORAGE* weights;
+  int64_t depth, columns, row_stride, column_stride;
+  lltm_amx_factor packed_weights, packed_step;
+  SCALAR* sums;
+};
+
+static int LLTM_NAME(start_recurrent_amx_)(int64_t rows, int64_t depth, int64_t columns,
+                                           const STORAGE* weights, int64_t row_stride,
+                                           int64_t column_stride,
+                                           struct LLTM_NAME(recurrent_amx_) * amx) {
+  memset(amx, 0, sizeof *amx);
+  amx->weights = weights;
+  amx->depth = depth;
+  amx->columns = columns;
+  amx->row_stride = row_stride;
+  amx->column_stride = column_stride;
+  amx->sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
+  if (!amx->sums) return LLTM_ERROR_NO_MEMORY;
+#ifdef AMX_DTYPE
+  return lltm_amx_pack_right(AMX_DTYPE, depth, columns, weights, row_stride, column_stride,
+                             &amx->packed_weights);
+#else
+  return LLTM_ERROR_DTYPE;
+#endif
+}
+
+/* amx->sums = `rows` rows of a (row stride a_stride) times the weights. */
+static int LLTM_NAME(recurrent_sums_)(struct LLTM_NAME(recurrent_amx_) * amx, int64_t rows,
+                                      const STORAGE* a, int64_t a_stride) {
+  if (rows <= 0) return LLTM_SUCCESS;
+#ifdef AMX_DTYPE
+  const int status = lltm_amx_multiply(rows, a, a_stride, 1, &amx->packed_weights,
+                                       &amx->packed_step, amx->sums, amx->columns);
+  if (status != LLTM_AMX_DECLINED) return status;
+#endif
+  return LLTM_NAME(converted_product_)(rows, amx->columns, amx->depth, a, a_stride, 1,
+                                       amx->weights, amx->row_stride, amx->column_stride,
+                                       amx->sums, amx->columns);
+}
+
+static void LLTM_NAME(end_recurrent_amx_)(struct LLTM_NAME(recurrent_amx_) * amx) {
+  lltm_amx_free(&amx->packed_weights);
+  lltm_amx_free(&amx->packed_step);
+  free(amx->sums);
 }
 
 /* The whole-sequence layer's passes, step by step as the step-by-step
@@ -419,99 +599,153 @@ static inline const STORAGE* LLTM_NAME(old_row_)(const STORAGE* previous,
 /* A step's forward tile: its old h times the hidden weights (`hidden`,
  * transposed: state x 3 * state; `last_columns`, each gate's columns of the
  * last block of states padded to a tile, where that block is short of one)
- * added to the tile's three gates, then the cell's forward math. */
+ * added to the tile's three gates, then the cell's forward math. Where
+ * hidden_sums is not NULL it holds the step's products already (row stride
+ * 3 * state). */
 static void LLTM_NAME(forward_step_tile_)(int64_t state_size, struct lltm_tile tile,
                                           const SCALAR* hidden, const SCALAR* last_columns,
+                                          const SCALAR* hidden_sums,
                                           struct LLTM_NAME(old_state_) old, STORAGE* gates,
                                           STORAGE* new_h, STORAGE* new_cell) {
   const int64_t gates_size = 3 * state_size;
-  const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
-  const SCALAR* a_rows[LLTM_TILE_ROWS];
-  for (int i = 0; i < LLTM_TILE_ROWS; ++i) {
-    const int64_t row = tile.first_row + (i < tile.rows ? i : tile.rows - 1);
-    a_rows[i] = LLTM_NARROW_STORAGE ? old.h_factors + row * state_size
-                                    : LLTM_AS_SCALAR(LLTM_NAME(old_row_)(
-                                          old.h, old.h0, old.carried, row, state_size));
-  }
-  for (int gate = 0; gate < 3; ++gate) {
-    const int64_t column = gate * state_size + tile.first_column;
-    LLTM_NAME(product_tile_)(
-        state_size, a_rows, 1,
-        is_padded ? last_columns + gate * state_size * LLTM_TILE_COLUMNS : hidden + column,
-        is_padded ? LLTM_TILE_COLUMNS : gates_size, tile.rows, tile.columns, NULL, 1,
-        gates + tile.first_row * gates_size + column, gates_size);
+  if (!hidden_sums) {
+    const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
+    const SCALAR* a_rows[LLTM_TILE_ROWS];
+    for (int i = 0; i < LLTM_TILE_ROWS; ++i) {
+      const int64_t row = tile.first_row + (i < tile.rows ? i : tile.rows - 1);
+      a_rows[i] = LLTM_NARROW_STORAGE ? old.h_factors + row * state_size
+                                      : LLTM_AS_SCALAR(LLTM_NAME(old_row_)(
+                                            old.h, old.h0, old.carried, row, state_size));
+    }
+    for (int gate = 0; gate < 3; ++gate) {
+      const int64_t column = gate * state_size + tile.first_column;
+      LLTM_NAME(product_tile_)(
+          state_size, a_rows, 1,
+          is_padded ? last_columns + gate * state_size * LLTM_TILE_COLUMNS : hidden + column,
+          is_padded ? LLTM_TILE_COLUMNS : gates_size, tile.rows, tile.columns, NULL, 1,
+          gates + tile.first_row * gates_size + column, gates_size);
+    }
   }
   for (int i = 0; i < tile.rows; ++i) {
     const int64_t row = tile.first_row + i, offset = row * state_size + tile.first_column;
-    LLTM_NAME(forward_row_)(
-        tile.columns, state_size, gates + row * gates_size + tile.first_column,
-        LLTM_NAME(old_row_)(old.cell, old.c0, old.carried, row, state_size) + tile.first_column,
-        new_h + offset, new_cell + offset);
+    const int64_t gate_offset = row * gates_size + tile.first_column;
+    const STORAGE* old_cell =
+        LLTM_NAME(old_row_)(old.cell, old.c0, old.carried, row, state_size) + tile.first_column;
+    if (hidden_sums) {
+      LLTM_NAME(forward_sums_row_)(tile.columns, state_size, hidden_sums + gate_offset,
+                                   gates + gate_offset, old_cell, new_h + offset,
+                                   new_cell + offset);
+    } else {
+      LLTM_NAME(forward_row_)(tile.columns, state_size, gates + gate_offset, old_cell,
+                              new_h + offset, new_cell + offset);
+    }
   }
+}
+
+/* The old h of a step's `rows` rows, one row after another (row stride
+ * state): the state's own rows where they all come from one place, else
+ * copied into `scratch` (a packed step in reverse, whose rows past
+ * `carried` start from h0). */
+static const STORAGE* LLTM_NAME(old_h_rows_)(struct LLTM_NAME(old_state_) old, int64_t rows,
+                                             int64_t state_size, STORAGE* scratch) {
+  if (old.carried >= rows) return old.h;
+  if (old.carried == 0) return old.h0;
+  const size_t carried = sizeof(STORAGE) * (size_t)(old.carried * state_size);
+  memcpy(scratch, old.h, carried);
+  memcpy(scratch + old.carried * state_size, old.h0 + old.carried * state_size,
+         sizeof(STORAGE) * (size_t)((rows - old.carried) * state_size));
+  return scratch;
 }
 
 /* Every step's outputs, cells and pre-activation gates, and where final_h
  * is not NULL each sequence's final state in final_h and final_cell
  * (batch, state). bias may be NULL (none). */
-static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_features,
-                                          int64_t state_size, const STORAGE* inputs,
-                                          const STORAGE* weights, const STORAGE* bias,
-                                          const STORAGE* h0, const STORAGE* c0, STORAGE* outputs,
-                                          STORAGE* cells, STORAGE* gates, STORAGE* final_h,
+static int LLTM_NAME(recurrence_forward_)(int use_amx, const lltm_walk* walk,
+                                          int64_t input_features, int64_t state_size,
+                                          const STORAGE* inputs, const STORAGE* weights,
+                                          const STORAGE* bias, const STORAGE* h0,
+                                          const STORAGE* c0, STORAGE* outputs, STORAGE* cells,
+                                          STORAGE* gates, STORAGE* final_h,
                                           STORAGE* final_cell) {
   if (walk->steps == 0) return LLTM_SUCCESS;
-  /* The weights transposed, (state + input_features, 3 * state), so that
-   * every product runs along contiguous rows, as the backward pass's do:
-   * rows below state_size are the hidden weights, the rest the input ones. */
-  const int64_t gates_size = 3 * state_size;
-  const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
-  SCALAR* transposed = LLTM_NAME(transposed_)(gates_size, state_size + input_features, weights,
-                                              state_size + input_features);
-  const int needs_last_columns = full_states < state_size;
-  SCALAR* last_columns = transposed && needs_last_columns
-                             ? LLTM_NAME(padded_columns_)(3, state_size, state_size, transposed,
-                                                          gates_size, full_states,
-                                                          state_size - full_states)
-                             : NULL;
-  const SCALAR* input_factors;
-  SCALAR* inputs_copy;
-  const int has_inputs = LLTM_NAME(operand_)(walk->rows * input_features, inputs, &input_factors,
-                                             &inputs_copy);
-  SCALAR* h_factors =
-      LLTM_NARROW_STORAGE
-          ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->batch_size * state_size + 1))
-          : NULL;
-  if (!transposed || (needs_last_columns && !last_columns) || !has_inputs ||
-      (LLTM_NARROW_STORAGE && !h_factors)) {
-    free(transposed);
-    free(last_columns);
-    free(inputs_copy);
-    free(h_factors);
-    return LLTM_ERROR_NO_MEMORY;
-  }
-  /* Every step's input part of its gates, and the bias, before the loop. */
-  int status = LLTM_NAME(product_)(walk->rows, gates_size, input_features, input_factors,
+  const int64_t gates_size = 3 * state_size, columns = state_size + input_features;
+  /* Every step's input part of its gates, and the bias, before the loop;
+   * then the recurrent products, step by step: on AMX from the weights as
+   * they are; else from the weights transposed (columns, 3 * state), so
+   * that every product runs along contiguous rows, as the backward pass's
+   * do: rows below state_size are the hidden weights, the rest the input
+   * ones. */
+  SCALAR *transposed = NULL, *last_columns = NULL, *h_factors = NULL;
+  STORAGE* old_h_scratch = NULL;
+  struct LLTM_NAME(recurrent_amx_) amx = {0};
+  int status = LLTM_SUCCESS;
+  if (use_amx) {
+    old_h_scratch =
+        (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(walk->batch_size * state_size + 1));
+    status = old_h_scratch ? LLTM_NAME(amx_product_)(walk->rows, gates_size, input_features,
+                                                     inputs, input_features, 1,
+                                                     weights + state_size, 1, columns, bias, 0,
+                                                     gates, gates_size)
+                           : LLTM_ERROR_NO_MEMORY;
+    if (status == LLTM_SUCCESS) {
+      status = LLTM_NAME(start_recurrent_amx_)(walk->batch_size, state_size, gates_size, weights,
+                                               1, columns, &amx);
+    }
+  } else {
+    const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
+    const int needs_last_columns = full_states < state_size;
+    transposed = LLTM_NAME(transposed_)(gates_size, columns, weights, columns);
+    last_columns = transposed && needs_last_columns
+                       ? LLTM_NAME(padded_columns_)(3, state_size, state_size, transposed,
+                                                    gates_size, full_states,
+                                                    state_size - full_states)
+                       : NULL;
+    const SCALAR* input_factors;
+    SCALAR* inputs_copy;
+    const int has_inputs = LLTM_NAME(operand_)(walk->rows * input_features, inputs,
+                                               &input_factors, &inputs_copy);
+    h_factors =
+        LLTM_NARROW_STORAGE
+            ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->batch_size * state_size + 1))
+            : NULL;
+    if (!transposed || (needs_last_columns && !last_columns) || !has_inputs ||
+        (LLTM_NARROW_STORAGE && !h_factors)) {
+      status = LLTM_ERROR_NO_MEMORY;
+    } else {
+      status = LLTM_NAME(product_)(walk->rows, gates_size, input_features, input_factors,
                                    input_features, 1, transposed + state_size * gates_size,
                                    gates_size, bias, 0, gates, gates_size);
-  free(inputs_copy);
+    }
+    free(inputs_copy);
+  }
   lltm_step step = lltm_first_step(walk);
   while (status == LLTM_SUCCESS) {
     const struct LLTM_NAME(old_state_) old = {outputs + step.previous_offset * state_size,
                                               cells + step.previous_offset * state_size, h0, c0,
                                               step.carried, h_factors};
-    if (LLTM_NARROW_STORAGE) {
+    if (use_amx) {
+      status = LLTM_NAME(recurrent_sums_)(
+          &amx, step.rows, LLTM_NAME(old_h_rows_)(old, step.rows, state_size, old_h_scratch),
+          state_size);
+      if (status != LLTM_SUCCESS) break;
+    } else if (LLTM_NARROW_STORAGE) {
       for (int64_t row = 0; row < step.rows; ++row) {
         LLTM_NAME(widen_)(state_size,
                           LLTM_NAME(old_row_)(old.h, old.h0, old.carried, row, state_size),
                           h_factors + row * state_size);
       }
     }
+    /* On AMX the step's products are done: its tiles are whole rows. */
+    const SCALAR* hidden_sums = use_amx ? amx.sums : NULL;
     const int64_t elements = step.rows * state_size;
     STORAGE* step_outputs = outputs + step.offset * state_size;
     STORAGE* step_cells = cells + step.offset * state_size;
-    LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size), elements * gates_size / 16, {
-      LLTM_NAME(forward_step_tile_)(state_size, lltm_tile_at(index, step.rows, state_size),
-                                    transposed, last_columns, old,
+    LLTM_FOR_EACH(index, use_amx ? step.rows : lltm_tile_count(step.rows, state_size),
+                  use_amx ? elements : elements * gates_size / 16, {
+      LLTM_NAME(forward_step_tile_)(state_size,
+                                    use_amx ? lltm_row_tile(index, state_size)
+                                            : lltm_tile_at(index, step.rows, state_size),
+                                    transposed, last_columns, hidden_sums, old,
                                     gates + step.offset * gates_size, step_outputs, step_cells);
     });
     if (final_h && step.continued < step.rows) {
@@ -523,6 +757,8 @@ static int LLTM_NAME(recurrence_forward_)(const lltm_walk* walk, int64_t input_f
     if (step.order + 1 == walk->steps) break;
     step = lltm_next_step(walk, &step);
   }
+  LLTM_NAME(end_recurrent_amx_)(&amx);
+  free(old_h_scratch);
   free(transposed);
   free(last_columns);
   free(h_factors);
@@ -564,27 +800,39 @@ struct LLTM_NAME(step_gradients_) {
  * carried from the next step or the final cell's. Both then take the
  * step's own output and cell gradients, and the cell's backward math writes
  * the tile's gate gradients and, over d_c, the gradient reaching the old
- * cell. */
+ * cell. Where carried_sums is not NULL it holds the products of the rows
+ * below `continued` already (row stride state). Where gate_factors is not
+ * NULL the tile's gate gradients are also converted into it, as SCALAR
+ * (laid out as d_gates), for the products that read them. */
 static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_features,
                                            struct lltm_tile tile, const SCALAR* weights,
                                            const SCALAR* last_columns, int64_t continued,
                                            const SCALAR* next_d_gates,
+                                           const SCALAR* carried_sums,
                                            struct LLTM_NAME(step_gradients_) gradients,
                                            const STORAGE* cells, const STORAGE* gates,
-                                           STORAGE* d_h, STORAGE* d_c, STORAGE* d_gates) {
+                                           STORAGE* d_h, STORAGE* d_c, STORAGE* d_gates,
+                                           SCALAR* gate_factors) {
   const int64_t gates_size = 3 * state_size;
   const int64_t* strides = gradients.strides;
   if (continued > tile.first_row) {
     struct lltm_tile carried = tile;
     if (continued - tile.first_row < tile.rows) carried.rows = (int)(continued - tile.first_row);
-    const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
-    const SCALAR* a_rows[LLTM_TILE_ROWS];
-    LLTM_NAME(tile_rows_)(next_d_gates, gates_size, carried, a_rows);
-    LLTM_NAME(product_tile_)(gates_size, a_rows, 1,
-                             is_padded ? last_columns : weights + tile.first_column,
-                             is_padded ? LLTM_TILE_COLUMNS : state_size + input_features,
-                             carried.rows, tile.columns, NULL, 0,
-                             d_h + tile.first_row * state_size + tile.first_column, state_size);
+    for (int i = 0; carried_sums && i < carried.rows; ++i) {
+      const int64_t offset = (tile.first_row + i) * state_size + tile.first_column;
+      LLTM_NAME(add_sums_row_)(tile.columns, NULL, carried_sums + offset, d_h + offset);
+    }
+    if (!carried_sums) {
+      const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
+      const SCALAR* a_rows[LLTM_TILE_ROWS];
+      LLTM_NAME(tile_rows_)(next_d_gates, gates_size, carried, a_rows);
+      LLTM_NAME(product_tile_)(gates_size, a_rows, 1,
+                               is_padded ? last_columns : weights + tile.first_column,
+                               is_padded ? LLTM_TILE_COLUMNS : state_size + input_features,
+                               carried.rows, tile.columns, NULL, 0,
+                               d_h + tile.first_row * state_size + tile.first_column,
+                               state_size);
+    }
   }
   for (int i = 0; i < tile.rows; ++i) {
     const int64_t row = tile.first_row + i, column = tile.first_column;
@@ -607,6 +855,10 @@ static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_fea
     LLTM_NAME(backward_row_)(tile.columns, state_size, d_h + offset, 1, d_c + offset, 1,
                              cells + offset, gates + gate_offset, d_c + offset,
                              d_gates + gate_offset);
+    for (int gate = 0; gate_factors && gate < 3; ++gate) {
+      const int64_t at = gate_offset + gate * state_size;
+      LLTM_NAME(widen_)(tile.columns, d_gates + at, gate_factors + at);
+    }
   }
 }
 
@@ -674,13 +926,44 @@ static void LLTM_NAME(column_sums_)(int64_t rows, int64_t columns, const STORAGE
   }
 }
 
+/* d_weights (3 * state x (state + input_features)) on AMX, in one product:
+ * d_gates^T times each row's [previous state, input], laid out as the
+ * weights' columns are (the previous states in the order of d_gates' rows,
+ * as hidden_weight_grads_ takes them). */
+static int LLTM_NAME(amx_weight_grads_)(const lltm_walk* walk, int64_t input_features,
+                                        int64_t state_size, const STORAGE* d_gates,
+                                        const STORAGE* inputs, const STORAGE* h0,
+                                        const STORAGE* outputs, STORAGE* d_weights) {
+  const int64_t gates_size = 3 * state_size, columns = state_size + input_features;
+  STORAGE* factors = (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(walk->rows * columns + 1));
+  if (!factors) return LLTM_ERROR_NO_MEMORY;
+  lltm_block_cursor cursor = lltm_first_block(walk);
+  lltm_state_block block;
+  while (lltm_next_block(walk, &cursor, &block)) {
+    const STORAGE* states = (block.initial ? h0 : outputs) + block.state_row * state_size;
+    for (int64_t row = 0; row < block.rows; ++row) {
+      memcpy(factors + (block.gate_row + row) * columns, states + row * state_size,
+             sizeof(STORAGE) * (size_t)state_size);
+    }
+  }
+  LLTM_FOR_EACH(row, walk->rows, walk->rows * input_features, {
+    memcpy(factors + row * columns + state_size, inputs + row * input_features,
+           sizeof(STORAGE) * (size_t)input_features);
+  });
+  const int status = LLTM_NAME(amx_product_)(gates_size, columns, walk->rows, d_gates, 1,
+                                             gates_size, factors, columns, 1, NULL, 0, d_weights,
+                                             columns);
+  free(factors);
+  return status;
+}
+
 /* The gradients of the forward pass's arguments. grad_strides: the (step,
  * row, column) strides of grad_outputs, then of grad_cells (a packed walk
  * reads only the row and column ones). d_h0 doubles as the gradient
  * reaching each step's h, d_c0 as that reaching each step's cell; a single
  * step given neither (not wanted) uses scratch space. */
 static int LLTM_NAME(recurrence_backward_)(
-    const lltm_walk* walk, int64_t input_features, int64_t state_size,
+    int use_amx, const lltm_walk* walk, int64_t input_features, int64_t state_size,
     const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
     const STORAGE* outputs, const STORAGE* cells, const STORAGE* gates, const STORAGE* grad_outputs,
     const STORAGE* grad_cells, const STORAGE* grad_final_h, const STORAGE* grad_final_cell,
@@ -691,42 +974,47 @@ static int LLTM_NAME(recurrence_backward_)(
   if (walk->steps == 0) return LLTM_SUCCESS;
   const int64_t batch_state = walk->batch_size * state_size, gates_size = 3 * state_size;
   const int64_t columns = state_size + input_features;
-  const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
   const int64_t strides[4] = {grad_strides[1], grad_strides[2], grad_strides[4], grad_strides[5]};
   const int wants_d_h0 = d_h0 != NULL;
   const int needs_scratch = !d_h0 || !d_c0;
-  const int needs_last_columns = walk->steps > 1 && full_states < state_size;
-  const SCALAR* weight_factors;
-  SCALAR* weights_copy;
-  const int has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &weight_factors,
-                                              &weights_copy);
-  /* The gate gradients as the products read them: a narrow STORAGE's are
-   * converted step by step, once each step's are done. */
-  SCALAR* gates_copy =
-      LLTM_NARROW_STORAGE
-          ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->rows * gates_size + 1))
-          : NULL;
-  const SCALAR* gate_factors = LLTM_NARROW_STORAGE ? gates_copy : LLTM_AS_SCALAR(d_gates);
   STORAGE* scratch =
       needs_scratch ? (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(2 * batch_state + 1)) : NULL;
-  SCALAR* last_columns = has_weights && needs_last_columns
-                             ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weight_factors,
-                                                          columns, full_states,
-                                                          state_size - full_states)
-                             : NULL;
-  if (!has_weights || (LLTM_NARROW_STORAGE && !gates_copy) || (needs_scratch && !scratch) ||
-      (needs_last_columns && !last_columns)) {
-    free(weights_copy);
-    free(gates_copy);
-    free(scratch);
-    free(last_columns);
-    return LLTM_ERROR_NO_MEMORY;
+  int status = needs_scratch && !scratch ? LLTM_ERROR_NO_MEMORY : LLTM_SUCCESS;
+  /* On AMX the products read the tensors themselves. Else they read SCALAR
+   * factors: the weights, and the gate gradients, a narrow STORAGE's
+   * converted by the step tiles that write them. */
+  struct LLTM_NAME(recurrent_amx_) amx = {0};
+  const SCALAR* weight_factors = NULL;
+  SCALAR *weights_copy = NULL, *gates_copy = NULL, *last_columns = NULL;
+  if (status == LLTM_SUCCESS && use_amx) {
+    if (walk->steps > 1 || wants_d_h0) {
+      status = LLTM_NAME(start_recurrent_amx_)(walk->batch_size, gates_size, state_size, weights,
+                                               columns, 1, &amx);
+    }
+  } else if (status == LLTM_SUCCESS) {
+    const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
+    const int needs_last_columns = walk->steps > 1 && full_states < state_size;
+    const int has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &weight_factors,
+                                                &weights_copy);
+    gates_copy =
+        LLTM_NARROW_STORAGE
+            ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->rows * gates_size + 1))
+            : NULL;
+    last_columns = has_weights && needs_last_columns
+                       ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weight_factors, columns,
+                                                    full_states, state_size - full_states)
+                       : NULL;
+    if (!has_weights || (LLTM_NARROW_STORAGE && !gates_copy) ||
+        (needs_last_columns && !last_columns)) {
+      status = LLTM_ERROR_NO_MEMORY;
+    }
   }
+  const SCALAR* gate_factors = LLTM_NARROW_STORAGE ? gates_copy : LLTM_AS_SCALAR(d_gates);
   if (!d_h0) d_h0 = scratch;
   if (!d_c0) d_c0 = scratch + batch_state;
   lltm_step step = lltm_last_step(walk);
   int64_t next_offset = 0; /* the first row of the step visited after `step` */
-  for (;;) {
+  while (status == LLTM_SUCCESS) {
     const struct LLTM_NAME(step_gradients_) gradients = {
         grad_outputs ? grad_outputs + lltm_step_start(walk, &step, grad_strides[0],
                                                       grad_strides[1])
@@ -735,47 +1023,67 @@ static int LLTM_NAME(recurrence_backward_)(
                    : NULL,
         strides, grad_final_h, grad_final_cell};
     const SCALAR* next_d_gates =
-        step.continued ? gate_factors + next_offset * gates_size : NULL;
-    LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size),
-                  step.rows * state_size * gates_size / 16, {
-      LLTM_NAME(backward_step_tile_)(state_size, input_features,
-                                     lltm_tile_at(index, step.rows, state_size), weight_factors,
-                                     last_columns, step.continued, next_d_gates, gradients,
-                                     cells + step.offset * state_size,
-                                     gates + step.offset * gates_size, d_h0, d_c0,
-                                     d_gates + step.offset * gates_size);
-    });
-    if (LLTM_NARROW_STORAGE) {
-      LLTM_NAME(widen_)(step.rows * gates_size, d_gates + step.offset * gates_size,
-                        gates_copy + step.offset * gates_size);
+        step.continued && !use_amx ? gate_factors + next_offset * gates_size : NULL;
+    /* On AMX the step's products are done first: its tiles are whole rows. */
+    const SCALAR* carried_sums = NULL;
+    if (step.continued && use_amx) {
+      status = LLTM_NAME(recurrent_sums_)(&amx, step.continued, d_gates + next_offset * gates_size,
+                                          gates_size);
+      if (status != LLTM_SUCCESS) break;
+      carried_sums = amx.sums;
     }
+    LLTM_FOR_EACH(index, use_amx ? step.rows : lltm_tile_count(step.rows, state_size),
+                  step.rows * state_size * (use_amx ? 1 : gates_size / 16), {
+      LLTM_NAME(backward_step_tile_)(
+          state_size, input_features,
+          use_amx ? lltm_row_tile(index, state_size) : lltm_tile_at(index, step.rows, state_size),
+          weight_factors, last_columns, step.continued, next_d_gates, carried_sums, gradients,
+          cells + step.offset * state_size, gates + step.offset * gates_size, d_h0, d_c0,
+          d_gates + step.offset * gates_size,
+          gates_copy ? gates_copy + step.offset * gates_size : NULL);
+    });
     if (step.order == 0) break;
     next_offset = step.offset;
     step = lltm_previous_step(walk, &step);
   }
   free(scratch);
   free(last_columns);
-  int status = LLTM_SUCCESS;
-  if (wants_d_h0) {
+  if (status == LLTM_SUCCESS && wants_d_h0) {
     /* Each row of h0 is the old state of its sequence's first step. */
     lltm_block_cursor cursor = lltm_first_block(walk);
     lltm_state_block block;
     while (status == LLTM_SUCCESS && lltm_next_block(walk, &cursor, &block)) {
       if (!block.initial) continue;
-      status = LLTM_NAME(product_)(block.rows, state_size, gates_size,
-                                   gate_factors + block.gate_row * gates_size, gates_size, 1,
-                                   weight_factors, columns, NULL, 0,
-                                   d_h0 + block.state_row * state_size, state_size);
+      STORAGE* block_d_h0 = d_h0 + block.state_row * state_size;
+      if (!use_amx) {
+        status = LLTM_NAME(product_)(block.rows, state_size, gates_size,
+                                     gate_factors + block.gate_row * gates_size, gates_size, 1,
+                                     weight_factors, columns, NULL, 0, block_d_h0, state_size);
+        continue;
+      }
+      status = LLTM_NAME(recurrent_sums_)(&amx, block.rows, d_gates + block.gate_row * gates_size,
+                                          gates_size);
+      for (int64_t row = 0; status == LLTM_SUCCESS && row < block.rows; ++row) {
+        LLTM_NAME(add_sums_row_)(state_size, NULL, amx.sums + row * state_size,
+                                 block_d_h0 + row * state_size);
+      }
     }
   }
+  LLTM_NAME(end_recurrent_amx_)(&amx);
   if (status == LLTM_SUCCESS && d_inputs) {
-    status = LLTM_NAME(product_)(walk->rows, input_features, gates_size, gate_factors,
-                                 gates_size, 1, weight_factors + state_size, columns, NULL, 0,
-                                 d_inputs, input_features);
+    status = use_amx ? LLTM_NAME(amx_product_)(walk->rows, input_features, gates_size, d_gates,
+                                               gates_size, 1, weights + state_size, columns, 1,
+                                               NULL, 0, d_inputs, input_features)
+                     : LLTM_NAME(product_)(walk->rows, input_features, gates_size, gate_factors,
+                                           gates_size, 1, weight_factors + state_size, columns,
+                                           NULL, 0, d_inputs, input_features);
   }
-  if (status == LLTM_SUCCESS && d_weights) {
-    status = LLTM_NAME(hidden_weight_grads_)(walk, state_size, columns, gate_factors, h0,
-                                             outputs, d_weights);
+  if (status == LLTM_SUCCESS && d_weights && use_amx) {
+    status = LLTM_NAME(amx_weight_grads_)(walk, input_features, state_size, d_gates, inputs, h0,
+                                          outputs, d_weights);
+  } else if (status == LLTM_SUCCESS && d_weights) {
+    status = LLTM_NAME(hidden_weight_grads_)(walk, state_size, columns, gate_factors, h0, outputs,
+                                             d_weights);
     const SCALAR* input_factors;
     SCALAR* inputs_copy = NULL;
     if (status == LLTM_SUCCESS && !LLTM_NAME(operand_)(walk->rows * input_features, inputs,
@@ -797,26 +1105,48 @@ static int LLTM_NAME(recurrence_backward_)(
   return status;
 }
 
+/* Whether a pass whose options (sequence.py's _options) are `kernels` takes
+ * its products on AMX: a 16-bit type's, where the CPU has it, unless
+ * kernels asks for the portable products (LLTM_NO_AMX). A float16 product
+ * takes four tile products (lltm_amx.h) and its packing costs more: on 2
+ * cores of a Sapphire Rapids the portable products beat AMX's but from a
+ * state of 320 and 2^24 multiply-adds a step's recurrent product
+ * (BENCHMARKS.md), and only there does float16 take AMX by default. */
+#define LLTM_AMX_FLOAT16_STATE 320
+#define LLTM_AMX_FLOAT16_MULTIPLY_ADDS ((int64_t)1 << 24)
+static int LLTM_NAME(uses_amx_)(int64_t kernels, int64_t batch_size, int64_t state_size) {
+#ifdef AMX_DTYPE
+  if ((kernels & LLTM_NO_AMX) || !lltm_amx_usable()) return 0;
+  return AMX_DTYPE == LLTM_BFLOAT16 || (kernels & LLTM_ALL_AMX) ||
+         (state_size >= LLTM_AMX_FLOAT16_STATE &&
+          batch_size * 3 * state_size * state_size >= LLTM_AMX_FLOAT16_MULTIPLY_ADDS);
+#else
+  (void)kernels, (void)batch_size, (void)state_size;
+  return 0;
+#endif
+}
+
 /* The registered passes (lltm_cpu.c): sequence_forward and
  * sequence_backward over dense steps in the forward direction, each step's
  * cell gradients given, no final state; packed_forward and packed_backward
  * over dense or packed steps in either direction, with the final states. */
 static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size,
                                         int64_t input_features, int64_t state_size,
-                                        const STORAGE* inputs, const STORAGE* weights,
+                                        int64_t kernels, const STORAGE* inputs, const STORAGE* weights,
                                         const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
                                         STORAGE* outputs, STORAGE* cells, STORAGE* gates) {
   lltm_walk walk;
   if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
     return LLTM_ERROR_ARGUMENTS;
   }
-  return LLTM_NAME(recurrence_forward_)(&walk, input_features, state_size, inputs, weights, bias,
+  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(kernels, batch_size, state_size),
+                                        &walk, input_features, state_size, inputs, weights, bias,
                                         h0, c0, outputs, cells, gates, NULL, NULL);
 }
 
 static int LLTM_NAME(sequence_backward_)(
     int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
-    const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
+    int64_t kernels, const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
     const STORAGE* outputs, const STORAGE* cells, const STORAGE* gates, const STORAGE* grad_outputs,
     const STORAGE* grad_cells, STORAGE* d_gates, STORAGE* d_inputs, STORAGE* d_weights,
     STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0) {
@@ -824,14 +1154,15 @@ static int LLTM_NAME(sequence_backward_)(
   if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
     return LLTM_ERROR_ARGUMENTS;
   }
-  return LLTM_NAME(recurrence_backward_)(&walk, input_features, state_size, grad_strides, inputs,
+  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(kernels, batch_size, state_size),
+                                         &walk, input_features, state_size, grad_strides, inputs,
                                          weights, h0, outputs, cells, gates, grad_outputs,
                                          grad_cells, NULL, NULL, d_gates, d_inputs, d_weights,
                                          d_bias, d_h0, d_c0);
 }
 
-/* sizes: rows, steps, batch, input_features, state, reverse (then tf32 and
- * own kernels, read by CUDA only). */
+/* sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
+ * CUDA only), kernels. */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
                                       const STORAGE* inputs, const STORAGE* weights,
                                       const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
@@ -839,7 +1170,8 @@ static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch
                                       STORAGE* final_h, STORAGE* final_cell) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
-  return LLTM_NAME(recurrence_forward_)(&walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
+  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(sizes[7], sizes[2], sizes[4]),
+                                        &walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
                                         outputs, cells, gates, final_h, final_cell);
 }
 
@@ -856,7 +1188,8 @@ static int LLTM_NAME(packed_backward_)(
   const int64_t* row_strides = sizes + 8;
   const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
                                    sizes[2] * row_strides[2], row_strides[2], row_strides[3]};
-  return LLTM_NAME(recurrence_backward_)(&walk, sizes[3], sizes[4], grad_strides, inputs, weights,
+  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(sizes[7], sizes[2], sizes[4]),
+                                         &walk, sizes[3], sizes[4], grad_strides, inputs, weights,
                                          h0, outputs, cells, gates, grad_outputs, grad_cells,
                                          grad_final_h, grad_final_cell, d_gates, d_inputs,
                                          d_weights, d_bias, d_h0, d_c0);

@@ -57,10 +57,14 @@ def _options():
     """The C passes' options: (tf32, kernels), read at each call as torch
     reads its own TF32 setting. kernels' bit 0 is LLTM_CUBLAS=0 (lltm_ffi's
     own kernels for every product), bit 1 LLTM_CLUSTER=0 (never the cluster
-    kernels for the recurrence)."""
+    kernels for the recurrence), bit 2 LLTM_AMX=0 (the CPU's portable
+    products for float16 and bfloat16, never AMX), bit 3 LLTM_AMX=1 (AMX
+    for every such product it can take, float16's of every size too)."""
     own_kernels = os.environ.get("LLTM_CUBLAS") == "0"
     no_cluster = os.environ.get("LLTM_CLUSTER") == "0"
-    return int(torch.backends.cuda.matmul.allow_tf32), int(own_kernels) | int(no_cluster) << 1
+    amx = os.environ.get("LLTM_AMX")
+    return (int(torch.backends.cuda.matmul.allow_tf32),
+            int(own_kernels) | int(no_cluster) << 1 | int(amx == "0") << 2 | int(amx == "1") << 3)
 
 
 @op.c_pass("sequence_forward", check=check_arguments)

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lltm_amx.h"
 #include "lltm_check.h"
 #include "lltm_half.h"
 
@@ -258,6 +259,11 @@ struct sequence_shape {
   int strided_grads; /* grad_outputs every other element, transposed rows; no grad_cells */
   int state_grads;   /* whether d_h0 and d_c0 are asked for (always past one step) */
 };
+
+/* The `kernels` option the sequence and packed checks pass: LLTM_ALL_AMX,
+ * the 16-bit types' products on AMX where the CPU has it, at every size;
+ * LLTM_NO_AMX, the portable products. The checks run with each. */
+static int64_t products_option;
 
 static double* zeros(int64_t count) {
   double* values = allocate(count, sizeof(double));
@@ -575,7 +581,7 @@ static void check_sequence(struct sequence_shape shape, int dtype) {
   void* d_bias = allocate(3 * S, size);
   void* d_h0 = shape.state_grads ? allocate(step, size) : NULL;
   void* d_c0 = shape.state_grads ? allocate(step, size) : NULL;
-  const int64_t sizes[12] = {T, B, F, S, 0, 0, grad_strides[0], grad_strides[1],
+  const int64_t sizes[12] = {T, B, F, S, 0, products_option, grad_strides[0], grad_strides[1],
                              grad_strides[2], grad_strides[3], grad_strides[4], grad_strides[5]};
   void* const forward_tensors[8] = {arguments[0], arguments[1], arguments[2], arguments[3],
                                     arguments[4], outputs, cells, gates};
@@ -653,9 +659,13 @@ LLTM_CHECK(lltm_cpu_passes) {
       {1, 1, 1, 1, 0, 0},   {1, 3, 2, 5, 1, 0},    {1, 9, 4, 33, 0, 1},  {4, 1, 3, 7, 1, 1},
       {3, 9, 5, 33, 0, 1},  {2, 8, 300, 31, 1, 1}, {5, 17, 3, 40, 0, 1}, {4, 3, 2, 95, 1, 1},
       {18, 17, 6, 64, 0, 1}, {3, 40, 7, 130, 1, 1}, {2, 0, 3, 4, 0, 1},  {3, 2, 0, 4, 1, 1}};
-  for (size_t k = 0; k < sizeof sequences / sizeof sequences[0]; ++k) {
-    for (int d = 0; d < DTYPES; ++d) check_sequence(sequences[k], all_dtypes[d]);
+  for (int path = 0; path < 2; ++path) {
+    products_option = path ? LLTM_NO_AMX : LLTM_ALL_AMX;
+    for (size_t k = 0; k < sizeof sequences / sizeof sequences[0]; ++k) {
+      for (int d = 0; d < DTYPES; ++d) check_sequence(sequences[k], all_dtypes[d]);
+    }
   }
+  products_option = 0;
   char cell_text[200], sequence_text[200];
   printf("lltm_cpu_passes: %ld values compared, %ld mismatches; largest error in roundings of "
          "the terms (16 allowed for float and double, 1.25 for the 16-bit types): %s; "
@@ -843,7 +853,7 @@ static void check_packed(struct packed_shape shape, int dtype) {
   void* d_h0 = shape.state_grads ? allocate(B * S, element) : NULL;
   void* d_c0 = shape.state_grads ? allocate(B * S, element) : NULL;
   void* given_sizes = shape.packed ? batch_sizes : NULL;
-  const int64_t sizes[12] = {rows, T, B, F, S, shape.reverse, 0, 0,
+  const int64_t sizes[12] = {rows, T, B, F, S, shape.reverse, 0, products_option,
                              grad_strides[0], grad_strides[1], grad_strides[2], grad_strides[3]};
   void* const forward_tensors[11] = {arguments[0], arguments[1], arguments[2], arguments[3],
                                      arguments[4], given_sizes, outputs, cells, gates, h_n, c_n};
@@ -944,9 +954,13 @@ LLTM_CHECK(lltm_cpu_packed_passes) {
       {4, 3, 2, 9, NULL, 0, 0, 0, 1, 1, 1},     {3, 40, 7, 130, forty, 1, 1, 1, 1, 1, 1},
       {3, 40, 7, 130, forty, 1, 0, 1, 1, 0, 1}, {6, 1, 3, 5, single, 1, 1, 1, 1, 1, 1},
       {6, 1, 3, 5, single, 1, 0, 0, 0, 1, 1}};
-  for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
-    for (int d = 0; d < DTYPES; ++d) check_packed(shapes[k], all_dtypes[d]);
+  for (int path = 0; path < 2; ++path) {
+    products_option = path ? LLTM_NO_AMX : LLTM_ALL_AMX;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
+      for (int d = 0; d < DTYPES; ++d) check_packed(shapes[k], all_dtypes[d]);
+    }
   }
+  products_option = 0;
   check_packed_refusals();
   char text[200];
   printf("lltm_cpu_packed_passes: %ld mismatches; largest relative error: %s\n",
@@ -954,5 +968,122 @@ LLTM_CHECK(lltm_cpu_packed_passes) {
   for (int d = 0; d < DTYPES; ++d) {
     if (worst_before[d] > worst_sequence[d]) worst_sequence[d] = worst_before[d];
   }
+  return failures - failures_before;
+}
+
+/* The 16-bit types' two paths for the sequence passes' products: AMX
+ * where the CPU has it, and the portable products (LLTM_NO_AMX), from the
+ * same inputs, against each other (the checks above hold each to the
+ * reference). Their products differ only in the order of float's sums, so
+ * each result lies within a unit of the dtype's roundoff of the other's
+ * norm; with an inf among the inputs (whose float16 products AMX declines,
+ * taking the portable ones) they hold inf and NaN in the same places.
+ * Without AMX both paths are the portable products. */
+#define PATH_RESULTS 7
+static const char* const path_result_names[PATH_RESULTS] = {
+    "outputs", "cells", "d_inputs", "d_weights", "d_bias", "d_h0", "d_c0"};
+
+/* Every result of the sequence passes of `dtype` over `arguments`
+ * (inputs, weights, bias, h0, c0, grad_outputs, grad_cells), as double,
+ * into results (counts: their sizes), with the products option `option`. */
+static void path_results(struct sequence_shape shape, int dtype, int64_t option,
+                         void* const* arguments, double** results, int64_t* counts) {
+  const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
+  const size_t size = element_size(dtype);
+  const int64_t step = B * S;
+  const int64_t sizes[12] = {T, B, F, S, 0, option, step, S, 1, step, S, 1};
+  void* outputs[PATH_RESULTS] = {allocate(T * step, size), allocate(T * step, size),
+                                 allocate(T * B * F, size), allocate(3 * S * (S + F), size),
+                                 allocate(3 * S, size), allocate(step, size), allocate(step, size)};
+  const int64_t result_counts[PATH_RESULTS] = {T * step, T * step, T * B * F, 3 * S * (S + F),
+                                               3 * S, step, step};
+  void* gates = allocate(T * 3 * step, size);
+  void* d_gates = allocate(T * 3 * step, size);
+  void* const forward_tensors[8] = {arguments[0], arguments[1], arguments[2], arguments[3],
+                                    arguments[4], outputs[0], outputs[1], gates};
+  void* const backward_tensors[14] = {arguments[0], arguments[1], arguments[3], outputs[0],
+                                      outputs[1], gates, arguments[5], arguments[6], d_gates,
+                                      outputs[2], outputs[3], outputs[4], outputs[5], outputs[6]};
+  if (lltm_check_pass("sequence_forward", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS ||
+      lltm_check_pass("sequence_backward", dtype, sizes, NULL, backward_tensors) !=
+          LLTM_SUCCESS) {
+    fprintf(stderr, "a sequence pass (%s, products option %lld) returned an error\n",
+            dtype_names[dtype], (long long)option);
+    ++failures;
+  }
+  for (int r = 0; r < PATH_RESULTS; ++r) {
+    counts[r] = result_counts[r];
+    results[r] = allocate(counts[r], sizeof(double));
+    for (int64_t i = 0; i < counts[r]; ++i) results[r][i] = get(dtype, outputs[r], i);
+    free(outputs[r]);
+  }
+  free(gates);
+  free(d_gates);
+}
+
+static void compare_product_paths(struct sequence_shape shape, int dtype, int with_inf) {
+  const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
+  const int64_t counts[7] = {T * B * F, 3 * S * (S + F), 3 * S, B * S, B * S, T * B * S,
+                             T * B * S};
+  const double scales[7] = {1.0, 1.7 / sqrt((double)(S + F)), 0.5, 1.0, 1.0, 1.0, 1.0};
+  void* arguments[7];
+  for (int a = 0; a < 7; ++a) {
+    double* values = round_values(dtype, uniform_values(counts[a], scales[a]), counts[a]);
+    if (with_inf && a == 0) values[counts[0] / 2] = INFINITY;
+    arguments[a] = typed_copy(values, counts[a], dtype);
+    free(values);
+  }
+  double* results[2][PATH_RESULTS];
+  int64_t sizes[PATH_RESULTS];
+  path_results(shape, dtype, LLTM_ALL_AMX, arguments, results[0], sizes);
+  path_results(shape, dtype, LLTM_NO_AMX, arguments, results[1], sizes);
+  for (int r = 0; r < PATH_RESULTS; ++r) {
+    double difference = 0.0, norm = 0.0;
+    int64_t apart = 0;
+    for (int64_t i = 0; i < sizes[r]; ++i) {
+      const double amx = results[0][r][i], portable = results[1][r][i];
+      ++checked;
+      if (isfinite(amx) && isfinite(portable)) {
+        difference += (amx - portable) * (amx - portable);
+        norm += portable * portable;
+      } else if (!(isnan(amx) && isnan(portable)) && amx != portable) {
+        ++apart;
+      }
+    }
+    const double error = norm > 0.0 ? sqrt(difference / norm) : sqrt(difference);
+    if (apart == 0 && error <= unit_roundoff[dtype]) continue;
+    if (failures < 20) {
+      fprintf(stderr, "MISMATCH %s %s %lldx%lldx%lldx%lld%s between the product paths: relative "
+              "difference %.3g (a unit: %.3g), %lld values not both finite and equal\n",
+              dtype_names[dtype], path_result_names[r], (long long)T, (long long)B, (long long)F,
+              (long long)S, with_inf ? " with an inf input" : "", error, unit_roundoff[dtype],
+              (long long)apart);
+    }
+    ++failures;
+  }
+  for (int path = 0; path < 2; ++path) {
+    for (int r = 0; r < PATH_RESULTS; ++r) free(results[path][r]);
+  }
+  for (int a = 0; a < 7; ++a) free(arguments[a]);
+}
+
+LLTM_CHECK(lltm_cpu_product_paths) {
+  const long failures_before = failures;
+  rng_state = seed ? seed ^ 0x2545f4914f6cdd1dULL : 1;
+  /* Sizes short of and past the tiles (16 and 32) and the 256-row blocks
+   * of the whole products, batch 1, one step. */
+  static const struct sequence_shape shapes[] = {
+      {1, 1, 1, 1, 0, 1}, {1, 1, 3, 5, 0, 1}, {6, 1, 7, 33, 0, 1}, {5, 17, 40, 130, 0, 1},
+      {3, 33, 9, 70, 0, 1}, {2, 130, 20, 48, 0, 1}};
+  for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
+    for (int with_inf = 0; with_inf < 2; ++with_inf) {
+      compare_product_paths(shapes[k], LLTM_FLOAT16, with_inf);
+      compare_product_paths(shapes[k], LLTM_BFLOAT16, with_inf);
+    }
+  }
+  printf("lltm_cpu_product_paths: %s; %ld mismatches\n",
+         lltm_amx_usable() ? "AMX against the portable products"
+                           : "no AMX here: the portable products twice",
+         failures - failures_before);
   return failures - failures_before;
 }

@@ -1,0 +1,555 @@
+/* Matrix products on AMX's tiles (lltm_amx.h says what and when).
+ *
+ * Eight tile registers of 16 rows by 64 bytes: a block of 32 x 32 sums
+ * holds four (tmm0 to tmm3), and each step of 32 of the packed depth loads
+ * two tiles of the left factor (tmm4, tmm5: 16 rows by 32 bfloat16s each)
+ * and two of the right (tmm6, tmm7: 16 pairs of depth places by 16
+ * columns, each column's pair side by side), then takes four tile
+ * products. Packing lays each factor out tile after tile, 1 KiB each, in
+ * the order a block of sums reads them, padded with zeros to blocks of 32
+ * rows or columns and to whole tiles of depth. */
+#include "lltm_amx.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "lltm_half.h"
+#include "lltm_op.h"
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 11
+#define LLTM_AMX_COMPILED 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* What the packing is compiled for: it runs only where AMX does, on CPUs
+ * that all have AVX-512 (amx_permitted asks). */
+#define VECTOR_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c")))
+#else
+#define VECTOR_TARGET
+#endif
+
+#define TILE_ROWS 16
+#define TILE_DEPTH 32     /* bfloat16s, 64 bytes */
+#define TILE_ELEMENTS 512 /* TILE_ROWS * TILE_DEPTH */
+#define BLOCK 32          /* rows and columns of a block of sums: two tiles each way */
+
+static int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+static int pieces_of(int dtype) { return dtype == LLTM_FLOAT16 ? 2 : 1; }
+
+/* Sizes packed->tiles for `count` rows or columns over `depth`; 0 where
+ * no memory could be had. */
+static int make_room(int dtype, int64_t count, int64_t depth, lltm_amx_factor* packed) {
+  const int pieces = pieces_of(dtype);
+  packed->count = count;
+  packed->depth = depth;
+  packed->dtype = dtype;
+  packed->finite = 1;
+  packed->packed_depth = round_up(depth * pieces * pieces, TILE_DEPTH);
+  const size_t needed = (size_t)(round_up(count, BLOCK) * packed->packed_depth);
+  if (needed <= packed->capacity && packed->tiles) return 1;
+  free(packed->tiles);
+  packed->capacity = 0;
+  /* Never zero bytes, and whole cache lines. */
+  packed->tiles = (uint16_t*)aligned_alloc(64, (size_t)round_up((int64_t)needed * 2 + 64, 64));
+  if (!packed->tiles) return 0;
+  packed->capacity = needed;
+  return 1;
+}
+
+void lltm_amx_free(lltm_amx_factor* packed) {
+  free(packed->tiles);
+  memset(packed, 0, sizeof *packed);
+}
+
+/* The packed depth: a factor's element k takes places k pieces^2 to
+ * (k + 1) pieces^2 - 1, the left factor's piece p at p pieces to p pieces
+ * + pieces - 1, the right factor's piece q at every place q modulo pieces:
+ * every pair of pieces meets once. A float16's pieces are its value's top
+ * 16 bits as a float, and those of what is left, at most 3 significant
+ * bits. Each loop below is written for a constant dtype (always inlined,
+ * called once for each), and runs only where AMX does, on AVX-512. */
+#define INLINE static inline __attribute__((always_inline)) VECTOR_TARGET
+
+/* value's pieces (`valid` 0: padding, zeros); 0 where it is inf or NaN
+ * (a float16's only). */
+INLINE int split(int dtype, int valid, uint16_t value, uint16_t* piece) {
+  value = valid ? value : 0;
+  if (dtype == LLTM_BFLOAT16) {
+    piece[0] = value;
+    return 1;
+  }
+  uint32_t bits;
+  const float whole = lltm_float16_to_float(value);
+  memcpy(&bits, &whole, sizeof bits);
+  piece[0] = (uint16_t)(bits >> 16);
+  piece[1] = lltm_float_to_bfloat16(whole - lltm_bfloat16_to_float(piece[0]));
+  return (value & 0x7c00u) != 0x7c00u;
+}
+
+/* The pieces of `count` (up to 16) float16s in a row, as split gives
+ * them, in one word each: pairs[i] = the first | the second << 16. 0 where
+ * one is inf or NaN. */
+#ifdef LLTM_AMX_COMPILED
+INLINE int float16_pairs(int count, const uint16_t* values, uint32_t* pairs) {
+  const __mmask16 lanes = (__mmask16)((1u << count) - 1);
+  const __m256i halves = _mm256_maskz_loadu_epi16(lanes, values);
+  const __m512 whole = _mm512_cvtph_ps(halves);
+  const __m512i top_half = _mm512_set1_epi32((int)0xffff0000u);
+  const __m512i bits = _mm512_castps_si512(whole);
+  const __m512 rest = _mm512_sub_ps(whole, _mm512_castsi512_ps(_mm512_and_si512(bits, top_half)));
+  const __m512i pair = _mm512_or_si512(
+      _mm512_srli_epi32(bits, 16), _mm512_and_si512(_mm512_castps_si512(rest), top_half));
+  _mm512_mask_storeu_epi32(pairs, lanes, pair);
+  const __m256i exponent = _mm256_set1_epi16(0x7c00);
+  return !_mm256_mask_cmpeq_epi16_mask(lanes, _mm256_and_si256(halves, exponent), exponent);
+}
+#else
+INLINE int float16_pairs(int count, const uint16_t* values, uint32_t* pairs) {
+  int finite = 1;
+  for (int i = 0; i < count; ++i) {
+    uint16_t piece[2];
+    finite &= split(LLTM_FLOAT16, 1, values[i], piece);
+    pairs[i] = piece[0] | (uint32_t)piece[1] << 16;
+  }
+  return finite;
+}
+#endif
+
+/* A left factor's four places of a float16 whose pieces are `pair`: the
+ * first piece twice, then the second twice. */
+INLINE void put_left_places(uint32_t pair, uint16_t* out) {
+  const uint32_t words[2] = {(pair & 0xffffu) * 0x10001u, (pair >> 16) * 0x10001u};
+  memcpy(out, words, sizeof words);
+}
+
+/* A row of the left factor along its depth (NULL: a row of padding), into
+ * its tile rows (`out` the first, each next one TILE_ELEMENTS on). */
+INLINE int pack_left_row(int dtype, const uint16_t* row, int64_t depth, int64_t packed_depth,
+                         uint16_t* out) {
+  const int pieces = pieces_of(dtype), spread = pieces * pieces;
+  const int per_tile = TILE_DEPTH / spread;
+  int finite = 1;
+  for (int64_t first = 0; first * spread < packed_depth; first += per_tile) {
+    if (!row) {
+      memset(out, 0, 2 * TILE_DEPTH);
+    } else if (first + per_tile <= depth) {
+      if (dtype == LLTM_BFLOAT16) {
+        memcpy(out, row + first, 2 * TILE_DEPTH);
+      } else {
+        uint32_t pairs[TILE_DEPTH / 4];
+        finite &= float16_pairs(per_tile, row + first, pairs);
+        for (int t = 0; t < per_tile; ++t) put_left_places(pairs[t], out + 4 * t);
+      }
+    } else {
+      for (int t = 0; t < per_tile; ++t) {
+        const int valid = first + t < depth;
+        uint16_t piece[2];
+        finite &= split(dtype, valid, valid ? row[first + t] : 0, piece);
+        for (int p = 0; p < spread; ++p) out[t * spread + p] = piece[p / pieces];
+      }
+    }
+    out += TILE_ELEMENTS;
+  }
+  return finite;
+}
+
+/* Up to GROUP rows of a left factor whose rows lie side by side (row
+ * stride 1: a transposed one), from first_row on, a tile at a time: each
+ * block of 16 rows reads 16 values at each k, the next block the rest of
+ * the same cache lines. */
+#define GROUP 128
+
+INLINE int pack_left_across(int dtype, int64_t first_row, int64_t rows, int64_t depth,
+                            const uint16_t* a, int64_t depth_stride, int64_t packed_depth,
+                            uint16_t* tiles) {
+  const int pieces = pieces_of(dtype), spread = pieces * pieces;
+  const int per_tile = TILE_DEPTH / spread;
+  const int64_t end = round_up(rows, BLOCK) - first_row < GROUP ? round_up(rows, BLOCK)
+                                                                : first_row + GROUP;
+  int finite = 1;
+  for (int64_t e = 0; e < packed_depth; e += TILE_DEPTH) {
+    const int64_t k = e / spread;
+    for (int64_t block = first_row; block < end; block += TILE_ROWS) {
+      uint16_t* tile = tiles + block * packed_depth + e / TILE_DEPTH * TILE_ELEMENTS;
+      const int whole = block + TILE_ROWS <= rows && k + per_tile <= depth;
+      if (block >= rows) {
+        memset(tile, 0, 2 * TILE_ELEMENTS);
+        continue;
+      }
+      for (int t = 0; t < per_tile; ++t) {
+        const uint16_t* source = a + block + (k + t) * depth_stride;
+        if (whole && dtype == LLTM_BFLOAT16) {
+          for (int i = 0; i < TILE_ROWS; ++i) tile[i * TILE_DEPTH + t] = source[i];
+        } else if (whole) {
+          uint32_t pairs[TILE_ROWS];
+          finite &= float16_pairs(TILE_ROWS, source, pairs);
+          for (int i = 0; i < TILE_ROWS; ++i) {
+            put_left_places(pairs[i], tile + i * TILE_DEPTH + t * spread);
+          }
+        } else {
+          for (int i = 0; i < TILE_ROWS; ++i) {
+            const int valid = block + i < rows && k + t < depth;
+            uint16_t piece[2];
+            finite &= split(dtype, valid, valid ? source[i] : 0, piece);
+            for (int p = 0; p < spread; ++p) {
+              tile[i * TILE_DEPTH + t * spread + p] = piece[p / pieces];
+            }
+          }
+        }
+      }
+    }
+  }
+  return finite;
+}
+
+/* Places e and e + 1 of the packed depth of column j of a right factor's
+ * tile rows `block` (its first TILE_ROWS columns' tiles). */
+INLINE uint16_t* right_pair(uint16_t* block, int64_t e, int j) {
+  return block + e / TILE_DEPTH * TILE_ELEMENTS + e % TILE_DEPTH / 2 * TILE_DEPTH + 2 * j;
+}
+
+/* Up to GROUP columns of a right factor whose rows run along its columns
+ * (column stride 1), from `first` on: each k reads them in one run. A tile
+ * row holds a pair of places: rows k and k + 1 of b where each value is
+ * one piece, else both pieces of row k (and the tile row after, the same
+ * again). */
+INLINE int pack_right_rows(int dtype, int64_t first, int64_t columns, int64_t depth,
+                           const uint16_t* b, int64_t row_stride, int64_t packed_depth,
+                           uint16_t* tiles) {
+  const int pieces = pieces_of(dtype), rows_a_pair = pieces == 1 ? 2 : 1;
+  const int64_t end = round_up(columns, BLOCK) - first < GROUP ? round_up(columns, BLOCK)
+                                                               : first + GROUP;
+  int finite = 1;
+  for (int64_t e = 0; e < packed_depth; e += 2 * pieces) {
+    const int64_t k = e / (pieces * pieces);
+    for (int64_t block = first; block < end; block += TILE_ROWS) {
+      uint16_t* out = right_pair(tiles + block * packed_depth, e, 0);
+      const uint16_t* row = b + k * row_stride + block;
+      if (block >= columns) {
+        memset(out, 0, 2 * TILE_DEPTH * pieces);
+        continue;
+      }
+      if (block + TILE_ROWS <= columns && k + rows_a_pair <= depth) {
+        if (dtype == LLTM_BFLOAT16) {
+          for (int j = 0; j < TILE_ROWS; ++j) {
+            out[2 * j] = row[j];
+            out[2 * j + 1] = row[row_stride + j];
+          }
+        } else {
+          uint32_t pairs[TILE_ROWS];
+          finite &= float16_pairs(TILE_ROWS, row, pairs);
+          memcpy(out, pairs, sizeof pairs);
+        }
+      } else {
+        for (int j = 0; j < TILE_ROWS; ++j) {
+          for (int h = 0; h < rows_a_pair; ++h) {
+            const int valid = block + j < columns && k + h < depth;
+            uint16_t piece[2];
+            finite &= split(dtype, valid, valid ? row[h * row_stride + j] : 0, piece);
+            for (int p = 0; p < pieces; ++p) out[2 * j + h + p] = piece[p];
+          }
+        }
+      }
+      if (pieces == 2) memcpy(out + TILE_DEPTH, out, 2 * TILE_DEPTH);
+    }
+  }
+  return finite;
+}
+
+/* A block of TILE_ROWS columns of a right factor whose columns run along
+ * its depth (row stride 1: a transposed one), from `first` on, a tile at a
+ * time: each column is read along its depth. */
+INLINE int pack_right_columns(int dtype, int64_t first, int64_t columns, int64_t depth,
+                              const uint16_t* b, int64_t column_stride, int64_t packed_depth,
+                              uint16_t* block) {
+  const int pieces = pieces_of(dtype), spread = pieces * pieces;
+  const int per_tile = TILE_DEPTH / spread;
+  int finite = 1;
+  for (int64_t e = 0; e < packed_depth; e += TILE_DEPTH) {
+    uint16_t* tile = block + e / TILE_DEPTH * TILE_ELEMENTS;
+    const int64_t k = e / spread;
+    if (first >= columns) {
+      memset(tile, 0, 2 * TILE_ELEMENTS);
+      continue;
+    }
+    for (int j = 0; j < TILE_ROWS; ++j) {
+      const uint16_t* column = b + (first + j) * column_stride + k;
+      if (first + j < columns && k + per_tile <= depth) {
+        if (dtype == LLTM_BFLOAT16) {
+          for (int t = 0; t < per_tile; t += 2) memcpy(tile + t / 2 * TILE_DEPTH + 2 * j, column + t, 4);
+        } else {
+          uint32_t pairs[TILE_DEPTH / 4];
+          finite &= float16_pairs(per_tile, column, pairs);
+          for (int t = 0; t < per_tile; ++t) {
+            memcpy(tile + 2 * t * TILE_DEPTH + 2 * j, &pairs[t], 4);
+            memcpy(tile + (2 * t + 1) * TILE_DEPTH + 2 * j, &pairs[t], 4);
+          }
+        }
+        continue;
+      }
+      for (int t = 0; t < per_tile; ++t) {
+        const int valid = first + j < columns && k + t < depth;
+        uint16_t piece[2];
+        finite &= split(dtype, valid, valid ? column[t] : 0, piece);
+        if (pieces == 1) {
+          tile[t / 2 * TILE_DEPTH + 2 * j + t % 2] = piece[0];
+        } else {
+          for (int r = 0; r < 2; ++r) {
+            tile[(2 * t + r) * TILE_DEPTH + 2 * j] = piece[0];
+            tile[(2 * t + r) * TILE_DEPTH + 2 * j + 1] = piece[1];
+          }
+        }
+      }
+    }
+  }
+  return finite;
+}
+
+/* The left factor (see lltm_amx_multiply) into *packed. */
+VECTOR_TARGET static int pack_left(int dtype, int64_t rows, int64_t depth, const uint16_t* a,
+                                   int64_t row_stride, int64_t depth_stride,
+                                   lltm_amx_factor* packed) {
+  if (!make_room(dtype, rows, depth, packed)) return LLTM_ERROR_NO_MEMORY;
+  const int64_t packed_depth = packed->packed_depth;
+  uint16_t* tiles = packed->tiles;
+  int finite = 1;
+  if (depth_stride == 1) {
+    LLTM_FOR_EACH(row, round_up(rows, BLOCK), rows * packed_depth, {
+      const uint16_t* source = row < rows ? a + row * row_stride : NULL;
+      uint16_t* out =
+          tiles + row / TILE_ROWS * TILE_ROWS * packed_depth + row % TILE_ROWS * TILE_DEPTH;
+      const int row_finite =
+          dtype == LLTM_BFLOAT16
+              ? pack_left_row(LLTM_BFLOAT16, source, depth, packed_depth, out)
+              : pack_left_row(LLTM_FLOAT16, source, depth, packed_depth, out);
+      if (!row_finite) __atomic_store_n(&finite, 0, __ATOMIC_RELAXED);
+    });
+  } else {
+    LLTM_FOR_EACH(group, round_up(round_up(rows, BLOCK), GROUP) / GROUP, rows * packed_depth, {
+      const int group_finite =
+          dtype == LLTM_BFLOAT16
+              ? pack_left_across(LLTM_BFLOAT16, group * GROUP, rows, depth, a, depth_stride,
+                                 packed_depth, tiles)
+              : pack_left_across(LLTM_FLOAT16, group * GROUP, rows, depth, a, depth_stride,
+                                 packed_depth, tiles);
+      if (!group_finite) __atomic_store_n(&finite, 0, __ATOMIC_RELAXED);
+    });
+  }
+  packed->finite = finite;
+  return LLTM_SUCCESS;
+}
+
+VECTOR_TARGET int lltm_amx_pack_right(int dtype, int64_t depth, int64_t columns,
+                                      const uint16_t* b, int64_t row_stride,
+                                      int64_t column_stride, lltm_amx_factor* packed) {
+  if (row_stride != 1 && column_stride != 1) return LLTM_ERROR_ARGUMENTS;
+  if (!make_room(dtype, columns, depth, packed)) return LLTM_ERROR_NO_MEMORY;
+  const int64_t packed_depth = packed->packed_depth;
+  uint16_t* tiles = packed->tiles;
+  int finite = 1;
+  if (column_stride == 1) {
+    LLTM_FOR_EACH(group, round_up(round_up(columns, BLOCK), GROUP) / GROUP,
+                  columns * packed_depth, {
+      const int group_finite =
+          dtype == LLTM_BFLOAT16
+              ? pack_right_rows(LLTM_BFLOAT16, group * GROUP, columns, depth, b, row_stride,
+                                packed_depth, tiles)
+              : pack_right_rows(LLTM_FLOAT16, group * GROUP, columns, depth, b, row_stride,
+                                packed_depth, tiles);
+      if (!group_finite) __atomic_store_n(&finite, 0, __ATOMIC_RELAXED);
+    });
+  } else {
+    LLTM_FOR_EACH(block, round_up(columns, BLOCK) / TILE_ROWS, columns * packed_depth, {
+      uint16_t* out = tiles + block * TILE_ROWS * packed_depth;
+      const int block_finite =
+          dtype == LLTM_BFLOAT16
+              ? pack_right_columns(LLTM_BFLOAT16, block * TILE_ROWS, columns, depth, b,
+                                   column_stride, packed_depth, out)
+              : pack_right_columns(LLTM_FLOAT16, block * TILE_ROWS, columns, depth, b,
+                                   column_stride, packed_depth, out);
+      if (!block_finite) __atomic_store_n(&finite, 0, __ATOMIC_RELAXED);
+    });
+  }
+  packed->finite = finite;
+  return LLTM_SUCCESS;
+}
+
+#ifdef LLTM_AMX_COMPILED
+
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* The tile instructions are asm statements that tell gcc of no memory
+ * they read or write: this keeps C's loads and stores on their side. */
+#define MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
+
+static int amx_permitted(void) {
+  unsigned eax, ebx, ecx, edx;
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq")) {
+    return 0;
+  }
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_OSXSAVE)) return 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & bit_AMX_TILE) ||
+      !(edx & bit_AMX_BF16)) {
+    return 0;
+  }
+  /* The OS saves the tiles' configuration and data (XCR0 bits 17, 18). */
+  unsigned xcr0_low, xcr0_high;
+  __asm__("xgetbv" : "=a"(xcr0_low), "=d"(xcr0_high) : "c"(0));
+  if ((xcr0_low & (3u << 17)) != (3u << 17)) return 0;
+  /* Linux (5.16 on) hands the tiles' 8 KiB of state only to a process
+   * that asks; asking again is harmless. */
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+int lltm_amx_usable(void) {
+  static int state; /* 0: not asked yet; 1 usable; -1 not */
+  int usable = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+  if (!usable) {
+    usable = amx_permitted() ? 1 : -1;
+    __atomic_store_n(&state, usable, __ATOMIC_RELEASE);
+  }
+  return usable > 0;
+}
+
+/* Palette 1, all eight tiles 16 rows of 64 bytes. Static and constant:
+ * ldtilecfg's asm tells gcc of only its first 8 bytes, so a configuration
+ * built on the stack could lose its other stores. */
+static const struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+} __attribute__((aligned(64))) tile_config = {
+    1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+/* One block of sums, 32 x 32 (rows x columns of it inside the result),
+ * at sums (row stride `stride`), over depth_blocks of the packed depth
+ * from left and right on: the two tile rows of each factor lie `second`
+ * elements apart. The tiles configured. A block past the result's edge
+ * goes through memory of its own. */
+AMX_TARGET static void block_product(const uint16_t* left, const uint16_t* right, int64_t second,
+                                     int64_t depth_blocks, int rows, int columns,
+                                     int accumulate, float* sums, int64_t stride) {
+  float edge[BLOCK * BLOCK] __attribute__((aligned(64)));
+  const int inside = rows == BLOCK && columns == BLOCK;
+  float* out = inside ? sums : edge;
+  const int64_t out_stride = inside ? stride : BLOCK;
+  if (!inside && accumulate) {
+    memset(edge, 0, sizeof edge);
+    for (int i = 0; i < rows; ++i) memcpy(edge + i * BLOCK, sums + i * stride, 4 * columns);
+  }
+  MEMORY_BARRIER();
+  const int64_t bytes = 4 * out_stride;
+  if (accumulate) {
+    _tile_loadd(0, out, bytes);
+    _tile_loadd(1, out + 16, bytes);
+    _tile_loadd(2, out + 16 * out_stride, bytes);
+    _tile_loadd(3, out + 16 * out_stride + 16, bytes);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t d = 0; d < depth_blocks; ++d) {
+    _tile_loadd(4, left + d * TILE_ELEMENTS, 64);
+    _tile_loadd(5, left + second + d * TILE_ELEMENTS, 64);
+    _tile_loadd(6, right + d * TILE_ELEMENTS, 64);
+    _tile_loadd(7, right + second + d * TILE_ELEMENTS, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, bytes);
+  _tile_stored(1, out + 16, bytes);
+  _tile_stored(2, out + 16 * out_stride, bytes);
+  _tile_stored(3, out + 16 * out_stride + 16, bytes);
+  MEMORY_BARRIER();
+  if (!inside) {
+    for (int i = 0; i < rows; ++i) memcpy(sums + i * stride, edge + i * BLOCK, 4 * columns);
+  }
+}
+
+/* A thread's share goes in runs of up to ROW_RUN blocks of rows by
+ * COLUMN_RUN of columns, the packed depth DEPTH_CHUNK at a time: a block's
+ * left tiles stay in L1 across the run's columns, the run's left and right
+ * tiles in L2 across its rows and columns. Of the runs tried (4 to 16 by 2
+ * to 8 blocks, chunks of 256 and 512), these ran fastest. */
+#define ROW_RUN 8
+#define COLUMN_RUN 4
+#define DEPTH_CHUNK 512
+
+static int64_t run_end(int64_t first, int64_t run, int64_t count) {
+  return first + run < count ? first + run : count;
+}
+
+/* The configuration is loaded once for the run, and the tiles released
+ * after it, as the kernel expects of a thread done with them. */
+AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_factor* right,
+                                 int64_t first_row, int64_t first_column, float* sums,
+                                 int64_t stride) {
+  const int64_t depth = left->packed_depth, second = TILE_ROWS * depth;
+  const int64_t end_row = run_end(first_row, ROW_RUN * BLOCK, left->count);
+  const int64_t end_column = run_end(first_column, COLUMN_RUN * BLOCK, right->count);
+  _tile_loadconfig(&tile_config);
+  int64_t done = 0;
+  do { /* once at least, so that depth 0 writes zeros */
+    const int64_t chunk = depth - done < DEPTH_CHUNK ? depth - done : DEPTH_CHUNK;
+    for (int64_t row = first_row; row < end_row; row += BLOCK) {
+      const int rows = (int)(left->count - row < BLOCK ? left->count - row : BLOCK);
+      for (int64_t column = first_column; column < end_column; column += BLOCK) {
+        const int columns = (int)(right->count - column < BLOCK ? right->count - column : BLOCK);
+        block_product(left->tiles + row * depth + done * TILE_ROWS,
+                      right->tiles + column * depth + done * TILE_ROWS, second,
+                      chunk / TILE_DEPTH, rows, columns, done > 0,
+                      sums + row * stride + column, stride);
+      }
+    }
+    done += chunk;
+  } while (done < depth);
+  _tile_release();
+}
+
+static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, float* sums,
+                    int64_t stride) {
+  const int64_t row_runs = round_up(left->count, ROW_RUN * BLOCK) / (ROW_RUN * BLOCK);
+  const int64_t column_runs = round_up(right->count, COLUMN_RUN * BLOCK) / (COLUMN_RUN * BLOCK);
+  /* A pointwise element's time is that of some thousand multiply-adds here. */
+  LLTM_FOR_EACH(run, row_runs * column_runs,
+                left->count * right->count * left->packed_depth / 1024, {
+    block_run(left, right, run / column_runs * ROW_RUN * BLOCK,
+              run % column_runs * COLUMN_RUN * BLOCK, sums, stride);
+  });
+}
+
+#else
+
+int lltm_amx_usable(void) { return 0; }
+
+static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, float* sums,
+                    int64_t stride) {
+  (void)left, (void)right, (void)sums, (void)stride;
+}
+
+#endif /* LLTM_AMX_COMPILED */
+
+int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
+                      const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
+                      int64_t sums_stride) {
+  if (row_stride != 1 && depth_stride != 1) return LLTM_ERROR_ARGUMENTS;
+  if (!right->finite) return LLTM_AMX_DECLINED;
+  const int status =
+      pack_left(right->dtype, rows, right->depth, a, row_stride, depth_stride, left);
+  if (status != LLTM_SUCCESS) return status;
+  if (!left->finite) return LLTM_AMX_DECLINED;
+  product(left, right, sums, sums_stride);
+  return LLTM_SUCCESS;
+}

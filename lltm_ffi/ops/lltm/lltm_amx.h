@@ -1,0 +1,70 @@
+/* Matrix products on AMX, the tile unit of Intel's Xeons since Sapphire
+ * Rapids, for the CPU passes of the 16-bit types (lltm_cpu_impl.h): the
+ * factors are the passes' bfloat16 or float16 tensors, the sums float.
+ *
+ * A tile product multiplies bfloat16 factors and sums in float. The product
+ * of two bfloat16s is exact in float, so a product of bfloat16 tensors is
+ * float's product of them, but for the order of the sums. A float16 holds
+ * 11 significant bits: two bfloat16s hold it exactly (its top 8 bits, and
+ * the rest), and each product of two takes the four products of their
+ * pieces, each exact, so that again only the order of the sums differs.
+ * The tiles count bfloat16's subnormals (below 2^-126) as zero, and sums
+ * that fall there too: no float16 lies there, and bfloat16 values there are
+ * no LLTM's.
+ *
+ * The AMX code is compiled for its own target only (attributes, not the
+ * build's flags), and runs only where lltm_amx_usable (lltm_ffi.h) says
+ * the CPU has it and Linux let this process use it: the module stays
+ * portable. */
+#ifndef LLTM_AMX_H
+#define LLTM_AMX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lltm_op.h"
+
+/* The bits of the sequence passes' `kernels` option (sequence.py's
+ * _options) that LLTM_AMX in the environment sets: =0, the portable
+ * products only, never AMX; =1, AMX for every product it can take, where
+ * by default float16's take it only where it pays (lltm_cpu_impl.h). */
+#define LLTM_NO_AMX 4
+#define LLTM_ALL_AMX 8
+
+/* A factor packed into the tiles' layout: `count` rows of the left factor
+ * or columns of the right one, over `depth`. `finite` is 0 where a float16
+ * factor holds inf or NaN, whose pieces' products (inf times a zero piece)
+ * would not be the value's: such a product is no tile product's. Start
+ * from {0}; packing again reuses the memory; lltm_amx_free frees it. */
+typedef struct {
+  int64_t count, depth;
+  int dtype; /* LLTM_BFLOAT16 or LLTM_FLOAT16 */
+  int finite;
+  int64_t packed_depth; /* depth times the pieces a value takes, squared, in whole tiles */
+  uint16_t* tiles;
+  size_t capacity; /* bfloat16s */
+} lltm_amx_factor;
+
+/* The right factor b (depth x columns) of dtype's bits, element (k, j) at
+ * b[k * row_stride + j * column_stride], one of the strides 1, into
+ * *packed. LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY, or LLTM_ERROR_ARGUMENTS where
+ * neither stride is 1. */
+int lltm_amx_pack_right(int dtype, int64_t depth, int64_t columns, const uint16_t* b,
+                        int64_t row_stride, int64_t column_stride, lltm_amx_factor* packed);
+
+/* What lltm_amx_multiply returns where a factor is not finite: nothing is
+ * done, and the product is the caller's to take another way. */
+#define LLTM_AMX_DECLINED 1
+
+/* sums (rows x right's columns, row stride sums_stride) = a times right,
+ * a (rows x right's depth, of right's dtype) with element (i, k) at
+ * a[i * row_stride + k * depth_stride], one of the strides 1, packed into
+ * *left on the way. LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS
+ * (neither stride 1) or LLTM_AMX_DECLINED. Only where lltm_amx_usable. */
+int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
+                      const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
+                      int64_t sums_stride);
+
+void lltm_amx_free(lltm_amx_factor* packed);
+
+#endif /* LLTM_AMX_H */
