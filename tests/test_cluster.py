@@ -85,7 +85,7 @@ NAMES = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_
 def sequence_results(arguments, dtype, device, reverse):
     """lltm_sequence's outputs, final state and the gradients of its five
     arguments (d_bias None without a bias), as float64 on the CPU."""
-    leaves = [None if tensor is None else tensor.to(device, dtype).requires_grad_(True)
+    leaves = [None if tensor is None else tensor.detach().to(device, dtype).requires_grad_(True)
               for tensor in arguments[:5]]
     outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves, reverse=reverse)
     torch.autograd.backward((outputs, h_n, c_n),
