@@ -89,11 +89,11 @@
 // The plan's thresholds. Measured on an H200 (lltm_sequence forward and
 // backward in float32, F = 32, microseconds a step: the cluster kernels,
 // then the paths without them (LLTM_CLUSTER=0), then nn.GRU): T=64 B=16
-// S=128 8.4, 11.7, 13.2; B=64 S=128 9.7, 20.1, 13.8; B=16 S=256 12.6,
-// 18.3, 52.5; T=1024 B=16 S=128 3.2, 8.3, 2.7; B=1 S=128 12.9, 12.5, 20.7,
-// where the host's time per call dominates either way. Where one wave of clusters
-// does not hold the batch (B=128 and 256 at S=128, B=64 at S=256) the plan
-// keeps the other paths.
+// S=128 6.8, 12.9, 15.3; B=64 S=128 8.6, 16.7, 13.0; B=16 S=256 11.3,
+// 16.1, 37.5; T=1024 B=16 S=128 1.8, 9.1, 2.5; B=1 S=128 13.0, 13.4, 19.7
+// and B=16 S=32 12.0, 11.6, 16.0, where the host's time per call dominates
+// either way. Where one wave of clusters does not hold the batch (B=128
+// and 256 at S=128, B=64 at S=256) the plan keeps the other paths.
 //
 // Columns a block: 16, so that S=128 takes a cluster of 8 (portable).
 static const int kClusterBlockColumns = 16;
