@@ -261,13 +261,15 @@ def test_layers_are_as_accurate_as_torch_in_the_dtype(layers, packed, dtype, dev
 # The CPU's two paths for the 16-bit products (ARCHITECTURE.md, "The
 # sequence's paths"): AMX's tiles where the CPU has them (LLTM_AMX=1: at
 # every size, float16's too), and the portable products (LLTM_AMX=0), which
-# every other CPU takes. Their products differ
-# only in the order of float32's sums, so their results only where such a
-# sum rounds to the dtype on the other side of a boundary: by less than a
-# unit of roundoff over a tensor (a fifth of one at most over these tests).
-# Sizes no multiple of a tile (16 or 32), batch 1, one step; dense, reverse
-# and packed steps.
+# every other CPU takes. Their products differ only in the order of
+# float32's sums (the C checks hold each sum to that), so their results only
+# where such a sum rounds to the dtype on the other side of a boundary, a
+# unit of the dtype (two of roundoff) in a few elements, carried through
+# steps and layers: PATHS_APART units of roundoff bound them over a tensor
+# (over 60 seeds of these tests the largest was 1.03). Sizes no multiple of
+# a tile (16 or 32), batch 1, one step; dense, reverse and packed steps.
 CPU_PATH_SHAPES = [(1, 1, 3, 5), (6, 1, 7, 33), (5, 17, 40, 130), (3, 33, 9, 70)]
+PATHS_APART = 4.0
 needs_amx = pytest.mark.skipif(
     _extension.lib is not None and not _extension.amx_usable(),
     reason="this CPU has no AMX: both paths are the portable products")
@@ -283,10 +285,10 @@ def on_both_cpu_paths(function, monkeypatch):
 
 
 def assert_paths_agree(paths, dtype):
-    """Each result of the AMX path within a unit of roundoff of the portable one's."""
+    """Each result of the AMX path within PATHS_APART units of roundoff of the portable one's."""
     failures = [f"{name}: {error:.3g}" for name, value in paths["AMX"].items()
                 if not (error := selfcheck.relative_error(value, paths["portable"][name]))
-                <= UNIT_ROUNDOFF[dtype]]
+                <= PATHS_APART * UNIT_ROUNDOFF[dtype]]
     assert not failures, f"AMX against the portable products: {'; '.join(failures)}"
 
 
@@ -338,9 +340,12 @@ def test_a_float16_product_amx_declines_takes_the_portable_products(monkeypatch,
         batch, features, state, torch.float64, "cpu", generator)[1:])]
     paths = on_both_cpu_paths(lambda: lltm_ffi.lltm_sequence(*arguments)[0], monkeypatch)
     amx, portable = paths["AMX"], paths["portable"]
-    assert not amx.isfinite().all()
-    torch.testing.assert_close(amx, portable, rtol=UNIT_ROUNDOFF[torch.float16], atol=0,
-                               equal_nan=True)
+    finite = amx.isfinite()
+    assert not finite.all()
+    assert torch.equal(amx.isnan(), portable.isnan())
+    assert torch.equal(amx[amx.isinf()], portable[portable.isinf()])
+    assert (selfcheck.relative_error(amx[finite], portable[finite])
+            <= PATHS_APART * UNIT_ROUNDOFF[torch.float16])
 
 
 @pytest.mark.parametrize("dtype", HALVES)

@@ -975,10 +975,13 @@ LLTM_CHECK(lltm_cpu_packed_passes) {
  * where the CPU has it, and the portable products (LLTM_NO_AMX), from the
  * same inputs, against each other (the checks above hold each to the
  * reference). Their products differ only in the order of float's sums, so
- * each result lies within a unit of the dtype's roundoff of the other's
- * norm; with an inf among the inputs (whose float16 products AMX declines,
+ * their results only where such a sum rounds to the dtype on the other side
+ * of a boundary, in a few elements, carried through the steps: each result
+ * lies within PATHS_APART units of the dtype's roundoff of the other's norm
+ * (test_half.py's bound); with an inf among the inputs (whose float16 products AMX declines,
  * taking the portable ones) they hold inf and NaN in the same places.
  * Without AMX both paths are the portable products. */
+#define PATHS_APART 4.0
 #define PATH_RESULTS 7
 static const char* const path_result_names[PATH_RESULTS] = {
     "outputs", "cells", "d_inputs", "d_weights", "d_bias", "d_h0", "d_c0"};
@@ -1051,12 +1054,13 @@ static void compare_product_paths(struct sequence_shape shape, int dtype, int wi
       }
     }
     const double error = norm > 0.0 ? sqrt(difference / norm) : sqrt(difference);
-    if (apart == 0 && error <= unit_roundoff[dtype]) continue;
+    if (apart == 0 && error <= PATHS_APART * unit_roundoff[dtype]) continue;
     if (failures < 20) {
       fprintf(stderr, "MISMATCH %s %s %lldx%lldx%lldx%lld%s between the product paths: relative "
-              "difference %.3g (a unit: %.3g), %lld values not both finite and equal\n",
+              "difference %.3g (allowed %.3g), %lld values not both finite and equal\n",
               dtype_names[dtype], path_result_names[r], (long long)T, (long long)B, (long long)F,
-              (long long)S, with_inf ? " with an inf input" : "", error, unit_roundoff[dtype],
+              (long long)S, with_inf ? " with an inf input" : "", error,
+              PATHS_APART * unit_roundoff[dtype],
               (long long)apart);
     }
     ++failures;
