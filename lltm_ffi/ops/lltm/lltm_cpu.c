@@ -96,12 +96,6 @@ static inline double tanh_double(double x) { return tanh(x); }
 #define LOAD(x) (x)
 #define STORE(x) (x)
 #include "lltm_cpu_impl.h"
-#undef SCALAR
-#undef STORAGE
-#undef SUFFIX
-#undef LOAD
-#undef STORE
-#undef AMX_DTYPE
 
 #define SCALAR double
 #define STORAGE double
@@ -109,12 +103,6 @@ static inline double tanh_double(double x) { return tanh(x); }
 #define LOAD(x) (x)
 #define STORE(x) (x)
 #include "lltm_cpu_impl.h"
-#undef SCALAR
-#undef STORAGE
-#undef SUFFIX
-#undef LOAD
-#undef STORE
-#undef AMX_DTYPE
 
 #define SCALAR float
 #define STORAGE lltm_float16
@@ -123,12 +111,6 @@ static inline double tanh_double(double x) { return tanh(x); }
 #define LOAD(x) lltm_float16_to_float(x)
 #define STORE(x) lltm_float_to_float16(x)
 #include "lltm_cpu_impl.h"
-#undef SCALAR
-#undef STORAGE
-#undef SUFFIX
-#undef LOAD
-#undef STORE
-#undef AMX_DTYPE
 
 #define SCALAR float
 #define STORAGE lltm_bfloat16
@@ -137,12 +119,6 @@ static inline double tanh_double(double x) { return tanh(x); }
 #define LOAD(x) lltm_bfloat16_to_float(x)
 #define STORE(x) lltm_float_to_bfloat16(x)
 #include "lltm_cpu_impl.h"
-#undef SCALAR
-#undef STORAGE
-#undef SUFFIX
-#undef LOAD
-#undef STORE
-#undef AMX_DTYPE
 
 /* The passes, in the argument order of their declarations in cell.py and
  * sequence.py. */

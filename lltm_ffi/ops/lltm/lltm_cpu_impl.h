@@ -5,7 +5,8 @@
  * and LOAD(x) and STORE(x) (a STORAGE element to SCALAR and back; nothing
  * for float and double) defined, and for the 16-bit types AMX_DTYPE (their
  * lltm_dtype: their products may run on AMX, lltm_amx.h), after defining
- * exp_SCALAR, expm1_SCALAR and tanh_SCALAR.
+ * exp_SCALAR, expm1_SCALAR and tanh_SCALAR. It undefines those parameters at
+ * its end, ready for the next type.
  *
  * The 16-bit types round where their tensors hold a value: each result, and
  * whatever a pass keeps in a tensor between steps (each step's h, cell and
@@ -1194,3 +1195,10 @@ static int LLTM_NAME(packed_backward_)(
                                          grad_final_h, grad_final_cell, d_gates, d_inputs,
                                          d_weights, d_bias, d_h0, d_c0);
 }
+
+#undef SCALAR
+#undef STORAGE
+#undef SUFFIX
+#undef LOAD
+#undef STORE
+#undef AMX_DTYPE
