@@ -57,8 +57,9 @@
 // a cluster barrier a step; 0.94 and 0.99 with the mailboxes and four
 // steps read ahead; 0.71 and 0.72 of that without the cell's math. Registers
 // (nvcc 13.0, sm_90, -Xptxas -v): up to 108 forward and the cap of 128
-// backward for float at a row a cluster; the cap for double at 4 rows; no
-// spills in any of the 30 kernels.
+// backward for float at a row a cluster; the cap for double at 4 rows; one
+// spill of 4 bytes, in float's backward kernel of two chunks (a state of 129
+// to 256) at a row a cluster, none in the other 29 kernels.
 //
 // Element types: Dtype is the storage type, Math (ClusterMath) the type of
 // the arithmetic, the state exchanged and the weights held: the same for
@@ -352,6 +353,32 @@ struct ClusterLane {
   }
 };
 
+// This lane's vectors of the hidden weights its warp's columns need, loaded
+// once a pass: w[u][g][c][v] = weight(u, g, k) for column u, gate g and
+// state element k = (lane + 32 c) kWidth + v; zero past the state and for a
+// column that is not the block's.
+template <int kColumns, int kRows, int kChunks, int kWidth, typename Math, typename Weight>
+__device__ __forceinline__ void load_lane_weights(const ClusterLane<kColumns, kRows>& at,
+                                                  int64_t state_size,
+                                                  Math (&w)[kColumns][3][kChunks][kWidth],
+                                                  Weight weight) {
+#pragma unroll
+  for (int u = 0; u < kColumns; ++u) {
+    const bool owned = at.owns(u, state_size);
+#pragma unroll
+    for (int g = 0; g < 3; ++g) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+        for (int v = 0; v < kWidth; ++v) {
+          const int64_t k = (int64_t)(at.lane + 32 * c) * kWidth + v;
+          w[u][g][c][v] = owned && k < state_size ? weight(u, g, k) : Math(0);
+        }
+      }
+    }
+  }
+}
+
 // The forward recurrence (lltm_cluster.h, lltm_launch_cluster_forward): the
 // layout and the step as the header comment says. Shared memory: the state
 // of the cluster's rows, twice (kRows rows of kSpan elements each).
@@ -378,22 +405,10 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
 
   // Row g * state + column of W_h, this lane's vectors of it.
   Math w[kColumns][3][kChunks][kWidth];
-#pragma unroll
-  for (int u = 0; u < kColumns; ++u) {
-    const bool owned = at.owns(u, state_size);
-#pragma unroll
-    for (int g = 0; g < 3; ++g) {
-      const Dtype* row = weights + (g * state_size + at.first_column + u) * weights_row_stride;
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-        for (int v = 0; v < kWidth; ++v) {
-          const int64_t k = (int64_t)(at.lane + 32 * c) * kWidth + v;
-          w[u][g][c][v] = owned && k < state_size ? static_cast<Math>(row[k]) : Math(0);
-        }
-      }
-    }
-  }
+  load_lane_weights(at, state_size, w, [&](int u, int g, int64_t k) {
+    return static_cast<Math>(
+        weights[(g * state_size + at.first_column + u) * weights_row_stride + k]);
+  });
   // Buffer 0 holds h0's rows; everything else (the columns past the state,
   // rows past the batch) zeros, which stay so.
   for (int i = threadIdx.x; i < 2 * kRows * kSpan; i += blockDim.x) {
@@ -539,24 +554,10 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
 
   // Column `column` of W_h, rows g * state + k: this lane's vectors of it.
   Math w[kColumns][3][kChunks][kWidth];
-#pragma unroll
-  for (int u = 0; u < kColumns; ++u) {
-    const bool owned = at.owns(u, state_size);
-#pragma unroll
-    for (int g = 0; g < 3; ++g) {
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-        for (int v = 0; v < kWidth; ++v) {
-          const int64_t k = (int64_t)(at.lane + 32 * c) * kWidth + v;
-          w[u][g][c][v] = owned && k < state_size
-              ? static_cast<Math>(weights[(g * state_size + k) * weights_row_stride +
-                                          at.first_column + u])
-              : Math(0);
-        }
-      }
-    }
-  }
+  load_lane_weights(at, state_size, w, [&](int u, int g, int64_t k) {
+    return static_cast<Math>(
+        weights[(g * state_size + k) * weights_row_stride + at.first_column + u]);
+  });
   for (int i = threadIdx.x; i < 2 * kRows * kRowSpan; i += blockDim.x) buffers[i] = Math(0);
   // What the cell's backward pass reads at the step at `order`, as stored
   // (converted where used, kPrefetch steps later): the output and

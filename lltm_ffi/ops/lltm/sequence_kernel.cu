@@ -53,8 +53,10 @@ struct Depth {
   static const int kDepth = sizeof(Math) == 4 ? 128 : 64;
 };
 
-static int tile_blocks(int64_t batch_size, int64_t state_size) {
-  const int64_t tiles = ((batch_size + kTile - 1) / kTile) * ((state_size + kTile - 1) / kTile);
+// Blocks of a grid of `tile` x `tile` tiles over rows x columns, at most as
+// many as a grid may have.
+static int tile_blocks(int64_t rows, int64_t columns, int64_t tile = kTile) {
+  const int64_t tiles = ((rows + tile - 1) / tile) * ((columns + tile - 1) / tile);
   return (int)(tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS);
 }
 
@@ -1250,14 +1252,6 @@ static int64_t count_state_blocks(const lltm_walk& walk) {
   return count;
 }
 
-// lltm_hidden_weight_grads_kernel's blocks: a tile each, at most as many as
-// a grid may have.
-static int grad_tile_blocks(int64_t rows, int64_t columns) {
-  const int64_t tiles =
-      ((rows + kGradTile - 1) / kGradTile) * ((columns + kGradTile - 1) / kGradTile);
-  return (int)(tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS);
-}
-
 // hidden_weight_grads for a 16-bit element type with more than two blocks
 // (a packed walk): a product a block would round d_weights to 16 bits
 // once a block, so the kernel above sums kMax blocks at a time in float.
@@ -1279,7 +1273,7 @@ static int summed_hidden_weight_grads(cudaStream_t stream, const lltm_walk& walk
     more = lltm_next_block(&walk, &cursor, &block);
     if (blocks.count == StateBlocks::kMax || !more) {
       lltm_hidden_weight_grads_kernel<Dtype>
-          <<<grad_tile_blocks(3 * state_size, state_size), kTileThreads, 0, stream>>>(
+          <<<tile_blocks(3 * state_size, state_size, kGradTile), kTileThreads, 0, stream>>>(
               state_size, columns, blocks, !first, d_gates, h0, outputs, d_weights);
       CUDA_POST_KERNEL_CHECK;
       blocks.count = 0;
