@@ -41,12 +41,18 @@ ROOT = Path(__file__).resolve().parent
 BUILD = ROOT / "build"
 
 # Machine code for Turing to Blackwell. nvcc's front end runs once for each
-# virtual architecture: compute_75 serves sm_75 to sm_89, whose code needs
-# nothing newer, and compute_90 serves sm_90 and newer and is the PTX the
-# driver compiles for GPUs after them. CUDA 13 builds nothing older than sm_75.
-DEFAULT_CUDA_ARCH = ("-gencode arch=compute_75,code=[sm_75,sm_80,sm_86,sm_89] "
+# virtual architecture: compute_75 serves sm_75; compute_80 sm_80 to sm_89,
+# whose 16-bit persistent kernels need its tensor-core mma; compute_90 serves
+# sm_90 and newer and is the PTX the driver compiles for GPUs after them.
+# CUDA 13 builds nothing older than sm_75.
+DEFAULT_CUDA_ARCH = ("-gencode arch=compute_75,code=sm_75 "
+                     "-gencode arch=compute_80,code=[sm_80,sm_86,sm_89] "
                      "-gencode arch=compute_90,code=[sm_90,sm_100,sm_120,compute_90]")
-NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC")
+# ptxas advises against bulk copies multicast to a cluster (the persistent
+# kernels' staging) in code for sm_90 that later GPUs may run: the kernels
+# take them on compute capability 9.x alone (sequence_kernel.cu).
+NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC",
+              "-Xptxas", "-suppress-async-bulk-multicast-advisory-warning")
 # Python's own release flags for extension modules, and OpenMP for the
 # passes' parallel loops.
 C_FLAGS = ("-O3", "-DNDEBUG", "-fwrapv", "-fPIC", "-fopenmp", "-Wall")

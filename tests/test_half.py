@@ -161,31 +161,68 @@ def test_sequence_is_as_accurate_as_torch_in_the_dtype(shape, steps, reverse, dt
 
 
 # Each GPU path of the recurrence (ARCHITECTURE.md, "The sequence's paths"): the
-# step kernels (one step), the persistent kernels, cuBLAS's products (run,
-# then recorded, then replayed: three calls), and with LLTM_CUBLAS=0 the
-# step-by-step kernels.
-GPU_PATHS = [((1, 16, 32, 128), "1"), ((5, 3, 4, 9), "1"), ((5, 33, 7, 520), "1"),
-             ((5, 33, 7, 520), "0")]
+# step kernels (one step), the cluster kernels (compute capability 9.0 and
+# newer), the persistent kernels on tensor cores (8.0 and newer; on 9.0 for
+# states past the cluster kernels', or LLTM_CLUSTER=0), cuBLAS's products
+# (run, then recorded, then replayed: three calls), and with LLTM_CUBLAS=0 the
+# step-by-step kernels. The persistent kernels' shapes: batches of 1, 16 and
+# 17 rows (one mma tile of rows, and two), states off every tile (9, 37, 300)
+# and the benchmark's 768, either direction; 40 steps of 768, on 9.0 with
+# the clusters' shared staging and without (LLTM_CLUSTER=0, as on 8.x).
+GPU_PATHS = [((1, 16, 32, 128), ""), ((5, 3, 4, 9), ""), ((5, 33, 7, 520), ""),
+             ((5, 33, 7, 520), "LLTM_CUBLAS=0"), ((5, 3, 4, 9), "LLTM_CLUSTER=0"),
+             ((7, 1, 5, 37), "LLTM_CLUSTER=0"), ((6, 17, 5, 300), ""),
+             ((40, 16, 8, 768), ""), ((40, 16, 8, 768), "LLTM_CLUSTER=0")]
 
 
 @pytest.mark.parametrize("dtype", HALVES)
-@pytest.mark.parametrize("shape, cublas", GPU_PATHS,
-                         ids=[f"{'x'.join(map(str, shape))}-LLTM_CUBLAS={cublas}"
-                              for shape, cublas in GPU_PATHS])
-def test_every_gpu_path_is_as_accurate_as_torch(shape, cublas, dtype, cuda_device, generator,
-                                                monkeypatch):
-    monkeypatch.setenv("LLTM_CUBLAS", cublas)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape, setting", GPU_PATHS,
+                         ids=["-".join(filter(None, ["x".join(map(str, shape)), setting]))
+                              for shape, setting in GPU_PATHS])
+def test_every_gpu_path_is_as_accurate_as_torch(shape, setting, reverse, dtype, cuda_device,
+                                                generator, monkeypatch):
+    for variable in ("LLTM_CUBLAS", "LLTM_CLUSTER"):
+        monkeypatch.delenv(variable, raising=False)
+    if setting:
+        monkeypatch.setenv(*setting.split("="))
     steps, batch, features, state = shape
     arguments = [torch.randn(steps, batch, features, generator=generator, dtype=torch.float64),
                  *selfcheck.random_inputs(batch, features, state, torch.float64, "cpu",
                                           generator)[1:]]
     grads = random_grads([(steps, batch, state), (batch, state), (batch, state)], generator)
     halves, doubles = rounded(arguments, dtype, cuda_device)
-    in_torch = with_gradients(torch_sequence(False), halves, grads, SEQUENCE_NAMES)
-    exact = with_gradients(torch_sequence(False), doubles, grads, SEQUENCE_NAMES)
+    in_torch = with_gradients(torch_sequence(reverse), halves, grads, SEQUENCE_NAMES)
+    exact = with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES)
     for _ in range(3):
-        got = with_gradients(ffi_sequence(False), halves, grads, SEQUENCE_NAMES)
+        got = with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES)
         assert_as_accurate_as_torch(got, in_torch, exact, dtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_the_persistent_kernels_run_on_tensor_cores_from_8_0(dtype, cuda_device, generator,
+                                                             monkeypatch):
+    """A 16-bit sequence past the cluster kernels' states runs the persistent
+    kernels both ways on compute capability 8.0 and newer, and never on an
+    older GPU (whose tensor cores lack the mma they take). LLTM_CUBLAS=0, so
+    that each call runs its kernels (not a recorded graph)."""
+    monkeypatch.setenv("LLTM_CUBLAS", "0")
+    arguments = [torch.randn(6, 16, 8, generator=generator).to(cuda_device, dtype),
+                 *(argument.to(cuda_device, dtype).requires_grad_(True) for argument in
+                   selfcheck.random_inputs(16, 8, 300, torch.float32, "cpu", generator)[1:])]
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profiler:
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*arguments)
+        (outputs.float().sum() + c_n.float().sum()).backward()
+        torch.cuda.synchronize()
+    names = {event.key for event in profiler.key_averages()}
+    if not any("lltm_" in name for name in names):
+        pytest.skip(f"the profiler saw none of lltm_ffi's kernels ({sorted(names)})")
+    ran = {way for way in ("forward", "backward")
+           if any(f"lltm_sequence_{way}_persistent_kernel" in name for name in names)}
+    expected = ({"forward", "backward"} if torch.cuda.get_device_capability(cuda_device) >= (8, 0)
+                else set())
+    assert ran == expected, sorted(names)
 
 
 # Stacked, bidirectional, packed ----------------------------------------------------------

@@ -79,6 +79,7 @@
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
 #include "lltm_cluster.h"
+#include "lltm_mbarrier.cuh"
 #include "lltm_op.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -238,13 +239,7 @@ struct ClusterMailbox {
   __device__ void receive(int64_t n, bool again) const {
     const int barrier = (int)((n + 1) & 1);
     const unsigned parity = (unsigned)((n >> 1) & 1);
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "waiting:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra waiting;\n"
-        "}\n" ::"r"(address(barriers + barrier)), "r"(parity) : "memory");
+    mbarrier_wait(address(barriers + barrier), parity);
     if (again && threadIdx.x == 0) arm(barrier);
   }
 

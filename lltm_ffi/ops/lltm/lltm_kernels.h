@@ -15,9 +15,10 @@ enum {
   // lltm_ffi's own kernels for every matrix product even where cuBLAS can
   // be loaded.
   LLTM_SEQUENCE_OWN_KERNELS = 2,
-  // Never the cluster kernels (cluster_kernel.cu) for the recurrence: the
-  // persistent kernels or the step loops instead, as before compute
-  // capability 9.0.
+  // No thread-block clusters for the recurrence, as before compute
+  // capability 9.0: never the cluster kernels (cluster_kernel.cu), the
+  // persistent kernels or the step loops instead, and the persistent
+  // kernels' blocks staging the state each alone.
   LLTM_SEQUENCE_NO_CLUSTER = 4
 };
 

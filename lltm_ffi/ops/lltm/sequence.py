@@ -21,9 +21,10 @@ On a GPU the matrix products go through cuBLAS (loaded by the C code at run
 time; the recurrent ones past the sizes the cluster and persistent kernels
 take), with TF32 where torch.backends.cuda.matmul.allow_tf32 allows it for
 torch's own products; LLTM_CUBLAS=0 in the environment has lltm_ffi's own
-kernels do them all instead. LLTM_CLUSTER=0 keeps the recurrence off the
-cluster kernels (compute capability 9.0 and newer), on the paths older GPUs
-take.
+kernels do them all instead. LLTM_CLUSTER=0 keeps the recurrence off
+thread-block clusters (compute capability 9.0 and newer: the cluster
+kernels, and the persistent kernels' shared staging), on the paths older
+GPUs take.
 """
 
 import os
@@ -56,8 +57,8 @@ def check_arguments(inputs, weights, bias, h0, c0, optional_bias=False, forward=
 def _options():
     """The C passes' options: (tf32, kernels), read at each call as torch
     reads its own TF32 setting. kernels' bit 0 is LLTM_CUBLAS=0 (lltm_ffi's
-    own kernels for every product), bit 1 LLTM_CLUSTER=0 (never the cluster
-    kernels for the recurrence), bit 2 LLTM_AMX=0 (the CPU's portable
+    own kernels for every product), bit 1 LLTM_CLUSTER=0 (no thread-block
+    clusters for the recurrence), bit 2 LLTM_AMX=0 (the CPU's portable
     products for float16 and bfloat16, never AMX), bit 3 LLTM_AMX=1 (AMX
     for every such product it can take, float16's of every size too)."""
     own_kernels = os.environ.get("LLTM_CUBLAS") == "0"

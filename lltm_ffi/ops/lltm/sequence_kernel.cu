@@ -13,8 +13,9 @@
 // in one place (plan_recurrence): on compute capability 9.0 and newer the
 // cluster kernels (cluster_kernel.cu), one ordinary launch a pass, for dense
 // steps of a state up to 256; the persistent kernels, one cooperative
-// launch a pass, for small batch x state and dense steps; otherwise each
-// step's recurrent product by cuBLAS and a pointwise kernel for its gate
+// launch a pass, for small batch x state and dense steps (the 16-bit types
+// on tensor cores, from compute capability 8.0); otherwise each step's
+// recurrent product by cuBLAS and a pointwise kernel for its gate
 // math; and, without cuBLAS or for packed steps of a small batch x state,
 // a step-by-step kernel that does both.
 //
@@ -31,6 +32,7 @@
 #include "lltm_cluster.h"
 #include "lltm_cublas.h"
 #include "lltm_kernels.h"
+#include "lltm_mbarrier.cuh"
 #include "lltm_op.h"
 #include "lltm_steps.h"
 
@@ -84,12 +86,19 @@ struct GradStrides {
 };
 
 // Element (row, column) of one step of an output gradient (that step's
-// first element at `step`, NULL for zeros), read through its strides.
+// first element at `step`, NULL for zeros), read through its strides: as
+// stored, and in the math type.
+template <typename Dtype>
+__device__ __forceinline__ Dtype stored_gradient_at(const Dtype* step, const int64_t (&strides)[3],
+                                                    int64_t row, int64_t column) {
+  return step ? step[row * strides[1] + column * strides[2]] : to_storage<Dtype>(0);
+}
+
 template <typename Dtype>
 __device__ __forceinline__ math_t<Dtype> gradient_at(const Dtype* step,
                                                      const int64_t (&strides)[3], int64_t row,
                                                      int64_t column) {
-  return step ? to_math(step[row * strides[1] + column * strides[2]]) : math_t<Dtype>(0);
+  return to_math(stored_gradient_at(step, strides, row, column));
 }
 
 // One step of a walk (lltm_steps.h) as its forward kernels see it: its row
@@ -566,14 +575,19 @@ static int sequence_backward_cublas_steps(const lltm_walk& walk, int64_t state_s
 // its part of the state the next step reads. A step costs no launch, and the
 // weights are read from memory once a pass instead of once a step.
 //
+// float and double compute the products on CUDA cores (persistent_step), the
+// 16-bit types on tensor cores (mma_step); the two share the kernels' steps,
+// the cell's math and what a step reads and writes.
+//
 // Shared memory holds rows padded to a multiple of the vector width (plus one
-// vector, so that the rows of a warp's lanes fall into different banks).
+// vector, so that the rows of a warp's lanes fall into different banks; for
+// the tensor cores, mma_padded).
 //
 // The weights and the staged state stay in the element type there, a 16-bit
 // one too: half the bytes of float, so a 16-bit pass fits the persistent
 // kernels at larger sizes than a float32 one (plan_persistent sizes by
-// sizeof(Dtype)), and staging the state is a plain copy. The dot products
-// widen each element to the math type as they read it and sum there.
+// sizeof(Dtype)), and staging the state is a plain copy. The products read
+// the elements as they are and sum in the math type.
 template <typename Dtype>
 struct Vector;
 template <>
@@ -741,10 +755,14 @@ static const int kPersistentRows = 4;
 // lane of the group, finish(at, sums of that row, inputs) with what
 // load(at, inputs) read for the element. A lane's first element's inputs
 // are loaded before stage() (the wait for the other blocks' state), so that
-// their latency hides behind it. Every lane runs the same iterations, for
-// the shuffles in sum_parts. Sums and inputs are of the math type Math.
-template <typename Math, int kColumns, int kSums, int kInputs, typename Load, typename Stage,
-          typename Product, typename Finish>
+// their latency hides behind it: as stored (Stored, the element type), so
+// that no arithmetic on them waits for the loads before finish converts
+// them (at T=256 B=16 S=768 float16 on an H200 the tensor-core kernels took
+// 3.89 and 4.82 us a step, forward and backward, when load added the bias
+// in float, 3.52 and 4.02 since). Every lane runs the same iterations, for
+// the shuffles in sum_parts. Sums are of the math type Math.
+template <typename Math, int kColumns, int kSums, int kInputs, typename Stored, typename Load,
+          typename Stage, typename Product, typename Finish>
 __device__ __forceinline__ void persistent_step(int64_t column0, int64_t batch_size,
                                                 int64_t state_size, Load load, Stage stage,
                                                 Product product, Finish finish) {
@@ -757,7 +775,7 @@ __device__ __forceinline__ void persistent_step(int64_t column0, int64_t batch_s
   auto element_of = [&](int64_t task, int r) {
     return (task / kColumns * kPersistentRows + r) * kColumns + task % kColumns;
   };
-  Math first[kInputs] = {};
+  Stored first[kInputs] = {};
   const BlockElement<kColumns> first_element(
       part < kPersistentRows ? element_of(threadIdx.x / parts, part) : elements, column0,
       elements, state_size);
@@ -780,7 +798,8 @@ __device__ __forceinline__ void persistent_step(int64_t column0, int64_t batch_s
       const BlockElement<kColumns> at(task < tasks ? element_of(task, r) : elements, column0,
                                       elements, state_size);
       if (!at.active) continue;
-      Math inputs[kInputs], row_sums[kSums];
+      Stored inputs[kInputs];
+      Math row_sums[kSums];
 #pragma unroll
       for (int i = 0; i < kInputs; ++i) inputs[i] = first[i];
       if (t0 || r != part) load(at, inputs);
@@ -788,6 +807,277 @@ __device__ __forceinline__ void persistent_step(int64_t column0, int64_t batch_s
       for (int n = 0; n < kSums; ++n) row_sums[n] = sums[r * kSums + n];
       finish(at, row_sums, inputs);
     }
+  }
+}
+
+// The 16-bit element types take their products on tensor cores (compute
+// capability 8.0 and newer; plan_persistent gives them no other persistent
+// plan): mma.sync m16n8k16, 16-bit operands summed in float. A block owns
+// kMmaColumns state columns, an mma tile's width, so that its rows of the
+// weights are whole tiles (forward one a gate, backward one); the batch rows
+// are the tiles' 16 rows, padded with zero rows to whole tiles; the block's
+// warps split the products' depth, and the lanes that finish the elements
+// add the warps' partial sums from shared memory (mma_step).
+//
+// Measured on an H200, T=256 B=16 S=768 float16, the kernels alone,
+// microseconds a step forward and backward: 4.51 and 5.77 with these tiles
+// (the CUDA-core kernels above took 22.7 for both at T=1024); 3.89 and 4.82
+// with the clusters' shared staging (MulticastStage); 3.52 and 4.02 with
+// the inputs loaded as stored (persistent_step). A forward step then, by
+// the clock of one block: the grid's barrier 1.0, staging 0.7, the products
+// 0.45, the partial sums and the cell 0.4. A barrier of our own (an atomic
+// counter, release and acquire) measured 0.90 against grid.sync's 0.97:
+// not worth a counter that every launch would have to own.
+static const int kMmaColumns = 8;
+static const int kMmaRows = 16;
+static const int kMmaDepth = 16;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define LLTM_MMA_ARCH 1
+#else
+#define LLTM_MMA_ARCH 0
+#endif
+
+// A row of a tensor-core kernel's shared operands: its length padded to
+// whole mma depths, plus half a depth, so that the 32-bit loads of a
+// warp's fragments (8 rows, 4 words each) fall into 32 different banks.
+__host__ __device__ static int64_t mma_padded(int64_t length) {
+  return (length + kMmaDepth - 1) / kMmaDepth * kMmaDepth + kMmaDepth / 2;
+}
+
+// c += a b, an m16n8k16 tile, with a (16 x 16, row-major) and b (16 x 8,
+// column-major) as the PTX ISA's mma fragments of the element type, c in
+// float. (The first argument only picks the element type.)
+__device__ __forceinline__ void mma_16x8x16(const __half*, float (&c)[4], const uint32_t (&a)[4],
+                                            uint32_t b0, uint32_t b1) {
+#if LLTM_MMA_ARCH
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ void mma_16x8x16(const __nv_bfloat16*, float (&c)[4],
+                                            const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if LLTM_MMA_ARCH
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Two 16-bit elements of shared memory as one word.
+template <typename Dtype>
+__device__ __forceinline__ uint32_t pair_at(const Dtype* element) {
+  return *reinterpret_cast<const uint32_t*>(element);
+}
+
+// acc[n] += the kMmaRows rows of `a` times rows n kMmaColumns to (n + 1)
+// kMmaColumns - 1 of `b`, transposed, over depth [begin, end) (multiples of
+// kMmaDepth): one warp's tiles. Both operands are row-major in shared
+// memory, rows a_stride and b_stride elements apart (mma_padded).
+template <typename Dtype, int kTiles>
+__device__ __forceinline__ void mma_rows(const Dtype* a, int64_t a_stride, const Dtype* b,
+                                         int64_t b_stride, int begin, int end,
+                                         float (&acc)[kTiles][4]) {
+  const int lane = threadIdx.x % 32;
+  const Dtype* a_lane = a + lane / 4 * a_stride + lane % 4 * 2;
+  const Dtype* b_lane = b + lane / 4 * b_stride + lane % 4 * 2;
+  const int64_t lower = 8 * a_stride;  // the fragment's rows 8 to 15
+  for (int k = begin; k < end; k += kMmaDepth) {
+    const uint32_t fragment[4] = {pair_at(a_lane + k), pair_at(a_lane + lower + k),
+                                  pair_at(a_lane + k + 8), pair_at(a_lane + lower + k + 8)};
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+      const Dtype* column = b_lane + n * kMmaColumns * b_stride + k;
+      mma_16x8x16(a, acc[n], fragment, pair_at(column), pair_at(column + 8));
+    }
+  }
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LLTM_MULTICAST_ARCH 1
+#else
+#define LLTM_MULTICAST_ARCH 0
+#endif
+
+// On compute capability 9.0 and newer the tensor-core kernels run in
+// clusters of kMmaCluster blocks, which stage the state together: each
+// block copies its share of the rows (rank, rank + kMmaCluster, ...) from
+// global memory into the shared memory of every block of its cluster at
+// once (a bulk copy multicast to the cluster), and each block's mbarrier
+// counts the bytes that land in it. L2 then serves each row once a cluster,
+// not once a block.
+static const int kMmaCluster = 8;
+
+// The cluster's size (1 where the launch has no clusters), and this block's
+// rank in it.
+__device__ __forceinline__ unsigned multicast_blocks() {
+  unsigned size = 1;
+#if LLTM_MULTICAST_ARCH
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+#endif
+  return size;
+}
+
+__device__ __forceinline__ unsigned multicast_rank() {
+  unsigned rank = 0;
+#if LLTM_MULTICAST_ARCH
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+#endif
+  return rank;
+}
+
+// A block's multicast staging: its mbarrier (in shared memory) and the
+// parity of the phase its next staging completes.
+struct MulticastStage {
+  uint64_t* barrier;
+  unsigned parity;
+
+  __device__ unsigned address(const void* pointer) const {
+    return (unsigned)__cvta_generic_to_shared(pointer);
+  }
+
+  // Every thread of every block, once, before the first step: the zeros of
+  // `staged` (rows rows of `stride` elements, the first batch_size of them
+  // the state's): the tiles' padding rows, and where the block runs in a
+  // cluster (the answer) the state's rows too, whose padding the copies
+  // leave as it is; then, in a cluster, open().
+  template <typename Dtype>
+  __device__ bool prepare(Dtype* staged, int64_t batch_size, int64_t rows, int64_t stride,
+                          bool tensor_cores) {
+    const bool clustered = tensor_cores && multicast_blocks() > 1;
+    for (int64_t i = (clustered ? 0 : batch_size * stride) + threadIdx.x; i < rows * stride;
+         i += blockDim.x) {
+      staged[i] = to_storage<Dtype>(0);
+    }
+    if (clustered) open();
+    return clustered;
+  }
+
+  // Every thread of every block of the cluster, once, after the block's
+  // own writes to the shared memory that the copies fill: the barrier set
+  // up, those writes ordered before the copies' (another proxy's), and the
+  // whole cluster past that before any block copies.
+  __device__ void open() {
+#if LLTM_MULTICAST_ARCH
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(address(barrier)) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+  }
+
+  // Whether staging `source` (rows of `length` elements) can take bulk
+  // copies: 16-byte aligned rows. The same answer in every block.
+  template <typename Dtype>
+  __device__ static bool takes(const Dtype* source, int64_t length) {
+    return reinterpret_cast<uintptr_t>(source) % 16 == 0 && length * sizeof(Dtype) % 16 == 0;
+  }
+
+  // The first `rows` rows of `source` into `target`'s rows, `stride` apart
+  // (their padding stays as it is: zeros), in every block of the cluster;
+  // returns once this block's have landed.
+  template <typename Dtype>
+  __device__ void copy(const Dtype* source, int rows, int64_t length, Dtype* target,
+                       int64_t stride) {
+#if LLTM_MULTICAST_ARCH
+    const unsigned blocks = multicast_blocks();
+    const unsigned row_bytes = (unsigned)(length * sizeof(Dtype));
+    if (threadIdx.x == 0) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                   ::"r"(address(barrier)), "r"(row_bytes * rows) : "memory");
+    }
+    const int64_t row = multicast_rank() + (int64_t)blocks * threadIdx.x;
+    if (row < rows) {
+      // The other blocks' stores of the rows reached this thread through
+      // the grid's barrier; the copies read them through the async proxy.
+      asm volatile("fence.proxy.async;" ::: "memory");
+      const unsigned short mask = (unsigned short)((1u << blocks) - 1);
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+          " [%0], [%1], %2, [%3], %4;"
+          ::"r"(address(target + row * stride)), "l"(source + row * length), "r"(row_bytes),
+          "r"(address(barrier)), "h"(mask) : "memory");
+    }
+    mbarrier_wait(address(barrier), parity);
+    parity ^= 1;
+#endif
+  }
+
+  // After a block's own staging of the buffer that the copies fill: its
+  // writes ordered before the copies'.
+  __device__ static void after_own_writes() {
+#if LLTM_MULTICAST_ARCH
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+  }
+
+  // Before the block exits: no block leaves while its cluster may still
+  // write into it.
+  __device__ static void close() {
+#if LLTM_MULTICAST_ARCH
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+  }
+};
+
+// One step of a tensor-core persistent kernel, persistent_step's contract
+// with the products by tile: product(m, begin, end, acc) adds this warp's
+// share of the depth, [begin, end) of `length`, to the kSums tiles of
+// batch rows m kMmaRows on; `partial` (shared memory, a Math per warp,
+// batch row and sum) collects them, and lane e of the block (and e +
+// blockDim.x, ...) finishes element e.
+template <typename Math, int kSums, int kInputs, typename Stored, typename Load, typename Stage,
+          typename Product, typename Finish>
+__device__ __forceinline__ void mma_step(int64_t column0, int64_t batch_size, int64_t state_size,
+                                         int64_t length, Math* partial, Load load, Stage stage,
+                                         Product product, Finish finish) {
+  const int kWidth = kSums * kMmaColumns;  // a partial row's sums
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tiles = (int)((batch_size + kMmaRows - 1) / kMmaRows), rows = tiles * kMmaRows;
+  const int depth = (int)((length + kMmaDepth - 1) / kMmaDepth);
+  const int begin = depth * warp / warps * kMmaDepth, end = depth * (warp + 1) / warps * kMmaDepth;
+  const int64_t elements = batch_size * kMmaColumns;
+  Stored first[kInputs] = {};
+  const BlockElement<kMmaColumns> first_element(threadIdx.x, column0, elements, state_size);
+  if (first_element.active) load(first_element, first);
+  stage();
+  for (int m = 0; m < tiles; ++m) {
+    float acc[kSums][4] = {};
+    product(m, begin, end, acc);
+    // The accumulator's layout: rows lane / 4 and lane / 4 + 8, columns
+    // lane % 4 * 2 and the one after.
+    Math* sums = partial + (warp * rows + m * kMmaRows + lane / 4) * kWidth + lane % 4 * 2;
+#pragma unroll
+    for (int n = 0; n < kSums; ++n) {
+      sums[n * kMmaColumns] = acc[n][0];
+      sums[n * kMmaColumns + 1] = acc[n][1];
+      sums[8 * kWidth + n * kMmaColumns] = acc[n][2];
+      sums[8 * kWidth + n * kMmaColumns + 1] = acc[n][3];
+    }
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < elements; e += blockDim.x) {
+    const BlockElement<kMmaColumns> at(e, column0, elements, state_size);
+    if (!at.active) continue;
+    Stored inputs[kInputs];
+    Math sums[kSums] = {};
+#pragma unroll
+    for (int i = 0; i < kInputs; ++i) inputs[i] = first[i];
+    if (e != threadIdx.x) load(at, inputs);
+    for (int w = 0; w < warps; ++w) {
+      const Math* row = partial + (w * rows + at.row) * kWidth + e % kMmaColumns;
+#pragma unroll
+      for (int n = 0; n < kSums; ++n) sums[n] += row[n * kMmaColumns];
+    }
+    finish(at, sums, inputs);
   }
 }
 
@@ -803,10 +1093,15 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     const Dtype* __restrict__ weights, const Dtype* h0, const Dtype* c0, Dtype* outputs,
     Dtype* cells, Dtype* gates, Dtype* final_h, Dtype* final_cell) {
   typedef math_t<Dtype> Math;
+  constexpr bool kTensorCores = !IsMath<Dtype>::value;
+  static_assert(!kTensorCores || kColumns == kMmaColumns, "a tensor-core block owns a tile");
   extern __shared__ __align__(16) unsigned char shared[];
-  const int64_t stride = padded<Dtype>(state_size);
+  const int64_t stride = kTensorCores ? mma_padded(state_size) : padded<Dtype>(state_size);
+  const int64_t rows = kTensorCores ? (batch_size + kMmaRows - 1) / kMmaRows * kMmaRows
+                                    : batch_size;
   Dtype* w = reinterpret_cast<Dtype*>(shared);  // row g * kColumns + c: gate g of column c
   Dtype* h = w + 3 * kColumns * stride;         // the previous step's h, every batch row
+  Math* partial = reinterpret_cast<Math*>(h + rows * stride);  // tensor cores: mma_step's
   const int64_t column0 = (int64_t)blockIdx.x * kColumns;
   for (int64_t i = threadIdx.x; i < 3 * kColumns * stride; i += blockDim.x) {
     const int64_t row = i / stride, k = i % stride;
@@ -814,6 +1109,9 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     w[i] = k < state_size && column < state_size
         ? weights[(gate_row + column) * weights_row_stride + k] : to_storage<Dtype>(0);
   }
+  __shared__ uint64_t multicast_barrier;
+  MulticastStage multicast = {&multicast_barrier, 0};
+  const bool clustered = multicast.prepare(h, batch_size, rows, stride, kTensorCores);
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
   for (int64_t order = 0; order < steps; ++order) {
@@ -822,38 +1120,39 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     const Dtype* old_h = order ? outputs + previous * step : h0;
     const Dtype* old_cell = order ? cells + previous * step : c0;
     Dtype* final_h_now = order + 1 == steps ? final_h : NULL;
-    // An element's input part of its gates plus the bias, and its old cell,
-    // which this lane wrote.
-    auto load = [&](const BlockElement<kColumns>& at, Math (&inputs)[4]) {
+    // An element's input part of its gates, the bias and its old cell,
+    // which this lane wrote: as stored, so that nothing waits for them
+    // before finish.
+    auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[7]) {
       const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        inputs[g] = to_math(gates[gate + g * state_size]) +
-                    (bias ? to_math(bias[g * state_size + at.column]) : Math(0));
+        inputs[g] = gates[gate + g * state_size];
+        inputs[3 + g] = bias ? bias[g * state_size + at.column] : to_storage<Dtype>(0);
       }
-      inputs[3] = to_math(old_cell[at.element]);
+      inputs[6] = old_cell[at.element];
     };
     auto stage = [&] {
       __syncthreads();
-      stage_rows(old_h, (int)batch_size, state_size, h, stride);
+      if (clustered && order && MulticastStage::takes(old_h, state_size)) {
+        multicast.copy(old_h, (int)batch_size, state_size, h, stride);
+      } else {
+        stage_rows(old_h, (int)batch_size, state_size, h, stride);
+        if (clustered) MulticastStage::after_own_writes();
+      }
       __syncthreads();
     };
-    auto product = [&](int64_t column, int64_t first_row, int rows, int part, int parts,
-                       Math (&sums)[kPersistentRows * 3]) {
-      dot_tile<Dtype, kPersistentRows, 3>(h + first_row * stride, stride, rows,
-                                          w + (column - column0) * stride, kColumns * stride,
-                                          stride, part, parts, sums);
-    };
     auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[3],
-                      const Math (&inputs)[4]) {
+                      const Dtype (&inputs)[7]) {
       const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
       Math pre[3];
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
-        pre[g] = keep_gate(&gates[gate + g * state_size], inputs[g] + sums[g]);
+        pre[g] = keep_gate(&gates[gate + g * state_size],
+                           to_math(inputs[g]) + to_math(inputs[3 + g]) + sums[g]);
       }
       Math h_value, cell_value;
-      cell_forward(pre[0], pre[1], pre[2], inputs[3], &h_value, &cell_value);
+      cell_forward(pre[0], pre[1], pre[2], to_math(inputs[6]), &h_value, &cell_value);
       const Dtype new_h = to_storage<Dtype>(h_value), new_cell = to_storage<Dtype>(cell_value);
       outputs[t * step + at.element] = new_h;
       cells[t * step + at.element] = new_cell;
@@ -862,10 +1161,25 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
         final_cell[at.element] = new_cell;
       }
     };
-    persistent_step<Math, kColumns, 3, 4>(column0, batch_size, state_size, load, stage,
-                                          product, finish);
+    if constexpr (kTensorCores) {
+      auto product = [&](int m, int begin, int end, float (&acc)[3][4]) {
+        mma_rows<Dtype, 3>(h + m * kMmaRows * stride, stride, w, stride, begin, end, acc);
+      };
+      mma_step<Math, 3, 7, Dtype>(column0, batch_size, state_size, state_size, partial, load, stage,
+                           product, finish);
+    } else {
+      auto product = [&](int64_t column, int64_t first_row, int rows, int part, int parts,
+                         Math (&sums)[kPersistentRows * 3]) {
+        dot_tile<Dtype, kPersistentRows, 3>(h + first_row * stride, stride, rows,
+                                            w + (column - column0) * stride, kColumns * stride,
+                                            stride, part, parts, sums);
+      };
+      persistent_step<Math, kColumns, 3, 7, Dtype>(column0, batch_size, state_size, load, stage,
+                                            product, finish);
+    }
     grid.sync();
   }
+  if (clustered) MulticastStage::close();
 }
 
 // Backward, the steps in the reverse of the walk's order, then the gradient
@@ -883,17 +1197,25 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     const Dtype* __restrict__ grad_final_cell, const Dtype* __restrict__ cells,
     const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
   typedef math_t<Dtype> Math;
+  constexpr bool kTensorCores = !IsMath<Dtype>::value;
+  static_assert(!kTensorCores || kColumns == kMmaColumns, "a tensor-core block owns a tile");
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t gates_size = 3 * state_size;
-  const int64_t stride = padded<Dtype>(gates_size);
+  const int64_t stride = kTensorCores ? mma_padded(gates_size) : padded<Dtype>(gates_size);
+  const int64_t rows = kTensorCores ? (batch_size + kMmaRows - 1) / kMmaRows * kMmaRows
+                                    : batch_size;
   Dtype* w = reinterpret_cast<Dtype*>(shared);  // row c: column c of the hidden weights
   Dtype* g = w + kColumns * stride;             // the next step's d_gates, every batch row
+  Math* partial = reinterpret_cast<Math*>(g + rows * stride);  // tensor cores: mma_step's
   const int64_t column0 = (int64_t)blockIdx.x * kColumns;
   for (int64_t i = threadIdx.x; i < kColumns * stride; i += blockDim.x) {
     const int64_t c = i / stride, k = i % stride;
     w[i] = k < gates_size && column0 + c < state_size
         ? weights[k * weights_row_stride + column0 + c] : to_storage<Dtype>(0);
   }
+  __shared__ uint64_t multicast_barrier;
+  MulticastStage multicast = {&multicast_barrier, 0};
+  const bool clustered = multicast.prepare(g, batch_size, rows, stride, kTensorCores);
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
   for (int64_t order = steps - 1; order >= -1; --order) {
@@ -907,54 +1229,72 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     // An element's output and cell gradients (with the final states' at the
     // last step visited), its cell, its gates and the gradient carried to
     // its cell, which this lane wrote.
-    auto load = [&](const BlockElement<kColumns>& at, Math (&inputs)[7]) {
+    auto load = [&](const BlockElement<kColumns>& at, Dtype (&inputs)[8]) {
       if (t < 0) return;
       const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
-      inputs[0] = gradient_at(grad_output, strides.outputs, at.row, at.column);
-      inputs[1] = gradient_at(grad_cell, strides.cells, at.row, at.column);
-      inputs[2] = to_math(cells[t * step + at.element]);
+      inputs[0] = stored_gradient_at(grad_output, strides.outputs, at.row, at.column);
+      inputs[1] = stored_gradient_at(grad_cell, strides.cells, at.row, at.column);
+      inputs[2] = cells[t * step + at.element];
 #pragma unroll
-      for (int g = 0; g < 3; ++g) inputs[3 + g] = to_math(gates[gate + g * state_size]);
+      for (int g = 0; g < 3; ++g) inputs[3 + g] = gates[gate + g * state_size];
       if (d_gates_next) {
-        inputs[6] = to_math(d_c0[at.element]);
+        inputs[6] = d_c0[at.element];
       } else {
-        inputs[0] += grad_final_h ? to_math(grad_final_h[at.element]) : Math(0);
-        inputs[6] = grad_final_cell ? to_math(grad_final_cell[at.element]) : Math(0);
+        inputs[6] = grad_final_cell ? grad_final_cell[at.element] : to_storage<Dtype>(0);
+        inputs[7] = grad_final_h ? grad_final_h[at.element] : to_storage<Dtype>(0);
       }
     };
     auto stage = [&] {
       if (!d_gates_next) return;
       __syncthreads();
-      stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
+      if (clustered && MulticastStage::takes(d_gates_next, gates_size)) {
+        multicast.copy(d_gates_next, (int)batch_size, gates_size, g, stride);
+      } else {
+        stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
+        if (clustered) MulticastStage::after_own_writes();
+      }
       __syncthreads();
     };
-    auto product = [&](int64_t column, int64_t first_row, int rows, int part, int parts,
-                       Math (&sums)[kPersistentRows]) {
-      if (d_gates_next) {
-        dot_tile<Dtype, kPersistentRows, 1>(g + first_row * stride, stride, rows,
-                                            w + (column - column0) * stride, stride, stride,
-                                            part, parts, sums);
-      }
-    };
     auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[1],
-                      const Math (&inputs)[7]) {
+                      const Dtype (&inputs)[8]) {
       if (t < 0) {
         d_h0[at.element] = to_storage<Dtype>(sums[0]);
         return;
       }
       const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
+      const Math grad_h = d_gates_next ? to_math(inputs[0]) : to_math(inputs[0]) + to_math(inputs[7]);
       Math d_old_cell, d_input, d_output, d_candidate;
-      cell_backward(inputs[0] + sums[0], inputs[6] + inputs[1], inputs[2], inputs[3], inputs[4],
-                    inputs[5], &d_old_cell, &d_input, &d_output, &d_candidate);
+      cell_backward(grad_h + sums[0], to_math(inputs[6]) + to_math(inputs[1]), to_math(inputs[2]),
+                    to_math(inputs[3]), to_math(inputs[4]), to_math(inputs[5]), &d_old_cell,
+                    &d_input, &d_output, &d_candidate);
       d_c0[at.element] = to_storage<Dtype>(d_old_cell);
       d_gates[gate] = to_storage<Dtype>(d_input);
       d_gates[gate + state_size] = to_storage<Dtype>(d_output);
       d_gates[gate + 2 * state_size] = to_storage<Dtype>(d_candidate);
     };
-    persistent_step<Math, kColumns, 1, 7>(column0, batch_size, state_size, load, stage,
-                                          product, finish);
+    if constexpr (kTensorCores) {
+      auto product = [&](int m, int begin, int end, float (&acc)[1][4]) {
+        if (d_gates_next) {
+          mma_rows<Dtype, 1>(g + m * kMmaRows * stride, stride, w, stride, begin, end, acc);
+        }
+      };
+      mma_step<Math, 1, 8, Dtype>(column0, batch_size, state_size, gates_size, partial, load, stage,
+                           product, finish);
+    } else {
+      auto product = [&](int64_t column, int64_t first_row, int rows, int part, int parts,
+                         Math (&sums)[kPersistentRows]) {
+        if (d_gates_next) {
+          dot_tile<Dtype, kPersistentRows, 1>(g + first_row * stride, stride, rows,
+                                              w + (column - column0) * stride, stride, stride,
+                                              part, parts, sums);
+        }
+      };
+      persistent_step<Math, kColumns, 1, 8, Dtype>(column0, batch_size, state_size, load, stage,
+                                            product, finish);
+    }
     grid.sync();
   }
+  if (clustered) MulticastStage::close();
 }
 
 // How a persistent launch is laid out, or blocks == 0 where the step-by-step
@@ -967,6 +1307,7 @@ struct PersistentPlan {
   const void* kernel;  // the kernel for the plan's columns a block
   int blocks;
   size_t shared_bytes;
+  int cluster;  // blocks a cluster (MulticastStage), or 1: no clusters
 };
 
 // True (with the runtime's last error cleared) when a query failed: the plan
@@ -977,60 +1318,140 @@ static bool failed(cudaError_t status) {
   return true;
 }
 
-// A block per group of `columns` state columns: enough blocks to spread the
-// work over the device, no more than it holds at once.
+// The persistent kernel of a pass (backward or forward) for `columns`
+// columns a block: 1, 2, 4 or 8 for float and double, kMmaColumns for the
+// 16-bit types.
 template <typename Dtype>
-static PersistentPlan plan_persistent(int64_t steps, int64_t batch_size, int64_t state_size,
-                                      int64_t weight_rows_per_column, int64_t length,
-                                      const void* kernel_of_columns[4]) {
-  PersistentPlan plan = {NULL, 0, 0};
+static const void* persistent_kernel(bool backward, int columns) {
+  if constexpr (IsMath<Dtype>::value) {
+    switch (columns) {
+      case 1:
+        return backward ? (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 1>
+                        : (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 1>;
+      case 2:
+        return backward ? (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 2>
+                        : (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 2>;
+      case 4:
+        return backward ? (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 4>
+                        : (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 4>;
+      default:
+        return backward ? (const void*)lltm_sequence_backward_persistent_kernel<Dtype, 8>
+                        : (const void*)lltm_sequence_forward_persistent_kernel<Dtype, 8>;
+    }
+  } else {
+    (void)columns;
+    return backward ? (const void*)lltm_sequence_backward_persistent_kernel<Dtype, kMmaColumns>
+                    : (const void*)lltm_sequence_forward_persistent_kernel<Dtype, kMmaColumns>;
+  }
+}
+
+// A block per group of `columns` state columns: for float and double
+// enough blocks to spread the work over the device, no more than it holds
+// at once; for the 16-bit types kMmaColumns, on compute capability 8.0 and
+// newer only (the tensor cores' mma), where the kernels hold code for it,
+// in clusters where `clusters` allows them.
+template <typename Dtype>
+static PersistentPlan plan_persistent(bool backward, int64_t steps, int64_t batch_size,
+                                      int64_t state_size, bool clusters) {
+  PersistentPlan plan = {NULL, 0, 0, 1};
+  const bool tensor_cores = !IsMath<Dtype>::value;
+  // The rows of the hidden weights a column needs, and their length.
+  const int64_t weight_rows = backward ? 1 : 3;
+  const int64_t length = backward ? 3 * state_size : state_size;
   // A single step keeps nothing on chip for a next one; its plan's queries
   // and a cooperative launch would cost the host more than the launches
   // they save.
   if (steps < 2 || batch_size * state_size > kPersistentElements) return plan;
-  int device, processors, max_shared;
+  int device, processors, max_shared, major;
   if (failed(cudaGetDevice(&device)) ||
-      failed(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount,
-                                               device)) ||
-      failed(cudaDeviceGetAttribute(&max_shared,
-                                               cudaDevAttrMaxSharedMemoryPerBlockOptin, device))) {
+      failed(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device)) ||
+      failed(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                    device)) ||
+      failed(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device))) {
     return plan;
   }
-  const int64_t wanted = (batch_size * state_size + 31) / 32;
-  const int64_t target = wanted < processors ? (wanted > 0 ? wanted : 1) : processors;
-  int64_t columns = (state_size + target - 1) / target;
-  int index = 0;
-  for (int candidate = 1; candidate < columns && index < 3; candidate *= 2) ++index;
-  columns = (int64_t)1 << index;  // 1, 2, 4 or 8
-  if ((state_size + columns - 1) / columns > processors) return plan;
-  const int64_t row_bytes = padded<Dtype>(length) * (int64_t)sizeof(Dtype);
-  const int64_t weight_bytes = weight_rows_per_column * columns * row_bytes;
-  if (weight_bytes + batch_size * row_bytes > max_shared) return plan;
-  const size_t shared_bytes = (size_t)(weight_bytes + batch_size * row_bytes);
-  const void* kernel = kernel_of_columns[index];
+  int64_t columns, shared_bytes;
+  if (tensor_cores) {
+    if (major < 8) return plan;
+    columns = kMmaColumns;
+    const int64_t rows = (batch_size + kMmaRows - 1) / kMmaRows * kMmaRows;
+    const int64_t warps = kPersistentThreads / 32;
+    shared_bytes = (weight_rows * columns + rows) * mma_padded(length) * (int64_t)sizeof(Dtype) +
+                   warps * rows * weight_rows * columns * (int64_t)sizeof(float);
+  } else {
+    const int64_t wanted = (batch_size * state_size + 31) / 32;
+    const int64_t target = wanted < processors ? (wanted > 0 ? wanted : 1) : processors;
+    columns = 1;
+    while (columns < 8 && columns * target < state_size) columns *= 2;
+    if ((state_size + columns - 1) / columns > processors) return plan;
+    shared_bytes = (weight_rows * columns + batch_size) * padded<Dtype>(length) *
+                   (int64_t)sizeof(Dtype);
+  }
+  if (shared_bytes > max_shared) return plan;
+  const void* kernel = persistent_kernel<Dtype>(backward, (int)columns);
+  cudaFuncAttributes attributes;
   int resident = 0;
-  if (failed(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)shared_bytes)) ||
-      failed(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &resident, kernel, kPersistentThreads, shared_bytes))) {
+  // ptxVersion is the virtual architecture the kernel's code came from: an
+  // older one than 8.0 compiled the mma away.
+  if (failed(cudaFuncGetAttributes(&attributes, kernel)) ||
+      (tensor_cores && attributes.ptxVersion < 80) ||
+      failed(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)shared_bytes)) ||
+      failed(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kPersistentThreads,
+                                                           (size_t)shared_bytes))) {
     return plan;
   }
-  const int64_t blocks = (state_size + columns - 1) / columns;
+  int64_t blocks = (state_size + columns - 1) / columns;
   if (blocks > (int64_t)resident * processors) return plan;
   plan.kernel = kernel;
   plan.blocks = (int)blocks;
-  plan.shared_bytes = shared_bytes;
+  plan.shared_bytes = (size_t)shared_bytes;
+  // Clusters for the tensor-core kernels where the device and the kernel's
+  // code have them (9.0) and the clustered grid is resident at once; the
+  // grid grows to whole clusters, its extra blocks owning no column.
+  if (tensor_cores && clusters && major == 9 && attributes.ptxVersion >= 90) {
+    blocks = (blocks + kMmaCluster - 1) / kMmaCluster * kMmaCluster;
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = kMmaCluster;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.gridDim = dim3((unsigned)blocks);
+    config.blockDim = dim3(kPersistentThreads);
+    config.dynamicSmemBytes = (size_t)shared_bytes;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (!failed(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config)) &&
+        (int64_t)clusters * kMmaCluster >= blocks) {
+      plan.blocks = (int)blocks;
+      plan.cluster = kMmaCluster;
+    }
+  }
   return plan;
 }
 
-// A persistent kernel's instantiations by columns a block, for plan_persistent.
-#define LLTM_BY_COLUMNS(kernel)                                                           \
-  {(const void*)kernel<Dtype, 1>, (const void*)kernel<Dtype, 2>, (const void*)kernel<Dtype, 4>, \
-   (const void*)kernel<Dtype, 8>}
-
 static int launch_persistent(const PersistentPlan& plan, void** arguments, cudaStream_t stream) {
-  return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
-                                     plan.shared_bytes, stream);
+  if (plan.cluster == 1) {
+    return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
+                                       plan.shared_bytes, stream);
+  }
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attributes[2];
+  attributes[0].id = cudaLaunchAttributeCooperative;
+  attributes[0].val.cooperative = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = (unsigned)plan.cluster;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
+  config.gridDim = dim3((unsigned)plan.blocks);
+  config.blockDim = dim3(kPersistentThreads);
+  config.dynamicSmemBytes = plan.shared_bytes;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  return cudaLaunchKernelExC(&config, plan.kernel, arguments);
 }
 
 // Packed steps of a small batch x state (what the persistent kernels would
@@ -1056,22 +1477,15 @@ struct RecurrencePlan {
 template <typename Dtype>
 static RecurrencePlan plan_recurrence(bool backward, const lltm_walk& walk, int64_t state_size,
                                       int options) {
-  RecurrencePlan plan = {{NULL, 0, 0, 0, 0}, {NULL, 0, 0}};
+  RecurrencePlan plan = {{NULL, 0, 0, 0, 0}, {NULL, 0, 0, 1}};
   if (walk.batch_sizes) return plan;
   if (!(options & LLTM_SEQUENCE_NO_CLUSTER)) {
     plan.cluster = lltm_plan_cluster(lltm_dtype_of<Dtype>(), backward, walk.steps,
                                      walk.batch_size, state_size);
     if (plan.cluster.kernel) return plan;
   }
-  if (backward) {
-    const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_backward_persistent_kernel);
-    plan.persistent = plan_persistent<Dtype>(walk.steps, walk.batch_size, state_size, 1,
-                                             3 * state_size, kernels);
-  } else {
-    const void* kernels[4] = LLTM_BY_COLUMNS(lltm_sequence_forward_persistent_kernel);
-    plan.persistent = plan_persistent<Dtype>(walk.steps, walk.batch_size, state_size, 3,
-                                             state_size, kernels);
-  }
+  plan.persistent = plan_persistent<Dtype>(backward, walk.steps, walk.batch_size, state_size,
+                                           !(options & LLTM_SEQUENCE_NO_CLUSTER));
   return plan;
 }
 
