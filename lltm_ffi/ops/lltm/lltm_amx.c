@@ -310,6 +310,12 @@ INLINE int pack_right_columns(int dtype, int64_t first, int64_t columns, int64_t
   return finite;
 }
 
+/* function(dtype, ...) with the dtype a constant in each call, so that the
+ * inlined packer's branches on it fold away. */
+#define PACK_BY_DTYPE(dtype, function, ...)                  \
+  ((dtype) == LLTM_BFLOAT16 ? function(LLTM_BFLOAT16, __VA_ARGS__) \
+                            : function(LLTM_FLOAT16, __VA_ARGS__))
+
 /* The left factor (see lltm_amx_multiply) into *packed. */
 VECTOR_TARGET static int pack_left(int dtype, int64_t rows, int64_t depth, const uint16_t* a,
                                    int64_t row_stride, int64_t depth_stride,
@@ -324,19 +330,13 @@ VECTOR_TARGET static int pack_left(int dtype, int64_t rows, int64_t depth, const
       uint16_t* out =
           tiles + row / TILE_ROWS * TILE_ROWS * packed_depth + row % TILE_ROWS * TILE_DEPTH;
       const int row_finite =
-          dtype == LLTM_BFLOAT16
-              ? pack_left_row(LLTM_BFLOAT16, source, depth, packed_depth, out)
-              : pack_left_row(LLTM_FLOAT16, source, depth, packed_depth, out);
+          PACK_BY_DTYPE(dtype, pack_left_row, source, depth, packed_depth, out);
       if (!row_finite) __atomic_store_n(&finite, 0, __ATOMIC_RELAXED);
     });
   } else {
     LLTM_FOR_EACH(group, round_up(round_up(rows, BLOCK), GROUP) / GROUP, rows * packed_depth, {
-      const int group_finite =
-          dtype == LLTM_BFLOAT16
-              ? pack_left_across(LLTM_BFLOAT16, group * GROUP, rows, depth, a, depth_stride,
-                                 packed_depth, tiles)
-              : pack_left_across(LLTM_FLOAT16, group * GROUP, rows, depth, a, depth_stride,
-                                 packed_depth, tiles);
+      const int group_finite = PACK_BY_DTYPE(dtype, pack_left_across, group * GROUP, rows,
+                                             depth, a, depth_stride, packed_depth, tiles);
       if (!group_finite) __atomic_store_n(&finite, 0, __ATOMIC_RELAXED);
     });
   }
@@ -355,23 +355,15 @@ VECTOR_TARGET int lltm_amx_pack_right(int dtype, int64_t depth, int64_t columns,
   if (column_stride == 1) {
     LLTM_FOR_EACH(group, round_up(round_up(columns, BLOCK), GROUP) / GROUP,
                   columns * packed_depth, {
-      const int group_finite =
-          dtype == LLTM_BFLOAT16
-              ? pack_right_rows(LLTM_BFLOAT16, group * GROUP, columns, depth, b, row_stride,
-                                packed_depth, tiles)
-              : pack_right_rows(LLTM_FLOAT16, group * GROUP, columns, depth, b, row_stride,
-                                packed_depth, tiles);
+      const int group_finite = PACK_BY_DTYPE(dtype, pack_right_rows, group * GROUP, columns,
+                                             depth, b, row_stride, packed_depth, tiles);
       if (!group_finite) __atomic_store_n(&finite, 0, __ATOMIC_RELAXED);
     });
   } else {
     LLTM_FOR_EACH(block, round_up(columns, BLOCK) / TILE_ROWS, columns * packed_depth, {
       uint16_t* out = tiles + block * TILE_ROWS * packed_depth;
-      const int block_finite =
-          dtype == LLTM_BFLOAT16
-              ? pack_right_columns(LLTM_BFLOAT16, block * TILE_ROWS, columns, depth, b,
-                                   column_stride, packed_depth, out)
-              : pack_right_columns(LLTM_FLOAT16, block * TILE_ROWS, columns, depth, b,
-                                   column_stride, packed_depth, out);
+      const int block_finite = PACK_BY_DTYPE(dtype, pack_right_columns, block * TILE_ROWS,
+                                             columns, depth, b, column_stride, packed_depth, out);
       if (!block_finite) __atomic_store_n(&finite, 0, __ATOMIC_RELAXED);
     });
   }
