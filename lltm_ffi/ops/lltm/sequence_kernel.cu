@@ -846,25 +846,22 @@ __host__ __device__ static int64_t mma_padded(int64_t length) {
 }
 
 // c += a b, an m16n8k16 tile, with a (16 x 16, row-major) and b (16 x 8,
-// column-major) as the PTX ISA's mma fragments of the element type, c in
-// float. (The first argument only picks the element type.)
-__device__ __forceinline__ void mma_16x8x16(const __half*, float (&c)[4], const uint32_t (&a)[4],
-                                            uint32_t b0, uint32_t b1) {
-#if LLTM_MMA_ARCH
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
+// column-major) as the PTX ISA's mma fragments of Dtype, c in float.
+#define LLTM_MMA_16X8X16(type)                                                         \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 {%0, %1, %2, %3}, " \
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                                   \
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                  \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
-__device__ __forceinline__ void mma_16x8x16(const __nv_bfloat16*, float (&c)[4],
-                                            const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+template <typename Dtype>
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1) {
 #if LLTM_MMA_ARCH
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  if constexpr (std::is_same<Dtype, __half>::value) {
+    LLTM_MMA_16X8X16("f16");
+  } else {
+    LLTM_MMA_16X8X16("bf16");
+  }
 #endif
 }
 
@@ -892,7 +889,7 @@ __device__ __forceinline__ void mma_rows(const Dtype* a, int64_t a_stride, const
 #pragma unroll
     for (int n = 0; n < kTiles; ++n) {
       const Dtype* column = b_lane + n * kMmaColumns * b_stride + k;
-      mma_16x8x16(a, acc[n], fragment, pair_at(column), pair_at(column + 8));
+      mma_16x8x16<Dtype>(acc[n], fragment, pair_at(column), pair_at(column + 8));
     }
   }
 }
