@@ -68,7 +68,7 @@
 // recurrence reads what the tensors saved for the backward pass hold.
 //
 // Only sm_90 and newer run these kernels: their bodies are compiled only
-// there (LLTM_CLUSTER_ARCH), empty for older targets, and the plan never
+// there (LLTM_CLUSTER_PTX), empty for older targets, and the plan never
 // chooses them on a device older than 9.0 or where the module's code for
 // them was compiled for an older target.
 
@@ -79,14 +79,8 @@
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
 #include "lltm_cluster.h"
-#include "lltm_mbarrier.cuh"
+#include "lltm_cluster_ptx.cuh"
 #include "lltm_op.h"
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define LLTM_CLUSTER_ARCH 1
-#else
-#define LLTM_CLUSTER_ARCH 0
-#endif
 
 // The plan's thresholds. Measured on an H200 (lltm_sequence forward and
 // backward in float32, F = 32, microseconds a step: the cluster kernels,
@@ -162,22 +156,10 @@ struct ClusterVector<double> {
 // (3 gates x kColumns x kChunks x kWidth elements).
 __host__ __device__ constexpr int cluster_warp_columns(int chunks) { return chunks <= 2 ? 2 : 1; }
 
-#if LLTM_CLUSTER_ARCH
+#if LLTM_CLUSTER_PTX
 
-// This block's rank in its cluster, the cluster's size, and which cluster
-// of the grid it is.
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned rank;
-  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-__device__ __forceinline__ unsigned cluster_blocks() {
-  unsigned size;
-  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
-  return size;
-}
-
+// Which cluster of the grid this block's is (its rank and the cluster's
+// size: lltm_cluster_ptx.cuh).
 __device__ __forceinline__ unsigned cluster_index() {
   unsigned index;
   asm("mov.u32 %0, %%clusterid.x;" : "=r"(index));
@@ -310,7 +292,7 @@ __device__ __forceinline__ int holder_of(int index) {
   return index * (32 / kCount);
 }
 
-#endif  // LLTM_CLUSTER_ARCH
+#endif  // LLTM_CLUSTER_PTX
 
 // Where a lane is in the layout (see the header comment): its block's
 // columns, its warp's first column, and the (row, column) element whose
@@ -328,7 +310,7 @@ struct ClusterLane {
   int64_t column, row;
   bool active;  // its element is the state's and the batch's
 
-#if LLTM_CLUSTER_ARCH
+#if LLTM_CLUSTER_PTX
   __device__ ClusterLane(int64_t state_size, int64_t batch_size)
       : lane((int)(threadIdx.x % 32)), rank(cluster_rank()), blocks(cluster_blocks()),
         block_columns((state_size + blocks - 1) / blocks),
@@ -384,7 +366,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
     const Dtype* __restrict__ weights, const Dtype* __restrict__ h0,
     const Dtype* __restrict__ c0, Dtype* outputs, Dtype* cells, Dtype* gates, Dtype* final_h,
     Dtype* final_cell) {
-#if LLTM_CLUSTER_ARCH
+#if LLTM_CLUSTER_PTX
   typedef typename ClusterMath<Dtype>::type Math;
   typedef typename ClusterVector<Math>::type Vector;
   const int kWidth = ClusterVector<Math>::kWidth;
@@ -533,7 +515,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
     const ClusterGradStrides strides, const Dtype* __restrict__ grad_final_h,
     const Dtype* __restrict__ grad_final_cell, const Dtype* __restrict__ cells,
     const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
-#if LLTM_CLUSTER_ARCH
+#if LLTM_CLUSTER_PTX
   typedef typename ClusterMath<Dtype>::type Math;
   typedef typename ClusterVector<Math>::type Vector;
   const int kWidth = ClusterVector<Math>::kWidth;

@@ -32,7 +32,7 @@
 #include "lltm_cluster.h"
 #include "lltm_cublas.h"
 #include "lltm_kernels.h"
-#include "lltm_mbarrier.cuh"
+#include "lltm_cluster_ptx.cuh"
 #include "lltm_op.h"
 #include "lltm_steps.h"
 
@@ -894,12 +894,6 @@ __device__ __forceinline__ void mma_rows(const Dtype* a, int64_t a_stride, const
   }
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define LLTM_MULTICAST_ARCH 1
-#else
-#define LLTM_MULTICAST_ARCH 0
-#endif
-
 // On compute capability 9.0 and newer the tensor-core kernels run in
 // clusters of kMmaCluster blocks, which stage the state together: each
 // block copies its share of the rows (rank, rank + kMmaCluster, ...) from
@@ -908,24 +902,6 @@ __device__ __forceinline__ void mma_rows(const Dtype* a, int64_t a_stride, const
 // counts the bytes that land in it. L2 then serves each row once a cluster,
 // not once a block.
 static const int kMmaCluster = 8;
-
-// The cluster's size (1 where the launch has no clusters), and this block's
-// rank in it.
-__device__ __forceinline__ unsigned multicast_blocks() {
-  unsigned size = 1;
-#if LLTM_MULTICAST_ARCH
-  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
-#endif
-  return size;
-}
-
-__device__ __forceinline__ unsigned multicast_rank() {
-  unsigned rank = 0;
-#if LLTM_MULTICAST_ARCH
-  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-#endif
-  return rank;
-}
 
 // A block's multicast staging: its mbarrier (in shared memory) and the
 // parity of the phase its next staging completes.
@@ -945,7 +921,7 @@ struct MulticastStage {
   template <typename Dtype>
   __device__ bool prepare(Dtype* staged, int64_t batch_size, int64_t rows, int64_t stride,
                           bool tensor_cores) {
-    const bool clustered = tensor_cores && multicast_blocks() > 1;
+    const bool clustered = tensor_cores && cluster_blocks() > 1;
     for (int64_t i = (clustered ? 0 : batch_size * stride) + threadIdx.x; i < rows * stride;
          i += blockDim.x) {
       staged[i] = to_storage<Dtype>(0);
@@ -959,7 +935,7 @@ struct MulticastStage {
   // up, those writes ordered before the copies' (another proxy's), and the
   // whole cluster past that before any block copies.
   __device__ void open() {
-#if LLTM_MULTICAST_ARCH
+#if LLTM_CLUSTER_PTX
     if (threadIdx.x == 0) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(address(barrier)) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -983,14 +959,14 @@ struct MulticastStage {
   template <typename Dtype>
   __device__ void copy(const Dtype* source, int rows, int64_t length, Dtype* target,
                        int64_t stride) {
-#if LLTM_MULTICAST_ARCH
-    const unsigned blocks = multicast_blocks();
+#if LLTM_CLUSTER_PTX
+    const unsigned blocks = cluster_blocks();
     const unsigned row_bytes = (unsigned)(length * sizeof(Dtype));
     if (threadIdx.x == 0) {
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                    ::"r"(address(barrier)), "r"(row_bytes * rows) : "memory");
     }
-    const int64_t row = multicast_rank() + (int64_t)blocks * threadIdx.x;
+    const int64_t row = cluster_rank() + (int64_t)blocks * threadIdx.x;
     if (row < rows) {
       // The other blocks' stores of the rows reached this thread through
       // the grid's barrier; the copies read them through the async proxy.
@@ -1010,7 +986,7 @@ struct MulticastStage {
   // After a block's own staging of the buffer that the copies fill: its
   // writes ordered before the copies'.
   __device__ static void after_own_writes() {
-#if LLTM_MULTICAST_ARCH
+#if LLTM_CLUSTER_PTX
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
   }
@@ -1018,7 +994,7 @@ struct MulticastStage {
   // Before the block exits: no block leaves while its cluster may still
   // write into it.
   __device__ static void close() {
-#if LLTM_MULTICAST_ARCH
+#if LLTM_CLUSTER_PTX
     asm volatile("barrier.cluster.arrive.release;" ::: "memory");
     asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 #endif
