@@ -23,9 +23,10 @@ MODES = {
                     "--kernels times the CUDA passes alone: it needs -c/--cuda and a GPU"),
     "overhead": Mode(f"host time of each piece of one call at {harness.TUTORIAL_SIZE}",
                      overhead.run, None),
-    "sequence": Mode("whole sequences: cell loops, lltm_sequence, nn.LSTM, nn.GRU (with -c: "
-                     "cuDNN, CUDA graph replay and the per-step kernels too); with --half or "
-                     "--autocast in that precision", sequence.run, None),
+    "sequence": Mode("whole sequences: cell loops, lltm_sequence, nn.LSTM, nn.GRU and a "
+                     "no-work floor (with -c: cuDNN, CUDA graph replay, the forward alone and "
+                     "the per-step kernels too); with --half or --autocast in that precision",
+                     sequence.run, None),
     "accuracy": Mode("the relative error against float64 of lltm_sequence's and nn.GRU's "
                      "outputs and gradients under --half or --autocast", accuracy.run, None),
     "distributed": Mode("training steps/s with DDP on 1 and more GPUs (-c), or a gloo smoke run "

@@ -1,9 +1,11 @@
 """--sequence: forward and backward of a loss over every step's output,
 per time step: a Python loop of the reference cell, a loop of lltm_ffi.lltm,
 that loop's training step captured as one CUDA graph and replayed,
-lltm_sequence (the loop in C), and cuDNN's nn.LSTM and nn.GRU, interleaved;
-then lltm_sequence's per-step kernels alone. On the CPU (without -c): the
-same but the graph replay and the kernels, at the CPU's own sizes. Then two
+lltm_sequence (the loop in C), cuDNN's nn.LSTM and nn.GRU, and a floor (an
+autograd.Function that does no work), interleaved; on a GPU in full
+precision the forward alone of the last four; then lltm_sequence's per-step
+kernels alone. On the CPU (without -c): the same but the graph replay, the
+forward alone and the kernels, at the CPU's own sizes. Then two
 layers, bidirectional: LLTMSequence against nn.LSTM and nn.GRU of the same
 configuration on the same batch, and on a packed batch against nn.GRU on
 the same PackedSequence.
@@ -30,6 +32,13 @@ SEQUENCE_SHAPES = ((64, 16, 32, 128), (1024, 16, 32, 128), (64, 256, 256, 512),
 # --half and --autocast on a GPU: those and a layer of 1024.
 REDUCED_SEQUENCE_SHAPES = ((64, 16, 32, 128), (1024, 16, 32, 128), (64, 256, 256, 512),
                            (32, 64, 512, 1024), (1024, 16, 768, 768), (16, 4096, 1024, 2048))
+# An autograd.Function that does no work, timed beside the others in full
+# precision: the least any implementation through autograd can take.
+FLOOR = "floor: autograd.Function, no work"
+FLOOR_NOTE = (
+    f" {FLOOR}: the outputs allocated forward, the weights' and bias's gradients backward, "
+    "nothing computed; no implementation that reaches autograd through an autograd.Function "
+    "takes less.")
 # Past this many steps the Python loops of the cell are left out: their host
 # time per step is the same at every length.
 LOOPED_STEPS = 64
@@ -66,27 +75,28 @@ def captured(train_step, device):
     return graph.replay
 
 
-def training_step(outputs_of, precision, device):
+def training_step(outputs_of, precision, device, backward=True):
     """Every implementation's training step: the same loss, the sum of every
     step's output (what nn.GRU and nn.LSTM return as their outputs), in
-    float32 for a half output; the forward in `precision`'s context."""
+    float32 for a half output; the forward in `precision`'s context.
+    backward=False: the forward and the loss alone, the graph recorded and
+    dropped."""
     def step():
         with precision.forward(device):
             outputs = outputs_of()
-        precisions.loss(outputs).backward()
+        loss = precisions.loss(outputs)
+        if backward:
+            loss.backward()
     return step
 
 
 def candidates(shape, device, precision):
     """{name: training step} at `shape`: in full precision the cell's loops
     too; in a reduced one lltm_sequence in float32 beside the others, and on
-    the CPU the reference's loop in that precision."""
+    the CPU the reference's loop in that precision; then peers()'."""
     steps, batch, features, state = shape
-    dtype = precision.dtype
-    inputs = torch.randn(steps, batch, features, device=device, dtype=dtype)
-    module = lltm_ffi.LLTMSequence(features, state, device=device, dtype=dtype)
-    lstm = torch.nn.LSTM(features, state, device=device, dtype=dtype)
-    gru = torch.nn.GRU(features, state, device=device, dtype=dtype)
+    inputs = torch.randn(steps, batch, features, device=device, dtype=precision.dtype)
+    module = lltm_ffi.LLTMSequence(features, state, device=device, dtype=precision.dtype)
     cuda = device.type == "cuda"
     if precision.kind == "full" and steps > LOOPED_STEPS:
         functions = {}
@@ -105,9 +115,27 @@ def candidates(shape, device, precision):
         if not cuda and steps <= LOOPED_STEPS:
             functions["reference, Python loop"] = training_step(
                 lambda: cell_loop(reference.lltm, module, inputs), precision, device)
+    return {**functions, **peers(module, inputs, precision)}
+
+
+def peers(module, inputs, precision, backward=True):
+    """{name: training step (backward=False: its forward alone)} of the
+    LLTMSequence `module`, nn.LSTM and nn.GRU of its sizes and, in full
+    precision, the floor, on `inputs`."""
+    device, dtype = inputs.device, inputs.dtype
+    lstm = torch.nn.LSTM(module.input_features, module.state_size, device=device, dtype=dtype)
+    gru = torch.nn.GRU(module.input_features, module.state_size, device=device, dtype=dtype)
+    cuda = device.type == "cuda"
+    functions = {}
     for name, model in (("lltm_sequence", module), ("nn.LSTM", lstm), ("nn.GRU", gru)):
         functions[f"{name} (cuDNN)" if cuda and model is not module else name] = training_step(
-            lambda model=model: model(inputs)[0], precision, device)
+            lambda model=model: model(inputs)[0], precision, device, backward)
+    if precision.kind == "full":
+        # Parameters of its own, whose gradients (never written) no other row reads.
+        weights, bias = (torch.nn.Parameter(parameter.detach().clone())
+                         for parameter in (module.weights_l0, module.bias_l0))
+        functions[FLOOR] = training_step(lambda: harness.floor_sequence(inputs, weights, bias),
+                                         precision, device, backward)
     return functions
 
 
@@ -180,6 +208,23 @@ def time_candidates(shape, functions, runs, warm_up_runs, synchronize, failures,
                            else ("failed", "failed"))]
             for name in functions]
     return rows, medians, seconds
+
+
+FORWARD_HEADING = "The forward alone"
+
+
+def forward_rows(args, device, precision, synchronize, failures):
+    """The forward-alone table's rows: lltm_sequence, nn.LSTM, nn.GRU and
+    the floor at every size of the one-layer table, interleaved."""
+    rows = []
+    for shape in shapes_of(device, precision):
+        steps, batch, features, state = shape
+        inputs = torch.randn(steps, batch, features, device=device, dtype=precision.dtype)
+        module = lltm_ffi.LLTMSequence(features, state, device=device, dtype=precision.dtype)
+        rows += time_candidates(shape, peers(module, inputs, precision, backward=False),
+                                args.runs or DEFAULT_RUNS[state], 3, synchronize, failures,
+                                f" ({FORWARD_HEADING.lower()})")[0]
+    return rows
 
 
 def layered_rows(args, device, precision, synchronize, failures):
@@ -289,9 +334,17 @@ def _run(args, device, precision):
     paragraphs = [
         f"Microseconds per time step ({setting}the whole training step timed"
         f"{' between synchronisations' if cuda else ''} and divided by the steps; interleaved "
-        "runs).",
+        f"runs).{FLOOR_NOTE if precision.kind == 'full' else ''}",
         harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
                                 "min us/step"], rows, text_columns=2)]
+    if cuda and precision.kind == "full":
+        paragraphs += [
+            f"{FORWARD_HEADING}: the same training step's forward and loss, no backward (the "
+            "graph autograd records is dropped), timed as above:",
+            harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
+                                    "min us/step"],
+                                   forward_rows(args, device, precision, synchronize, failures),
+                                   text_columns=2)]
     if cuda:
         paragraphs += kernel_paragraphs(kernel_rows)
     suffix = precision.flag.removeprefix("--").replace(" ", "_")

@@ -118,7 +118,7 @@ def _describe_module(report, extension):
         report.row("CPU 16-bit products",
                    "portable (LLTM_AMX=0)" if setting == "0"
                    else "AMX for every size (LLTM_AMX=1)" if setting == "1"
-                   else "AMX (bfloat16 tiles; float16 from a state of 320)")
+                   else "AMX (bfloat16 tiles; float16 tiles for the large products)")
     return lib if extension.lib is not None else None
 
 

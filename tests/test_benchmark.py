@@ -192,11 +192,13 @@ def test_sequence_compares_loops_lltm_sequence_and_cudnn(few_warmup_runs, monkey
     output = capsys.readouterr().out
     assert report.read_text() == output
     one_layer, layered = output.split(sequence.LAYERED_HEADING)
-    rows = rows_of_numbers(one_layer, 2)
+    one_layer, forward = one_layer.split(sequence.FORWARD_HEADING)
     names = ["reference, Python loop", "lltm_ffi.lltm, Python loop",
              "lltm_ffi.lltm loop, CUDA graph replay", "lltm_sequence", "nn.LSTM (cuDNN)",
-             "nn.GRU (cuDNN)"]
-    assert [row.split("|")[2].strip() for row in rows] == names * 2
+             "nn.GRU (cuDNN)", sequence.FLOOR]
+    assert [row.split("|")[2].strip() for row in rows_of_numbers(one_layer, 2)] == names * 2
+    forward = forward.split("lltm_sequence's recurrence")[0]
+    assert [row.split("|")[2].strip() for row in rows_of_numbers(forward, 2)] == names[3:] * 2
     assert_layered_rows(layered, " (cuDNN)")
     assert ("TF32 allowed" if precision else "strict float32") in output
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == settings, \
@@ -219,9 +221,9 @@ def test_sequence_on_the_cpu_compares_loops_lltm_sequence_lstm_and_gru(few_warmu
     assert_layered_rows(layered, "")
     rows = rows_of_numbers(one_layer, 2)
     names = ["reference, Python loop", "lltm_ffi.lltm, Python loop", "lltm_sequence", "nn.LSTM",
-             "nn.GRU"]
+             "nn.GRU", sequence.FLOOR]
     assert [row.split("|")[2].strip() for row in rows] == names * 2
-    assert [row.split("|")[1].strip() for row in rows] == ["3x5x7x9"] * 5 + ["2x4x3x17"] * 5
+    assert [row.split("|")[1].strip() for row in rows] == ["3x5x7x9"] * 6 + ["2x4x3x17"] * 6
     assert "per-step kernels" not in output
 
 

@@ -59,7 +59,7 @@ def test_report_on_this_build():
         "portable (no AMX on this CPU)" if not _extension.amx_usable()
         else "portable (LLTM_AMX=0)" if os.environ.get("LLTM_AMX") == "0"
         else "AMX for every size (LLTM_AMX=1)" if os.environ.get("LLTM_AMX") == "1"
-        else "AMX (bfloat16 tiles; float16 from a state of 320)")
+        else "AMX (bfloat16 tiles; float16 tiles for the large products)")
 
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):

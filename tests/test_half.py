@@ -168,11 +168,15 @@ def test_sequence_is_as_accurate_as_torch_in_the_dtype(shape, steps, reverse, dt
 # step-by-step kernels. The persistent kernels' shapes: batches of 1, 16 and
 # 17 rows (one mma tile of rows, and two), states off every tile (9, 37, 300)
 # and the benchmark's 768, either direction; 40 steps of 768, on 9.0 with
-# the clusters' shared staging and without (LLTM_CLUSTER=0, as on 8.x).
+# the clusters' shared staging and without (LLTM_CLUSTER=0, as on 8.x); and
+# the clusters' bulk copies (states of multiples of 8) at 17 rows with a
+# state of 264 (a grid of whole clusters, its last blocks owning no column),
+# at one row, and over two steps.
 GPU_PATHS = [((1, 16, 32, 128), ""), ((5, 3, 4, 9), ""), ((5, 33, 7, 520), ""),
              ((5, 33, 7, 520), "LLTM_CUBLAS=0"), ((5, 3, 4, 9), "LLTM_CLUSTER=0"),
              ((7, 1, 5, 37), "LLTM_CLUSTER=0"), ((6, 17, 5, 300), ""),
-             ((40, 16, 8, 768), ""), ((40, 16, 8, 768), "LLTM_CLUSTER=0")]
+             ((40, 16, 8, 768), ""), ((40, 16, 8, 768), "LLTM_CLUSTER=0"),
+             ((9, 17, 6, 264), ""), ((5, 1, 3, 520), ""), ((2, 3, 4, 304), "")]
 
 
 @pytest.mark.parametrize("dtype", HALVES)
