@@ -93,7 +93,8 @@ def training_step(outputs_of, precision, device, backward=True):
 def candidates(shape, device, precision):
     """{name: training step} at `shape`: in full precision the cell's loops
     too; in a reduced one lltm_sequence in float32 beside the others, and on
-    the CPU the reference's loop in that precision; then peers()'."""
+    the CPU the reference's loop in that precision; then peers() of the same
+    module and inputs."""
     steps, batch, features, state = shape
     inputs = torch.randn(steps, batch, features, device=device, dtype=precision.dtype)
     module = lltm_ffi.LLTMSequence(features, state, device=device, dtype=precision.dtype)
