@@ -166,18 +166,6 @@ __device__ __forceinline__ unsigned cluster_index() {
   return index;
 }
 
-// The cluster barrier in its two halves: arrive publishes this thread's
-// earlier writes (release, cluster scope), wait returns once every thread of
-// the cluster has arrived and makes their writes visible (acquire). Every
-// thread of every block takes part in each barrier.
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-}
-
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-}
-
 // A block's mailbox: the two mbarriers of its double buffer, in shared
 // memory after the buffers. Exchange n, the values every block pushes at
 // the n-th step it visits, lands in buffer (n + 1) % 2 and completes a
@@ -194,26 +182,18 @@ struct ClusterMailbox {
   uint64_t* barriers;  // two
   unsigned bytes;      // a phase's: what the cluster pushes into this block
 
-  __device__ unsigned address(const void* pointer) const {
-    return (unsigned)__cvta_generic_to_shared(pointer);
-  }
-
   // Before the kernel's first cluster barrier, in every thread: sets up the
   // barriers and arms those of the exchanges that happen of the first two.
   __device__ void open(bool first, bool second) const {
     if (threadIdx.x != 0) return;
-    for (int b = 0; b < 2; ++b) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(address(barriers + b))
-                   : "memory");
-    }
+    for (int b = 0; b < 2; ++b) mbarrier_init(shared_address(barriers + b));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     if (first) arm(1);
     if (second) arm(0);
   }
 
   __device__ void arm(int barrier) const {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                 ::"r"(address(barriers + barrier)), "r"(bytes) : "memory");
+    mbarrier_arrive_expecting(shared_address(barriers + barrier), bytes);
   }
 
   // Waits until exchange n has landed whole; then thread 0 arms its barrier
@@ -221,7 +201,7 @@ struct ClusterMailbox {
   __device__ void receive(int64_t n, bool again) const {
     const int barrier = (int)((n + 1) & 1);
     const unsigned parity = (unsigned)((n >> 1) & 1);
-    mbarrier_wait(address(barriers + barrier), parity);
+    mbarrier_wait(shared_address(barriers + barrier), parity);
     if (again && threadIdx.x == 0) arm(barrier);
   }
 
@@ -229,9 +209,10 @@ struct ClusterMailbox {
   // cluster (this block's own too).
   __device__ void send(Math* local, unsigned rank, Math value, int64_t n) const {
     unsigned target, barrier;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(target) : "r"(address(local)), "r"(rank));
     asm("mapa.shared::cluster.u32 %0, %1, %2;"
-        : "=r"(barrier) : "r"(address(barriers + ((n + 1) & 1))), "r"(rank));
+        : "=r"(target) : "r"(shared_address(local)), "r"(rank));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(barrier) : "r"(shared_address(barriers + ((n + 1) & 1))), "r"(rank));
     push(target, value, barrier);
   }
 
@@ -729,17 +710,9 @@ static int active_clusters(int device, const void* kernel, int blocks, int threa
              cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)))) {
       return 0;
     }
-    cudaLaunchConfig_t config = {};
     cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = (unsigned)blocks;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.gridDim = dim3((unsigned)blocks);
-    config.blockDim = dim3((unsigned)threads);
-    config.dynamicSmemBytes = shared_bytes;
-    config.attrs = attribute;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = cluster_launch_config(
+        (unsigned)blocks, (unsigned)threads, shared_bytes, (unsigned)blocks, 0, attribute);
     if (cluster_call_failed(cudaOccupancyMaxActiveClusters(&active, kernel, &config))) return 0;
   }
   known[next] = {device, kernel, blocks, threads, active};
@@ -815,18 +788,10 @@ extern "C" lltm_cluster_plan lltm_plan_cluster(int dtype, int backward, int64_t 
 // Launches plan->kernel with `arguments` as a grid of clusters.
 static cudaError_t launch_clusters(const lltm_cluster_plan* plan, void** arguments,
                                    cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
   cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = (unsigned)plan->cluster_size;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.gridDim = dim3((unsigned)(plan->cluster_size * plan->clusters));
-  config.blockDim = dim3((unsigned)plan->threads);
-  config.dynamicSmemBytes = plan->shared_bytes;
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = 1;
+  const cudaLaunchConfig_t config = cluster_launch_config(
+      (unsigned)(plan->cluster_size * plan->clusters), (unsigned)plan->threads,
+      plan->shared_bytes, (unsigned)plan->cluster_size, stream, attribute);
   const cudaError_t status = cudaLaunchKernelExC(&config, plan->kernel, arguments);
   if (status != cudaSuccess) (void)cudaGetLastError();
   return status;

@@ -1,8 +1,10 @@
 // What the cluster kernels (cluster_kernel.cu) and the tensor-core
 // persistent kernels' shared staging (sequence_kernel.cu) share of a
-// thread-block cluster: this block's rank in it, its size and the wait on
-// an mbarrier. Compute capability 9.0 and newer; for older targets, whose
-// kernels run no cluster, a block is rank 0 of 1 and never waits.
+// thread-block cluster: this block's rank in it, its size, the cluster's
+// barrier, and an mbarrier's address, set-up, arming and wait; and, on the
+// host, the configuration of a launch in clusters. Compute capability 9.0
+// and newer; for older targets, whose kernels run no cluster, a block is
+// rank 0 of 1 and never waits.
 #ifndef LLTM_CLUSTER_PTX_CUH
 #define LLTM_CLUSTER_PTX_CUH
 
@@ -30,6 +32,47 @@ __device__ __forceinline__ unsigned cluster_blocks() {
   return size;
 }
 
+// The cluster barrier in its two halves: arrive publishes this thread's
+// earlier writes (release, cluster scope), wait returns once every thread of
+// the cluster has arrived and makes their writes visible (acquire). Every
+// thread of every block takes part in each barrier.
+__device__ __forceinline__ void cluster_arrive() {
+#if LLTM_CLUSTER_PTX
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if LLTM_CLUSTER_PTX
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+
+// The shared-memory address of `pointer` (into this block's shared memory),
+// as the PTX of mbarriers and copies takes it.
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+  return (unsigned)__cvta_generic_to_shared(pointer);
+}
+
+// Sets up the mbarrier at `barrier` (its shared-memory address) for one
+// arrival a phase. One thread, before any other use of it; the cluster sees
+// it once that thread's fence.mbarrier_init has been followed by a cluster
+// barrier.
+__device__ __forceinline__ void mbarrier_init(unsigned barrier) {
+#if LLTM_CLUSTER_PTX
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(barrier) : "memory");
+#endif
+}
+
+// This thread's arrival on the current phase of the mbarrier at `barrier`,
+// which then completes once `bytes` of copies have also landed.
+__device__ __forceinline__ void mbarrier_arrive_expecting(unsigned barrier, unsigned bytes) {
+#if LLTM_CLUSTER_PTX
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               ::"r"(barrier), "r"(bytes) : "memory");
+#endif
+}
+
 // Returns once the phase of parity `parity` of the mbarrier at `barrier`
 // (its shared-memory address) has completed.
 __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity) {
@@ -42,6 +85,29 @@ __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity)
       "@!done bra waiting;\n"
       "}\n" ::"r"(barrier), "r"(parity) : "memory");
 #endif
+}
+
+// The configuration of a launch of `blocks` blocks of `threads` threads and
+// `shared_bytes` of dynamic shared memory each, in clusters of `cluster`
+// blocks, on `stream`: its one attribute, the clusters' size, written to
+// attributes[0]; a caller may add more after it (and count them in
+// numAttrs).
+static inline cudaLaunchConfig_t cluster_launch_config(unsigned blocks, unsigned threads,
+                                                       size_t shared_bytes, unsigned cluster,
+                                                       cudaStream_t stream,
+                                                       cudaLaunchAttribute* attributes) {
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = cluster;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 1;
+  return config;
 }
 
 #endif  // LLTM_CLUSTER_PTX_CUH

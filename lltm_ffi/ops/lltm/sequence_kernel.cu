@@ -696,7 +696,7 @@ __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_
       const int r = i / width, k = i - r * width;
       V* slot = reinterpret_cast<V*>(target) + i;
       if (k < length_vectors) {
-        const unsigned address = (unsigned)__cvta_generic_to_shared(slot);
+        const unsigned address = shared_address(slot);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address),
                      "l"(reinterpret_cast<const V*>(source + r * length) + k)
                      : "memory");
@@ -910,31 +910,45 @@ __device__ __forceinline__ void mma_rows(const Dtype* a, int64_t a_stride, const
 // not once a block.
 static const int kMmaCluster = 8;
 
-// A block's multicast staging: its mbarrier (in shared memory) and the
-// parity of the phase its next staging completes.
+// A block's staging of the state: its mbarrier (in shared memory), the
+// parity of the phase its next multicast staging completes, and whether the
+// block runs in a cluster (prepare's finding).
 struct MulticastStage {
   uint64_t* barrier;
   unsigned parity;
+  bool clustered;
 
-  __device__ unsigned address(const void* pointer) const {
-    return (unsigned)__cvta_generic_to_shared(pointer);
-  }
-
-  // Every thread of every block, once, before the first step: the zeros of
-  // `staged` (rows rows of `stride` elements, the first batch_size of them
-  // the state's): the tiles' padding rows, and where the block runs in a
-  // cluster (the answer) the state's rows too, whose padding the copies
-  // leave as it is; then, in a cluster, open().
+  // Every thread of every block, once, before the first step: whether the
+  // block runs in a cluster (tensor_cores, and a cluster launch); the zeros
+  // of `staged` (rows rows of `stride` elements, the first batch_size of
+  // them the state's): the tiles' padding rows, and in a cluster the
+  // state's rows too, whose padding the copies leave as it is; then, in a
+  // cluster, open().
   template <typename Dtype>
-  __device__ bool prepare(Dtype* staged, int64_t batch_size, int64_t rows, int64_t stride,
+  __device__ void prepare(Dtype* staged, int64_t batch_size, int64_t rows, int64_t stride,
                           bool tensor_cores) {
-    const bool clustered = tensor_cores && cluster_blocks() > 1;
+    clustered = tensor_cores && cluster_blocks() > 1;
     for (int64_t i = (clustered ? 0 : batch_size * stride) + threadIdx.x; i < rows * stride;
          i += blockDim.x) {
       staged[i] = to_storage<Dtype>(0);
     }
     if (clustered) open();
-    return clustered;
+  }
+
+  // A step's staging: the first `rows` rows of `source` (rows of `length`
+  // elements) into `target`'s rows, `stride` apart. In a cluster by copy()
+  // where the rows take bulk copies and `bulk` allows them (the forward
+  // stages h0 itself), else by this block's own copies (stage_rows), which
+  // in a cluster are then ordered before the next copy's.
+  template <typename Dtype>
+  __device__ void stage(const Dtype* source, int rows, int64_t length, Dtype* target,
+                        int64_t stride, bool bulk) {
+    if (clustered && bulk && takes(source, length)) {
+      copy(source, rows, length, target, stride);
+    } else {
+      stage_rows(source, rows, length, target, stride);
+      if (clustered) after_own_writes();
+    }
   }
 
   // Every thread of every block of the cluster, once, after the block's
@@ -944,13 +958,13 @@ struct MulticastStage {
   __device__ void open() {
 #if LLTM_CLUSTER_PTX
     if (threadIdx.x == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(address(barrier)) : "memory");
+      mbarrier_init(shared_address(barrier));
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 #endif
+    cluster_arrive();
+    cluster_wait();
   }
 
   // Whether staging `source` (rows of `length` elements) can take bulk
@@ -969,10 +983,7 @@ struct MulticastStage {
 #if LLTM_CLUSTER_PTX
     const unsigned blocks = cluster_blocks();
     const unsigned row_bytes = (unsigned)(length * sizeof(Dtype));
-    if (threadIdx.x == 0) {
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                   ::"r"(address(barrier)), "r"(row_bytes * rows) : "memory");
-    }
+    if (threadIdx.x == 0) mbarrier_arrive_expecting(shared_address(barrier), row_bytes * rows);
     const int64_t row = cluster_rank() + (int64_t)blocks * threadIdx.x;
     if (row < rows) {
       // The other blocks' stores of the rows reached this thread through
@@ -982,10 +993,10 @@ struct MulticastStage {
       asm volatile(
           "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
           " [%0], [%1], %2, [%3], %4;"
-          ::"r"(address(target + row * stride)), "l"(source + row * length), "r"(row_bytes),
-          "r"(address(barrier)), "h"(mask) : "memory");
+          ::"r"(shared_address(target + row * stride)), "l"(source + row * length),
+          "r"(row_bytes), "r"(shared_address(barrier)), "h"(mask) : "memory");
     }
-    mbarrier_wait(address(barrier), parity);
+    mbarrier_wait(shared_address(barrier), parity);
     parity ^= 1;
 #endif
   }
@@ -1000,11 +1011,10 @@ struct MulticastStage {
 
   // Before the block exits: no block leaves while its cluster may still
   // write into it.
-  __device__ static void close() {
-#if LLTM_CLUSTER_PTX
-    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-#endif
+  __device__ void close() const {
+    if (!clustered) return;
+    cluster_arrive();
+    cluster_wait();
   }
 };
 
@@ -1090,8 +1100,8 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
         ? weights[(gate_row + column) * weights_row_stride + k] : to_storage<Dtype>(0);
   }
   __shared__ uint64_t multicast_barrier;
-  MulticastStage multicast = {&multicast_barrier, 0};
-  const bool clustered = multicast.prepare(h, batch_size, rows, stride, kTensorCores);
+  MulticastStage multicast = {&multicast_barrier, 0, false};
+  multicast.prepare(h, batch_size, rows, stride, kTensorCores);
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
   for (int64_t order = 0; order < steps; ++order) {
@@ -1114,12 +1124,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     };
     auto stage = [&] {
       __syncthreads();
-      if (clustered && order && MulticastStage::takes(old_h, state_size)) {
-        multicast.copy(old_h, (int)batch_size, state_size, h, stride);
-      } else {
-        stage_rows(old_h, (int)batch_size, state_size, h, stride);
-        if (clustered) MulticastStage::after_own_writes();
-      }
+      multicast.stage(old_h, (int)batch_size, state_size, h, stride, order > 0);
       __syncthreads();
     };
     auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[3],
@@ -1159,7 +1164,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     }
     grid.sync();
   }
-  if (clustered) MulticastStage::close();
+  multicast.close();
 }
 
 // Backward, the steps in the reverse of the walk's order, then the gradient
@@ -1194,8 +1199,8 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
         ? weights[k * weights_row_stride + column0 + c] : to_storage<Dtype>(0);
   }
   __shared__ uint64_t multicast_barrier;
-  MulticastStage multicast = {&multicast_barrier, 0};
-  const bool clustered = multicast.prepare(g, batch_size, rows, stride, kTensorCores);
+  MulticastStage multicast = {&multicast_barrier, 0, false};
+  multicast.prepare(g, batch_size, rows, stride, kTensorCores);
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
   for (int64_t order = steps - 1; order >= -1; --order) {
@@ -1227,12 +1232,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     auto stage = [&] {
       if (!d_gates_next) return;
       __syncthreads();
-      if (clustered && MulticastStage::takes(d_gates_next, gates_size)) {
-        multicast.copy(d_gates_next, (int)batch_size, gates_size, g, stride);
-      } else {
-        stage_rows(d_gates_next, (int)batch_size, gates_size, g, stride);
-        if (clustered) MulticastStage::after_own_writes();
-      }
+      multicast.stage(d_gates_next, (int)batch_size, gates_size, g, stride, true);
       __syncthreads();
     };
     auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[1],
@@ -1242,7 +1242,8 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
         return;
       }
       const int64_t gate = t * 3 * step + at.row * gates_size + at.column;
-      const Math grad_h = d_gates_next ? to_math(inputs[0]) : to_math(inputs[0]) + to_math(inputs[7]);
+      const Math grad_h =
+          d_gates_next ? to_math(inputs[0]) : to_math(inputs[0]) + to_math(inputs[7]);
       Math d_old_cell, d_input, d_output, d_candidate;
       cell_backward(grad_h + sums[0], to_math(inputs[6]) + to_math(inputs[1]), to_math(inputs[2]),
                     to_math(inputs[3]), to_math(inputs[4]), to_math(inputs[5]), &d_old_cell,
@@ -1274,7 +1275,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     }
     grid.sync();
   }
-  if (clustered) MulticastStage::close();
+  multicast.close();
 }
 
 // How a persistent launch is laid out, or blocks == 0 where the step-by-step
@@ -1391,17 +1392,9 @@ static PersistentPlan plan_persistent(bool backward, int64_t steps, int64_t batc
   // grid grows to whole clusters, its extra blocks owning no column.
   if (tensor_cores && clusters && major == 9 && attributes.ptxVersion >= 90) {
     blocks = (blocks + kMmaCluster - 1) / kMmaCluster * kMmaCluster;
-    cudaLaunchConfig_t config = {};
     cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = kMmaCluster;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.gridDim = dim3((unsigned)blocks);
-    config.blockDim = dim3(kPersistentThreads);
-    config.dynamicSmemBytes = (size_t)shared_bytes;
-    config.attrs = attribute;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = cluster_launch_config(
+        (unsigned)blocks, kPersistentThreads, (size_t)shared_bytes, kMmaCluster, 0, attribute);
     int clusters = 0;
     if (!failed(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config)) &&
         (int64_t)clusters * kMmaCluster >= blocks) {
@@ -1417,19 +1410,12 @@ static int launch_persistent(const PersistentPlan& plan, void** arguments, cudaS
     return cudaLaunchCooperativeKernel(plan.kernel, plan.blocks, kPersistentThreads, arguments,
                                        plan.shared_bytes, stream);
   }
-  cudaLaunchConfig_t config = {};
   cudaLaunchAttribute attributes[2];
-  attributes[0].id = cudaLaunchAttributeCooperative;
-  attributes[0].val.cooperative = 1;
-  attributes[1].id = cudaLaunchAttributeClusterDimension;
-  attributes[1].val.clusterDim.x = (unsigned)plan.cluster;
-  attributes[1].val.clusterDim.y = 1;
-  attributes[1].val.clusterDim.z = 1;
-  config.gridDim = dim3((unsigned)plan.blocks);
-  config.blockDim = dim3(kPersistentThreads);
-  config.dynamicSmemBytes = plan.shared_bytes;
-  config.stream = stream;
-  config.attrs = attributes;
+  cudaLaunchConfig_t config = cluster_launch_config(
+      (unsigned)plan.blocks, kPersistentThreads, plan.shared_bytes, (unsigned)plan.cluster,
+      stream, attributes);
+  attributes[1].id = cudaLaunchAttributeCooperative;
+  attributes[1].val.cooperative = 1;
   config.numAttrs = 2;
   return cudaLaunchKernelExC(&config, plan.kernel, arguments);
 }
