@@ -15,7 +15,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 import lltm_ffi
-from builders import random_inputs, random_like, sequence_arguments
+from builders import random_inputs, random_like, sequence_arguments, transposed
 from conftest import ARGUMENT_NAMES, as_leaves, assert_all_close, reference_sequence, shape_id
 from lltm_ffi import reference, selfcheck
 
@@ -110,6 +110,16 @@ def test_gradgradcheck(shape, bias_2d, device, generator):
     if bias_2d:
         inputs[2] = inputs[2].unsqueeze(0)
     assert torch.autograd.gradgradcheck(lltm_ffi.lltm, as_leaves(inputs), eps=1e-6, atol=1e-7,
+                                        rtol=1e-5)
+
+
+def test_gradgradcheck_of_non_contiguous_arguments(device, generator):
+    """Every argument in another layout: the second derivatives reach the
+    caller's tensors (through any copy the products make)."""
+    inputs = random_inputs(generator, (3, 5, 7), torch.float64, device)
+    views = [transposed(tensor) for tensor in inputs]
+    assert not any(view.is_contiguous() for view in views)
+    assert torch.autograd.gradgradcheck(lltm_ffi.lltm, as_leaves(views), eps=1e-6, atol=1e-7,
                                         rtol=1e-5)
 
 

@@ -286,7 +286,7 @@ def _argument_gradients(needs_input_grad, d_old_cell, d_gates, d_X, X, weights, 
     needs_input, needs_weights, needs_bias, needs_old_h, needs_old_cell = needs_input_grad
     d_input = d_weights = d_bias = d_old_h = None
     if (needs_input or needs_old_h) and (d_gates is not None or d_X is not None):
-        d_X = _sum(None if d_gates is None else d_gates.mm(weights), d_X)
+        d_X = _sum(None if d_gates is None else d_gates.mm(weights.contiguous()), d_X)
         state_size = weights.shape[0] // 3
         d_old_h, d_input = d_X[:, :state_size], d_X[:, state_size:]
     if needs_weights and d_gates is not None:
@@ -309,7 +309,11 @@ class LLTMFunction(torch.autograd.Function):
     The backward pass runs the fused C pass. While autograd records the
     backward (create_graph=True) or the gradients are batched, it runs the same
     math in torch ops (derivatives.py) on the gates recomputed from the
-    saved arguments, so that second derivatives are the reference's."""
+    saved arguments, so that second derivatives are the reference's.
+
+    The products in torch take the weights contiguous (a copy only where
+    they are not): torch's 16-bit products on the CPU round differently for
+    strided or transposed weights, and every layout gets a dense one's results."""
 
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
@@ -319,7 +323,7 @@ class LLTMFunction(torch.autograd.Function):
             new_h, new_cell, gates = step_forward.run(input, weights, bias, old_h, old_cell)
         else:
             X = torch.cat((old_h, input), dim=1)
-            gates = torch.nn.functional.linear(X, weights, bias)
+            gates = torch.nn.functional.linear(X, weights.contiguous(), bias)
             new_h, new_cell = forward_pass.run(gates, old_cell)
         ctx.save_for_backward(input, weights, bias, old_h, old_cell, X, gates, new_cell)
         return new_h, new_cell
@@ -351,7 +355,7 @@ class _TransformableCell(torch.autograd.Function):
     def forward(input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
         X = torch.cat((old_h, input), dim=1)
-        gates = torch.nn.functional.linear(X, weights, bias)
+        gates = torch.nn.functional.linear(X, weights.contiguous(), bias)
         new_h, new_cell = forward_pass.run(gates, old_cell)
         return new_h, new_cell, X, gates
 
