@@ -4,12 +4,14 @@ either half dtype on the CPU and the GPU and return it. Outputs and every
 gradient are compared with a float64 computation from the same values,
 next to the same computation done by torch in the half dtype: lltm_ffi's
 error may be at most ERROR_FACTOR times torch's plus SLACK_UNITS units of
-roundoff of the dtype. Then the refusals (mixed dtypes, an op whose passes
-take no half), the operators (opcheck, torch.compile) and non-contiguous
-arguments. Autocast is in test_autocast.py, a CUDA graph of a half training
-step in test_layers.py."""
+roundoff of the dtype (times the square root of a recurrence's steps).
+Then the refusals (mixed dtypes, an op whose passes take no half), the
+operators (opcheck, torch.compile) and non-contiguous arguments. Autocast
+is in test_autocast.py, a CUDA graph of a half training step in
+test_layers.py."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -33,8 +35,11 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 # the factor 2. The few units of roundoff cover a tensor whose error torch
 # happens to keep far below its usual size, where lltm_ffi's can be a few
 # times torch's yet of the order of u (storing a result in the dtype alone
-# can cost u): over 1920 results of these tests on the CPU, lltm_ffi's error
-# stayed below 0.62 of the bound.
+# can cost u). A recurrence of T steps rounds its state and its gradient
+# once a step, and those errors add up like a random walk: the slack grows
+# as sqrt(T). Over 4000 sequences of 6 steps at 1x7x5 on the CPU, the
+# gradient at the end of that chain (d_h0, five elements) stayed below 0.93
+# of the bound, where a slack of 2 units, not growing, failed 7 times.
 ERROR_FACTOR = 2.0
 SLACK_UNITS = 2.0
 # Above this, torch's own error in the dtype says the inputs are too
@@ -42,11 +47,12 @@ SLACK_UNITS = 2.0
 MEANINGFUL = 0.1
 
 
-def assert_as_accurate_as_torch(got, in_torch, exact, dtype):
+def assert_as_accurate_as_torch(got, in_torch, exact, dtype, steps=1):
     """For each named result: lltm_ffi's (got) has `dtype` and a relative
     error against `exact` (float64) of at most ERROR_FACTOR times that of
     the same result computed by torch in `dtype` (in_torch), plus
-    SLACK_UNITS units of roundoff."""
+    SLACK_UNITS units of roundoff times the square root of the recurrence's
+    `steps`."""
     assert got.keys() == in_torch.keys() == exact.keys()
     failures = []
     for name, wanted in exact.items():
@@ -58,7 +64,7 @@ def assert_as_accurate_as_torch(got, in_torch, exact, dtype):
         error = selfcheck.relative_error(value.cpu(), wanted.cpu())
         torch_error = selfcheck.relative_error(same.cpu(), wanted.cpu())
         assert torch_error < MEANINGFUL, f"{name}: torch's own error {torch_error:.3g}"
-        bound = ERROR_FACTOR * torch_error + SLACK_UNITS * UNIT_ROUNDOFF[dtype]
+        bound = ERROR_FACTOR * torch_error + SLACK_UNITS * math.sqrt(steps) * UNIT_ROUNDOFF[dtype]
         if not error <= bound:  # NaN fails
             failures.append(f"{name}: relative error {error:.3g} > {bound:.3g} "
                             f"(torch's in {dtype}: {torch_error:.3g})")
@@ -157,7 +163,7 @@ def test_sequence_is_as_accurate_as_torch_in_the_dtype(shape, steps, reverse, dt
     got = with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES)
     assert_as_accurate_as_torch(
         got, with_gradients(torch_sequence(reverse), halves, grads, SEQUENCE_NAMES),
-        with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES), dtype)
+        with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES), dtype, steps)
 
 
 # Each GPU path of the recurrence (ARCHITECTURE.md, "The sequence's paths"): the
@@ -200,7 +206,7 @@ def test_every_gpu_path_is_as_accurate_as_torch(shape, setting, reverse, dtype, 
     exact = with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES)
     for _ in range(3):
         got = with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES)
-        assert_as_accurate_as_torch(got, in_torch, exact, dtype)
+        assert_as_accurate_as_torch(got, in_torch, exact, dtype, steps)
 
 
 @pytest.mark.parametrize("dtype", HALVES)
@@ -296,7 +302,7 @@ def test_layers_are_as_accurate_as_torch_in_the_dtype(layers, packed, dtype, dev
     exact = layers_results(exact_module, [sequence.cpu().double() for sequence in sequences],
                            h0.cpu().double(), c0.cpu().double(), grads, packed,
                            by_lltm_ffi=False)
-    assert_as_accurate_as_torch(got, in_torch, exact, dtype)
+    assert_as_accurate_as_torch(got, in_torch, exact, dtype, num_layers * max(lengths))
 
 
 # The CPU's two paths for the 16-bit products (ARCHITECTURE.md, "The
@@ -349,7 +355,7 @@ def test_the_cpu_product_paths_agree(shape, reverse, dtype, monkeypatch, generat
     in_torch = with_gradients(torch_sequence(reverse), halves, grads, SEQUENCE_NAMES)
     exact = with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES)
     for got in paths.values():
-        assert_as_accurate_as_torch(got, in_torch, exact, dtype)
+        assert_as_accurate_as_torch(got, in_torch, exact, dtype, steps)
     assert_paths_agree(paths, dtype)
 
 
