@@ -150,9 +150,8 @@ def test_ddp_and_compiled_ddp_equal_one_process_on_the_whole_batch(launch, case)
     outputs = cases.predict(model, kind, sequences)
     torch.nn.functional.mse_loss(outputs, targets.to(outputs.dtype)).backward()
     expected = cases.gradients(model)
-    if kind in cases.BFLOAT16_KINDS:
-        magnitudes = sample_magnitudes(kind, results[0]["initial"], launch.device, sequences,
-                                       targets)
+    magnitudes = (sample_magnitudes(kind, results[0]["initial"], launch.device, sequences, targets)
+                  if kind in cases.BFLOAT16_KINDS else {})
 
     def assert_close(value, wanted, what, magnitude=None):
         if kind not in cases.BFLOAT16_KINDS:
@@ -177,8 +176,7 @@ def test_ddp_and_compiled_ddp_equal_one_process_on_the_whole_batch(launch, case)
             if kind in cases.BFLOAT16_KINDS:
                 assert gradient.dtype == torch.bfloat16 and gradient.norm() > 0, name
             assert_close(result["gradients"][name], gradient,
-                         f"{launch.note(case)}, rank {rank}, {name}",
-                         magnitudes[name] if kind in cases.BFLOAT16_KINDS else None)
+                         f"{launch.note(case)}, rank {rank}, {name}", magnitudes.get(name))
 
 
 @pytest.mark.parametrize("case", FSDP_CASES)

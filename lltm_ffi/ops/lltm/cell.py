@@ -280,12 +280,21 @@ def uses_step_kernels(batch_size, input_features, state_size, dtype):
 
 # The differentiable cell -------------------------------------------------------
 
+def gate_product(X, weights, bias):
+    """The pre-activation gates, X weights^T + bias, in torch. The weights go
+    in contiguous (a copy only where they are not): torch's 16-bit products
+    on the CPU round differently for strided or transposed weights, and
+    every layout gets a dense one's results."""
+    return torch.nn.functional.linear(X, weights.contiguous(), bias)
+
+
 def _argument_gradients(needs_input_grad, d_old_cell, d_gates, d_X, X, weights, bias_shape):
     """The five arguments' gradients (None where not needed) from d_old_cell,
     d_gates and any gradient reaching X directly (d_X); None counts as zeros."""
     needs_input, needs_weights, needs_bias, needs_old_h, needs_old_cell = needs_input_grad
     d_input = d_weights = d_bias = d_old_h = None
     if (needs_input or needs_old_h) and (d_gates is not None or d_X is not None):
+        # The weights contiguous, as in gate_product.
         d_X = _sum(None if d_gates is None else d_gates.mm(weights.contiguous()), d_X)
         state_size = weights.shape[0] // 3
         d_old_h, d_input = d_X[:, :state_size], d_X[:, state_size:]
@@ -309,11 +318,7 @@ class LLTMFunction(torch.autograd.Function):
     The backward pass runs the fused C pass. While autograd records the
     backward (create_graph=True) or the gradients are batched, it runs the same
     math in torch ops (derivatives.py) on the gates recomputed from the
-    saved arguments, so that second derivatives are the reference's.
-
-    The products in torch take the weights contiguous (a copy only where
-    they are not): torch's 16-bit products on the CPU round differently for
-    strided or transposed weights, and every layout gets a dense one's results."""
+    saved arguments, so that second derivatives are the reference's."""
 
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
@@ -323,7 +328,7 @@ class LLTMFunction(torch.autograd.Function):
             new_h, new_cell, gates = step_forward.run(input, weights, bias, old_h, old_cell)
         else:
             X = torch.cat((old_h, input), dim=1)
-            gates = torch.nn.functional.linear(X, weights.contiguous(), bias)
+            gates = gate_product(X, weights, bias)
             new_h, new_cell = forward_pass.run(gates, old_cell)
         ctx.save_for_backward(input, weights, bias, old_h, old_cell, X, gates, new_cell)
         return new_h, new_cell
@@ -335,7 +340,7 @@ class LLTMFunction(torch.autograd.Function):
             # X, the gates and new_cell as functions of the arguments, so that
             # the recorded backward reaches their history.
             X = torch.cat((old_h, input), dim=1)
-            gates = torch.nn.functional.linear(X, weights, bias)
+            gates = gate_product(X, weights, bias)
             _, new_cell = derivatives.forward_pass(gates, old_cell)
         elif X is None:
             return step_backward.run(input, weights, bias, old_h, new_cell, gates, grad_h,
@@ -355,7 +360,7 @@ class _TransformableCell(torch.autograd.Function):
     def forward(input, weights, bias, old_h, old_cell):
         check_arguments(input, weights, bias, old_h, old_cell)
         X = torch.cat((old_h, input), dim=1)
-        gates = torch.nn.functional.linear(X, weights.contiguous(), bias)
+        gates = gate_product(X, weights, bias)
         new_h, new_cell = forward_pass.run(gates, old_cell)
         return new_h, new_cell, X, gates
 
@@ -429,7 +434,7 @@ def _traced_lltm(input, weights, bias, old_h, old_cell):
     torch.func.grad, say) the pointwise pass runs in torch ops instead: the
     operators' autograd does not support those transforms."""
     X = torch.cat((old_h, input), dim=1)
-    gates = torch.nn.functional.linear(X, weights, bias)
+    gates = gate_product(X, weights, bias)
     if _torch_internals.functorch_transforms_active():
         return derivatives.forward_pass(gates, old_cell)
     return forward_pass.operator(gates, old_cell)
