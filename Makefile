@@ -14,8 +14,10 @@ export LLTM_CUDA := $(CUDA)
 export LLTM_CUDA_ARCH := $(CUDA_ARCH)
 export NVCC
 
-HEADERS := $(wildcard include/*.h) $(wildcard src/*.h) $(wildcard lltm_ffi/ops/*/*.h) \
-           $(wildcard tests/c/*.h)
+# Every C and CUDA source and header under src/, at any depth (the folders
+# of the CPU passes, the CUDA paths and each ported op, src/ops/<op>/).
+SOURCES_UNDER_SRC = $(sort $(shell find src -name '$(1)'))
+HEADERS := $(wildcard include/*.h) $(call SOURCES_UNDER_SRC,*.h) $(wildcard tests/c/*.h)
 
 .PHONY: all test deps demo-deps demo clean
 
@@ -60,7 +62,8 @@ pip-check:
 # `make test` runs asan; the others are run by hand. Each exits non-zero on
 # any report.
 #   make asan       every op's CPU passes under AddressSanitizer and UBSan,
-#                   driven by the C checks of the op folders (test_*.c), which
+#                   driven by the C checks (test_*.c: the LLTM's in tests/c/,
+#                   each ported op's in src/ops/<op>/), which
 #                   tests/c/run_checks.c runs, failing for any registered CPU
 #                   pass that no check calls; odd sizes and layouts against
 #                   double-precision references, every buffer of exact size
@@ -74,9 +77,12 @@ pip-check:
 # allocation.
 SANITIZER_CFLAGS ?= -O3 -g -fno-omit-frame-pointer -Wall -Wextra -fopenmp
 ASAN_FLAGS ?= -fsanitize=address,undefined -fno-sanitize-recover=all
-# The shim, every op's C sources (its CPU passes and its test_*.c checks),
-# and the driver: no CUDA.
-CPU_CHECK_SOURCES := tests/c/run_checks.c $(wildcard src/*.c) $(wildcard lltm_ffi/ops/*/*.c)
+# Every C source under src/ (the shim, the CPU passes, each ported op's
+# passes and its test_*.c check) and the checks and driver of tests/c/: no
+# CUDA. src/cpu/ holds the header of the LLTM's AMX products, which its
+# check includes.
+CPU_CHECK_SOURCES := $(wildcard tests/c/*.c) $(call SOURCES_UNDER_SRC,*.c)
+CPU_CHECK_INCLUDES := -Iinclude -Isrc/cpu -Itests/c
 COMPUTE_SANITIZER ?= compute-sanitizer
 SANITIZER_KERNELS ?= --kernel-name kns=lltm_
 SANITIZER_FLAGS ?= $(SANITIZER_KERNELS) --report-api-errors no --error-exitcode 1
@@ -102,11 +108,11 @@ initcheck: SANITIZER_FLAGS += --check-api-memory-access no
 
 $(BUILD)/run_checks_asan: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
 	@mkdir -p $(BUILD)
-	$(CC) $(SANITIZER_CFLAGS) $(ASAN_FLAGS) -Iinclude -Itests/c $(CPU_CHECK_SOURCES) -lm -o $@
+	$(CC) $(SANITIZER_CFLAGS) $(ASAN_FLAGS) $(CPU_CHECK_INCLUDES) $(CPU_CHECK_SOURCES) -lm -o $@
 
 $(BUILD)/run_checks: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
 	@mkdir -p $(BUILD)
-	$(CC) $(SANITIZER_CFLAGS) -Iinclude -Itests/c $(CPU_CHECK_SOURCES) -lm -o $@
+	$(CC) $(SANITIZER_CFLAGS) $(CPU_CHECK_INCLUDES) $(CPU_CHECK_SOURCES) -lm -o $@
 
 asan: $(BUILD)/run_checks_asan
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $<

@@ -1,9 +1,9 @@
 """Builds lltm_ffi/_lltm_ffi*.so with cffi in out-of-line API mode: the C
-shim (src/) and every op's C passes (lltm_ffi/ops/<op>/*.c), plus the CUDA
-kernels (*.cu, compiled with nvcc) when nvcc is found. The sources are found,
-not listed (lltm_ffi/_build_info.py says where). The one place that finds
-nvcc and CUDA and holds the compilers' flags and architectures; `make` and
-pip both come here.
+shim and every op's C passes (src/, src/cpu/, src/ops/<op>/), plus the CUDA
+kernels (src/**/*.cu, compiled with nvcc) when nvcc is found. The sources
+are found, not listed (lltm_ffi/_build_info.py says where). The one place
+that finds nvcc and CUDA and holds the compilers' flags and architectures;
+`make` and pip both come here.
 
 - `make` runs `python build_ffi.py`, which compiles each source whose
   object is missing or out of date (by the compiler's own list of what the
@@ -50,7 +50,8 @@ DEFAULT_CUDA_ARCH = ("-gencode arch=compute_75,code=sm_75 "
                      "-gencode arch=compute_90,code=[sm_90,sm_100,sm_120,compute_90]")
 # ptxas advises against bulk copies multicast to a cluster (the persistent
 # kernels' staging) in code for sm_90 that later GPUs may run: the kernels
-# take them on compute capability 9.x alone (sequence_kernel.cu).
+# take them on compute capability 9.x alone
+# (src/cuda/recurrence/sequence_kernel.cu).
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC",
               "-Xptxas", "-suppress-async-bulk-multicast-advisory-warning")
 # Python's own release flags for extension modules, and OpenMP for the

@@ -74,7 +74,7 @@ typedef uint16_t lltm_float16;
 typedef uint16_t lltm_bfloat16;
 
 /* Nonzero while this process may start threads in a CPU pass: false in
- * a child forked from it (see LLTM_FOR_EACH_ROW). */
+ * a child forked from it (see LLTM_FOR_EACH). */
 extern int lltm_threads_allowed;
 
 #ifdef __cplusplus

@@ -83,7 +83,7 @@ def _one_thread_after_fork():
     """In a forked child, torch's OpenMP ops wait forever for OpenMP threads
     that stayed in the parent (GNU OpenMP does not survive fork), so that
     lltm_ffi.lltm would hang in its gate product; the C passes guard
-    themselves (src/lltm_cpu.c). The child runs torch on one thread instead,
+    themselves (src/cpu/lltm_cpu.c). The child runs torch on one thread instead,
     as DataLoader's workers do."""
     if torch.get_num_threads() > 1:
         torch.set_num_threads(1)
@@ -115,7 +115,7 @@ _AMX_USABLE = bool(lib.lltm_amx_usable()) if lib is not None else None
 
 def amx_usable():
     """Whether the CPU passes of float16 and bfloat16 may take their products
-    on AMX here (lltm_ffi/ops/lltm/lltm_amx.h); LLTM_AMX=0 in the
+    on AMX here (src/cpu/lltm_amx.h); LLTM_AMX=0 in the
     environment keeps them on the portable products all the same."""
     if _AMX_USABLE is None:
         require()
@@ -186,8 +186,8 @@ def pass_devices(name):
         return PASSES[name][1]
     require()
     raise LLTMBuildError(
-        f"lltm_ffi's compiled module has no pass {name!r}: no C or CUDA source of an op "
-        f"folder registers it with LLTM_CPU_PASS or LLTM_CUDA_PASS; check the name there, "
+        f"lltm_ffi's compiled module has no pass {name!r}: no C or CUDA source under "
+        f"src/ registers it with LLTM_CPU_PASS or LLTM_CUDA_PASS; check the name there, "
         f"then rebuild with `make` in {ROOT}")
 
 

@@ -71,7 +71,7 @@ def test_import_without_a_built_module_says_to_run_make(tmp_path):
 def test_import_after_a_source_change_says_stale_and_make(tmp_path):
     directory = copy_sources(tmp_path / "lltm")
     make_cpu_only(directory)
-    edit_after_build(directory, directory / "src" / "lltm_cpu.c")
+    edit_after_build(directory, directory / "src" / "cpu" / "lltm_cpu.c")
 
     result = run_python(directory, IMPORT_FAILURE)
     assert_succeeded(result)
@@ -272,7 +272,7 @@ def test_make_rebuilds_a_module_that_is(change, built_copy):
 
 
 def test_make_rebuilds_after_a_source_edit(built_copy):
-    edit_after_build(built_copy, built_copy / "lltm_ffi" / "ops" / "lltm" / "lltm_cpu.c")
+    edit_after_build(built_copy, built_copy / "src" / "cpu" / "lltm_cpu.c")
     output = make_cpu_only(built_copy).stdout
     assert "built lltm_ffi/" in output and "up to date" not in output, output
     assert_module_computes(built_copy)
@@ -286,10 +286,9 @@ def _compiled(output):
 
 # An edit of a file recompiles exactly the sources that include it.
 EDITS = {
-    "round_cpu.c": ("lltm_ffi/ops/round_ste/round_cpu.c",
-                    ["lltm_ffi/ops/round_ste/round_cpu.c"]),
-    "an op's own header": ("lltm_ffi/ops/lltm/lltm_cpu_impl.h", ["lltm_ffi/ops/lltm/lltm_cpu.c"]),
-    # (src/cublas.c includes nothing in a build without CUDA.)
+    "round_cpu.c": ("src/ops/round_ste/round_cpu.c", ["src/ops/round_ste/round_cpu.c"]),
+    "an op's own header": ("src/cpu/lltm_cpu_impl.h", ["src/cpu/lltm_cpu.c"]),
+    # (src/cuda/cublas.c includes nothing in a build without CUDA.)
     "a header every source includes": ("include/lltm_op.h", None),
 }
 
@@ -299,9 +298,9 @@ def test_an_edit_recompiles_only_what_includes_the_file(edit, built_copy):
     path, expected = EDITS[edit]
     edit_after_build(built_copy, built_copy / path)
     output = make_cpu_only(built_copy).stdout
-    every_c_source = sorted(path.relative_to(built_copy).as_posix() for path in (
-        *built_copy.glob("src/*.c"), *built_copy.glob("lltm_ffi/ops/*/*.c"))
-        if not path.name.startswith("test_") and path.name != "cublas.c")
+    every_c_source = sorted(path.relative_to(built_copy).as_posix()
+                            for path in built_copy.glob("src/**/*.c")
+                            if not path.name.startswith("test_") and path.name != "cublas.c")
     assert _compiled(output) == (expected or every_c_source), output
     assert "built lltm_ffi/" in output, output
     assert_module_computes(built_copy)
@@ -369,7 +368,7 @@ def test_concurrent_makes_in_one_tree_both_succeed_and_expose_no_partial_module(
     module, check = installed_module(built_copy), module_file_check(built_copy)
     for round in range(1 if cuda else 3):
         if round % 2:
-            edit_after_build(built_copy, built_copy / "src" / "round_cpu.c")
+            edit_after_build(built_copy, built_copy / "src" / "ops" / "round_ste" / "round_cpu.c")
         else:
             module.unlink()
         processes = [_start_make(built_copy, arguments) for _ in range(2)]

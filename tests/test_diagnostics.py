@@ -90,7 +90,7 @@ def test_report_without_a_built_module(tmp_path):
 def test_report_on_a_stale_module(tmp_path):
     directory = copy_sources(tmp_path / "lltm")
     make_cpu_only(directory)
-    edit_after_build(directory, directory / "lltm_ffi" / "ops" / "round_ste" / "round_cpu.c")
+    edit_after_build(directory, directory / "src" / "ops" / "round_ste" / "round_cpu.c")
     result = run_diagnostics(directory)
     assert_reports_environment_and_problem(result, "stale", "`make`")
     # What the stale module was built with is still shown.
@@ -102,7 +102,7 @@ def test_report_on_a_pass_registered_twice(tmp_path):
     registry keeps the first, so the module is refused (rather than have
     one op run another's pass)."""
     directory = copy_sources(tmp_path / "lltm")
-    source = directory / "lltm_ffi" / "ops" / "round_ste" / "round_cpu.c"
+    source = directory / "src" / "ops" / "round_ste" / "round_cpu.c"
     with open(source, "a") as file:
         file.write("LLTM_CPU_PASS(forward_pass, round_forward, args->sizes[0], "
                    "args->tensors[0], args->tensors[1])\n")
@@ -113,7 +113,7 @@ def test_report_on_a_pass_registered_twice(tmp_path):
 
 def test_report_on_a_declared_pass_that_no_source_registers(tmp_path):
     directory = copy_sources(tmp_path / "lltm")
-    source = directory / "lltm_ffi" / "ops" / "round_ste" / "round_cpu.c"
+    source = directory / "src" / "ops" / "round_ste" / "round_cpu.c"
     text, renamed = re.subn(r"\b(LLTM_CPU_PASS\w*)\(round_forward,", r"\1(round_forwards,",
                             source.read_text())
     assert renamed == 1, "round_cpu.c no longer registers round_forward as this test expects"

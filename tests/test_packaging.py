@@ -49,11 +49,11 @@ MODULE_FILE = "_lltm_ffi" + importlib.machinery.EXTENSION_SUFFIXES[0]
 
 def test_kernel_command_takes_the_flags_and_the_chosen_architectures(monkeypatch):
     monkeypatch.delenv("LLTM_CUDA_ARCH", raising=False)
-    command = shlex.join(build_ffi.kernel_command("nvcc", "src/round_kernel.cu", "out.o"))
+    command = shlex.join(build_ffi.kernel_command("nvcc", "src/ops/round_ste/round_kernel.cu", "out.o"))
     assert command.startswith(shlex.join(["nvcc", *build_ffi.NVCC_FLAGS, *shlex.split(
         build_ffi.DEFAULT_CUDA_ARCH)]))
     monkeypatch.setenv("LLTM_CUDA_ARCH", "-gencode arch=compute_90,code=sm_90")
-    command = build_ffi.kernel_command("nvcc", "src/round_kernel.cu", "out.o")
+    command = build_ffi.kernel_command("nvcc", "src/ops/round_ste/round_kernel.cu", "out.o")
     assert "arch=compute_90,code=sm_90" in command and "arch=compute_75,code=sm_75" not in command
 
 
@@ -217,7 +217,7 @@ def test_editable_install_passes_the_stale_check_until_a_source_changes(tmp_path
     pip(python, "install", "-q", *OFFLINE, "-e", ".", cwd=clone)
     assert_works_from(clone, import_and_check(python, tmp_path / "away"))
 
-    with open(clone / "src" / "round_cpu.c", "a") as source:
+    with open(clone / "src" / "ops" / "round_ste" / "round_cpu.c", "a") as source:
         source.write("/* edited after the install */\n")
     output = import_and_check(python, tmp_path / "away")
     assert "stale" in output and "rebuild" in output, output

@@ -1,5 +1,5 @@
-/* The driver of `make asan` and `make valgrind`: runs every C check the op
- * folders register (tests/c/lltm_check.h), then fails for any CPU pass in
+/* The driver of `make asan` and `make valgrind`: runs every C check the
+ * test_*.c files register (tests/c/lltm_check.h), then fails for any CPU pass in
  * the registry that no check called.
  *
  *   ./run_checks [seed]     exit status 0: every check passed and every pass was called

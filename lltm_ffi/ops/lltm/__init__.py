@@ -1,7 +1,7 @@
 """The LLTM: the cell (lltm, LLTM), the whole sequence (lltm_sequence), its
 stacked and bidirectional layers (lltm_layers, LLTMSequence), their passes
-on the CPU (lltm_cpu.c) and on the GPU (cell_kernel.cu, sequence_kernel.cu,
-step_kernel.cu)."""
+on the CPU (src/cpu/) and on the GPU (src/lltm_kernel.cu, src/cuda/,
+src/cuda/recurrence/)."""
 
 import torch
 

@@ -1,5 +1,5 @@
 /* The LLTM's passes on the CPU, the cell's and the whole sequence's: the
- * same math, layout and arguments as the CUDA passes of cell_kernel.cu and
+ * same math, layout and arguments as the CUDA passes of lltm_kernel.cu and
  * sequence_kernel.cu, in plain C (the passes themselves: lltm_cpu_impl.h).
  *
  * float uses the branch-free exp/expm1/tanh below (Cephes' polynomials, within

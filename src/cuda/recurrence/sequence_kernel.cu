@@ -7,17 +7,18 @@
 //
 // A pass is its recurrence and, around it, the products that are not on the
 // recurrent path: before the forward loop every step's input part of its
-// gates, after the backward loop the gradients of the inputs and the
-// weights (by cuBLAS, or lltm_ffi's own kernel where cuBLAS cannot be
-// loaded) and of the bias. Four paths for the recurrence, chosen per pass
-// in one place (plan_recurrence): on compute capability 9.0 and newer the
-// cluster kernels (cluster_kernel.cu), one ordinary launch a pass, for dense
-// steps of a state up to 256; the persistent kernels, one cooperative
-// launch a pass, for small batch x state and dense steps (the 16-bit types
-// on tensor cores, from compute capability 8.0); otherwise each step's
-// recurrent product by cuBLAS and a pointwise kernel for its gate
-// math; and, without cuBLAS or for packed steps of a small batch x state,
-// a step-by-step kernel that does both.
+// gates, after the backward loop the gradients of the inputs and the weights
+// (by cuBLAS, or lltm_ffi's own kernel where cuBLAS cannot be loaded) and of
+// the bias. Four paths for the recurrence, chosen per pass (plan_recurrence
+// for the first two, then sequence_forward_steps and sequence_backward_steps
+// by whether cuBLAS runs): on compute capability 9.0 and newer the cluster
+// kernels (cluster_kernel.cu), one ordinary launch a pass, for dense steps
+// of a state up to 256; the persistent kernels, one cooperative launch a
+// pass, for small batch x state and dense steps (the 16-bit types on tensor
+// cores, from compute capability 8.0); otherwise each step's recurrent
+// product by cuBLAS and a pointwise kernel for its gate math; and, without
+// cuBLAS or for packed steps of a small batch x state, a step-by-step kernel
+// that does both.
 //
 // Every element type: tensors hold it, the arithmetic runs in its math type
 // (lltm_math.cuh: float for __half and __nv_bfloat16), converting at each
