@@ -10,7 +10,7 @@ import torch
 import lltm_ffi
 
 from . import (accuracy, compare, distributed, harness, kernels, overhead, precision, sequence,
-               tutorial)
+               sweep, tutorial)
 
 # needs_cuda: why the mode refuses to run without -c (None: it runs on the CPU too).
 Mode = namedtuple("Mode", "help run needs_cuda")
@@ -31,7 +31,14 @@ MODES = {
                      "outputs and gradients under --half or --autocast", accuracy.run, None),
     "distributed": Mode("training steps/s with DDP on 1 and more GPUs (-c), or a gloo smoke run "
                         "on 2 CPU processes", distributed.run, None),
+    "sweep": Mode("lltm_sequence on each of its paths beside nn.GRU and nn.LSTM over a grid of "
+                  "sizes (--states, --batches, --steps, --layers), strict float32 and bf16 "
+                  "autocast, training and inference; a table, its JSON and a chart",
+                  sweep.run, None),
 }
+
+# The options that pick --sweep's grid.
+SWEEP_OPTIONS = ("states", "batches", "steps", "layers")
 
 
 def positive_int(text):
@@ -42,6 +49,11 @@ def positive_int(text):
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def positive_ints(text):
+    """A comma-separated list of positive integers, as a tuple."""
+    return tuple(positive_int(item) for item in text.split(","))
 
 
 def build_parser():
@@ -67,7 +79,20 @@ def build_parser():
                              f"{compare.default_runs_text('cuda')} on CUDA, by size; --kernels: "
                              f"{kernels.KERNEL_REPEATS}; --distributed: steps a round, "
                              f"{distributed.DEFAULT_RUNS['cuda']} on CUDA, "
-                             f"{distributed.DEFAULT_RUNS['cpu']} on CPU)")
+                             f"{distributed.DEFAULT_RUNS['cpu']} on CPU; --sweep: at every "
+                             f"point, default as many as fit in {sweep.POINT_SECONDS} s, "
+                             f"{sweep.MIN_RUNS} to {sweep.MAX_RUNS})")
+    for option, what, gpu, cpu in (
+            ("states", "state sizes (= features)", sweep.GPU_STATES, sweep.CPU_STATES),
+            ("batches", "batch sizes", sweep.GPU_BATCHES, sweep.CPU_BATCHES),
+            ("steps", "sequence lengths", sweep.GPU_STEPS, sweep.CPU_STEPS)):
+        parser.add_argument(f"--{option}", type=positive_ints, metavar="N,N,...",
+                            help=f"--sweep: the {what} (default {','.join(map(str, gpu))} with -c, "
+                                 f"{','.join(map(str, cpu))} on the CPU)")
+    parser.add_argument("--layers", type=positive_int,
+                        help="--sweep: stacked layers (default 1); without --steps, --batches and "
+                             "--layers, -c adds 1024 steps of batch 16 and word_language_model's "
+                             "two-layer shapes")
     reduced = parser.add_mutually_exclusive_group()
     for flag, what in (("half", "the modules and the data in DTYPE"),
                        ("autocast", "float32 modules and data, each forward under "
@@ -79,10 +104,11 @@ def build_parser():
                         help="--sequence: allow TF32 in cuBLAS and cuDNN alike (default strict "
                              "float32)")
     parser.add_argument("-o", "--output", type=Path,
-                        help="--compare's and --sequence's markdown file, a PNG chart beside it "
-                             "(default bench_out/compare_{cpu,cuda}.md, "
+                        help="--compare's, --sequence's and --sweep's markdown file, a PNG chart "
+                             "beside it (--sweep: a JSON too) (default "
+                             "bench_out/compare_{cpu,cuda}.md, "
                              "bench_out/sequence_{cpu,cuda,cuda_tf32}.md, with _half_DTYPE or "
-                             "_autocast_DTYPE before .md)")
+                             "_autocast_DTYPE before .md, bench_out/sweep_{cpu,cuda}.md)")
     return parser
 
 
@@ -92,8 +118,13 @@ def check_arguments(parser, args):
                                                                         args.state)):
         parser.error("-b/-f/-s set the size for one implementation; "
                      "--compare and --kernels use their own sizes")
-    if args.output is not None and not (args.compare or args.sequence):
-        parser.error("-o/--output is for --compare and --sequence only")
+    if args.output is not None and not (args.compare or args.sequence or args.sweep):
+        parser.error("-o/--output is for --compare, --sequence and --sweep only")
+    given = [f"--{option}" for option in SWEEP_OPTIONS if getattr(args, option) is not None]
+    if given and not args.sweep:
+        parser.error(f"{', '.join(given)}: for --sweep only")
+    if args.sweep and args.double:
+        parser.error("--sweep times strict float32 and bf16 autocast: -d/--double goes without it")
     if args.tf32 and not (args.sequence and args.cuda):
         parser.error("--tf32 is for --sequence -c only (TF32 is a CUDA setting)")
     reduced = "--half" if args.half else "--autocast" if args.autocast else None
