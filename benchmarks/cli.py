@@ -10,7 +10,7 @@ import torch
 import lltm_ffi
 
 from . import (accuracy, compare, distributed, harness, kernels, overhead, precision, sequence,
-               tutorial)
+               tutorial, word_language_model)
 
 # needs_cuda: why the mode refuses to run without -c (None: it runs on the CPU too).
 Mode = namedtuple("Mode", "help run needs_cuda")
@@ -31,7 +31,15 @@ MODES = {
                      "outputs and gradients under --half or --autocast", accuracy.run, None),
     "distributed": Mode("training steps/s with DDP on 1 and more GPUs (-c), or a gloo smoke run "
                         "on 2 CPU processes", distributed.run, None),
+    "word-language-model": Mode("pytorch/examples' word language model trained with nn.LSTM, "
+                                "nn.GRU and LLTMSequence: ms a batch and losses, at its small "
+                                "and medium sizes", word_language_model.run, None),
 }
+
+
+def chosen(args, name):
+    """Whether the mode `name` (a flag's name, dashes and all) was chosen."""
+    return getattr(args, name.replace("-", "_"))
 
 
 def positive_int(text):
@@ -68,6 +76,11 @@ def build_parser():
                              f"{kernels.KERNEL_REPEATS}; --distributed: steps a round, "
                              f"{distributed.DEFAULT_RUNS['cuda']} on CUDA, "
                              f"{distributed.DEFAULT_RUNS['cpu']} on CPU)")
+    parser.add_argument("--batches", type=positive_int,
+                        help="--word-language-model: timed batches of each model, after "
+                             f"{word_language_model.WARMUP_BATCHES} untimed ones (default "
+                             f"{word_language_model.DEFAULT_BATCHES['cuda']} on CUDA, "
+                             f"{word_language_model.DEFAULT_BATCHES['cpu']} on CPU)")
     reduced = parser.add_mutually_exclusive_group()
     for flag, what in (("half", "the modules and the data in DTYPE"),
                        ("autocast", "float32 modules and data, each forward under "
@@ -92,6 +105,8 @@ def check_arguments(parser, args):
                                                                         args.state)):
         parser.error("-b/-f/-s set the size for one implementation; "
                      "--compare and --kernels use their own sizes")
+    if args.batches is not None and not args.word_language_model:
+        parser.error("--batches is for --word-language-model only")
     if args.output is not None and not (args.compare or args.sequence):
         parser.error("-o/--output is for --compare and --sequence only")
     if args.tf32 and not (args.sequence and args.cuda):
@@ -105,7 +120,7 @@ def check_arguments(parser, args):
     if reduced and (args.double or args.tf32):
         parser.error(f"{reduced} sets the precision: -d/--double and --tf32 go without it")
     for name, mode in MODES.items():
-        if getattr(args, name) and mode.needs_cuda and not args.cuda:
+        if chosen(args, name) and mode.needs_cuda and not args.cuda:
             parser.error(mode.needs_cuda)
     if args.cuda and not torch.cuda.is_available():
         why = ("is built without CUDA" if torch.version.cuda is None
@@ -123,6 +138,6 @@ def main(argv=None):
     check_arguments(parser, args)
     device = torch.device("cuda" if args.cuda else "cpu")
     dtype = torch.float64 if args.double else torch.float32
-    run = next((mode.run for name, mode in MODES.items() if getattr(args, name)), tutorial.run)
+    run = next((mode.run for name, mode in MODES.items() if chosen(args, name)), tutorial.run)
     run(args, device, dtype)
     return 0
