@@ -10,7 +10,7 @@ import torch
 import lltm_ffi
 
 from . import (accuracy, compare, distributed, harness, kernels, overhead, precision, sequence,
-               sweep, tutorial)
+               sweep, tutorial, word_language_model)
 
 # needs_cuda: why the mode refuses to run without -c (None: it runs on the CPU too).
 Mode = namedtuple("Mode", "help run needs_cuda")
@@ -35,10 +35,18 @@ MODES = {
                   "sizes (--states, --batches, --steps, --layers), strict float32 and bf16 "
                   "autocast, training and inference; a table, its JSON and a chart",
                   sweep.run, None),
+    "word-language-model": Mode("pytorch/examples' word language model trained with nn.LSTM, "
+                                "nn.GRU and LLTMSequence: ms a batch and losses, at its small "
+                                "and medium sizes", word_language_model.run, None),
 }
 
 # The options that pick --sweep's grid.
 SWEEP_OPTIONS = ("states", "batches", "steps", "layers")
+
+
+def chosen(args, name):
+    """Whether the mode `name` (a flag's name, dashes and all) was chosen."""
+    return getattr(args, name.replace("-", "_"))
 
 
 def positive_int(text):
@@ -93,6 +101,11 @@ def build_parser():
                         help="--sweep: stacked layers (default 1); without --steps, --batches and "
                              "--layers, -c adds 1024 steps of batch 16 and word_language_model's "
                              "two-layer shapes")
+    parser.add_argument("--timed-batches", type=positive_int,
+                        help="--word-language-model: timed batches of each model, after "
+                             f"{word_language_model.WARMUP_BATCHES} untimed ones (default "
+                             f"{word_language_model.DEFAULT_BATCHES['cuda']} on CUDA, "
+                             f"{word_language_model.DEFAULT_BATCHES['cpu']} on CPU)")
     reduced = parser.add_mutually_exclusive_group()
     for flag, what in (("half", "the modules and the data in DTYPE"),
                        ("autocast", "float32 modules and data, each forward under "
@@ -125,6 +138,8 @@ def check_arguments(parser, args):
         parser.error(f"{', '.join(given)}: for --sweep only")
     if args.sweep and args.double:
         parser.error("--sweep times strict float32 and bf16 autocast: -d/--double goes without it")
+    if args.timed_batches is not None and not args.word_language_model:
+        parser.error("--timed-batches is for --word-language-model only")
     if args.tf32 and not (args.sequence and args.cuda):
         parser.error("--tf32 is for --sequence -c only (TF32 is a CUDA setting)")
     reduced = "--half" if args.half else "--autocast" if args.autocast else None
@@ -136,7 +151,7 @@ def check_arguments(parser, args):
     if reduced and (args.double or args.tf32):
         parser.error(f"{reduced} sets the precision: -d/--double and --tf32 go without it")
     for name, mode in MODES.items():
-        if getattr(args, name) and mode.needs_cuda and not args.cuda:
+        if chosen(args, name) and mode.needs_cuda and not args.cuda:
             parser.error(mode.needs_cuda)
     if args.cuda and not torch.cuda.is_available():
         why = ("is built without CUDA" if torch.version.cuda is None
@@ -154,6 +169,6 @@ def main(argv=None):
     check_arguments(parser, args)
     device = torch.device("cuda" if args.cuda else "cpu")
     dtype = torch.float64 if args.double else torch.float32
-    run = next((mode.run for name, mode in MODES.items() if getattr(args, name)), tutorial.run)
+    run = next((mode.run for name, mode in MODES.items() if chosen(args, name)), tutorial.run)
     run(args, device, dtype)
     return 0

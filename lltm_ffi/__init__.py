@@ -6,6 +6,8 @@ behind a cffi shim, used from PyTorch through data_ptr() and the current stream.
     rnn = lltm_ffi.LLTM(input_features, state_size)
 """
 
+import torch
+
 from . import _extension, op, ops, reference
 from ._build_info import VERSION as __version__
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
@@ -13,6 +15,10 @@ from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 from .ops.lltm import LLTM, LLTMFunction, LLTMSequence, lltm, lltm_layers, lltm_sequence
 from .ops.roi_pool import RoIPool, roi_pool
 from .ops.round_ste import round_ste
+
+# A whole saved module (torch.save(module)) loads under torch.load's default
+# weights_only=True, alone or inside a model whose other classes are allowed.
+torch.serialization.add_safe_globals([LLTM, LLTMSequence, RoIPool])
 
 
 def __getattr__(name):

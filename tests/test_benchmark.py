@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import benchmark
-from benchmarks import compare, distributed, harness, kernels, overhead, sequence, sweep
+from benchmarks import (compare, distributed, harness, kernels, overhead, sequence, sweep,
+                        word_language_model)
 from conftest import skip_without_gpu
 
 TUTORIAL_LINE = re.compile(r"Forward: \d+\.\d{3}/\d+\.\d{3} us \| Backward \d+\.\d{3}/\d+\.\d{3} us")
@@ -125,6 +126,8 @@ def test_compare_marks_a_failed_torch_compile_and_times_the_rest(small_compare, 
     (["--sequence", "--autocast", "bf16", "-d"], "--autocast sets the precision"),
     (["--sequence", "--half", "bf16", "--autocast", "fp16"], "not allowed with argument"),
     (["--sequence", "--half", "fp32"], "argument --half: invalid choice: 'fp32'"),
+    (["--compare", "--timed-batches", "3"], "--timed-batches is for --word-language-model only"),
+    (["--word-language-model", "--timed-batches", "0"], "argument --timed-batches: must be positive"),
 ])
 def test_bad_arguments_exit_2_saying_why(arguments, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -301,6 +304,31 @@ def test_accuracy_reports_every_result_of_lltm_sequence_and_gru(reduced, device,
         if model == "lltm_sequence":
             assert output_dtype == "bfloat16", (size, tensor)
         assert 1e-5 < float(error) < 5e-2, (size, model, tensor, error)
+
+
+def test_word_language_model_trains_every_module_at_every_size(device, monkeypatch, capsys):
+    """The table's rows, tiny: every size, nn.LSTM, nn.GRU and LLTMSequence
+    in turn, each a time, a training and a validation loss."""
+    monkeypatch.setattr(word_language_model, "SIZES", (
+        word_language_model.Size("small", 8, 8, 2, 0.2, bptt=5, batch_size=4),
+        word_language_model.Size("medium", 12, 12, 2, 0.5, bptt=5, batch_size=4)))
+    monkeypatch.setattr(word_language_model, "VOCABULARY", 30)
+    monkeypatch.setattr(word_language_model, "VALID_TOKENS", 200)
+    monkeypatch.setattr(word_language_model, "WARMUP_BATCHES", 2)
+    settings = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with torch.random.fork_rng(devices=[]):
+        assert benchmark.main(["--word-language-model", *device_flags(device),
+                               "--timed-batches", "3"]) == 0
+    report = capsys.readouterr().out
+    rows = rows_of_numbers(report, 3)
+    assert [tuple(cell.strip() for cell in row.split("|")[1:3]) for row in rows] == [
+        (size, module) for size in ("small", "medium")
+        for module in ("nn.LSTM", "nn.GRU", "LLTMSequence")]
+    for row in rows:
+        milliseconds, train_loss, valid_loss = (float(cell) for cell in row.split("|")[3:6])
+        assert milliseconds > 0 and 0 < train_loss < 10 and 0 < valid_loss < 10, row
+    assert "vocabulary 30; 2 untimed batches, then 3 timed; seed 1111" in report
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == settings
 
 
 @pytest.mark.slow

@@ -450,9 +450,12 @@ def bad_calls():
         ((good, (state, state[:, :2])), ValueError, ("state c0 has shape (4, 2, 6)",)),
         ((good, (state, state[..., :5])), ValueError, ("state c0", "(4, 3, 6)")),
         ((good, (state, state.float())), TypeError, ("state c0 has dtype torch.float32",)),
-        ((good, state), TypeError, ("state must be a pair (h0, c0)",)),
+        ((good, (state, state, state)), TypeError,
+         ("state must be a pair (h0, c0), a lone h0 tensor or None", "a tuple of 3")),
+        ((good, "h0"), TypeError, ("state must be a pair (h0, c0)", "got str")),
         ((good[:, 0], (state, state)), ValueError, ("state h0", "unbatched", "(4, 6)")),
-        ((good, (state, None)), TypeError, ("state c0 must be a torch.Tensor",)),
+        ((good, (state, 0)), TypeError, ("state c0 must be a torch.Tensor",)),
+        ((good, state[:2]), ValueError, ("state h0 has shape (2, 3, 6)",)),
     ]
 
 

@@ -42,6 +42,13 @@ def check_state(function, name, tensor, layers, batch, state_size):
                          f"num_directions, batch, state_size) = {expected}")
 
 
+def _on_this_stream(tensor):
+    """A view of `tensor`, where it requires grad, made on the current
+    stream: its node takes the gradient from a node of another stream and
+    hands it on from this one."""
+    return tensor.view_as(tensor) if tensor is not None and tensor.requires_grad else tensor
+
+
 def _directions(inputs, weights, biases, h0, c0, batch_sizes):
     """[(outputs, (h_n, c_n))] of each direction of one layer (forward, then
     reverse where there are two), given the lists of their weights, biases,
@@ -60,10 +67,20 @@ def _directions(inputs, weights, biases, h0, c0, batch_sizes):
         return [run(direction) for direction in range(len(weights))]
     current = torch.cuda.current_stream(inputs.device)
     side = _side_stream(inputs.device)
+    # The reverse direction's backward runs on the side stream. It takes its
+    # arguments as views made here, before the forward direction's node, so
+    # that its gradients reach the parameters (and inputs) through nodes of
+    # the current stream: their AccumulateGrad nodes, made on this stream,
+    # then get gradients from a node of their own stream (torch warns of a
+    # mismatch otherwise); and, made first, these hand-overs run last
+    # (autograd runs the latest-made of the ready nodes first), once the
+    # forward direction's backward is queued, so the two still overlap.
+    handed_over = [_on_this_stream(tensor) for tensor in (inputs, weights[1], biases[1], h0[1],
+                                                          c0[1])]
     side.wait_stream(current)
     forward = run(0)
     with torch.cuda.stream(side):
-        reverse = run(1)
+        reverse = lltm_sequence(*handed_over, batch_sizes=batch_sizes, reverse=True)
     current.wait_stream(side)
     # Made on the side stream and used on the current one: their memory
     # must not be reused before the current stream is done with them.
