@@ -51,7 +51,7 @@ DEFAULT_CUDA_ARCH = ("-gencode arch=compute_75,code=sm_75 "
 # ptxas advises against bulk copies multicast to a cluster (the persistent
 # kernels' staging) in code for sm_90 that later GPUs may run: the kernels
 # take them on compute capability 9.x alone
-# (src/cuda/recurrence/sequence_kernel.cu).
+# (src/cuda/recurrence/persistent_kernel.cu).
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC",
               "-Xptxas", "-suppress-async-bulk-multicast-advisory-warning")
 # Python's own release flags for extension modules, and OpenMP for the

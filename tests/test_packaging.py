@@ -49,7 +49,8 @@ MODULE_FILE = "_lltm_ffi" + importlib.machinery.EXTENSION_SUFFIXES[0]
 
 def test_kernel_command_takes_the_flags_and_the_chosen_architectures(monkeypatch):
     monkeypatch.delenv("LLTM_CUDA_ARCH", raising=False)
-    command = shlex.join(build_ffi.kernel_command("nvcc", "src/ops/round_ste/round_kernel.cu", "out.o"))
+    command = shlex.join(build_ffi.kernel_command("nvcc", "src/ops/round_ste/round_kernel.cu",
+                                                  "out.o"))
     assert command.startswith(shlex.join(["nvcc", *build_ffi.NVCC_FLAGS, *shlex.split(
         build_ffi.DEFAULT_CUDA_ARCH)]))
     monkeypatch.setenv("LLTM_CUDA_ARCH", "-gencode arch=compute_90,code=sm_90")

@@ -576,7 +576,7 @@ static void LLTM_NAME(end_recurrent_amx_)(struct LLTM_NAME(recurrent_amx_) * amx
 }
 
 /* The whole-sequence layer's passes, step by step as the step-by-step
- * kernels of sequence_kernel.cu, over the steps of one direction as
+ * kernels of step_by_step_kernel.cu, over the steps of one direction as
  * lltm_steps.h walks them; lltm_ffi.h describes the arguments. Each step is
  * cut into tiles of its rows by states, each tile doing the recurrent
  * product for its states' three gates and then the cell's math on them, so

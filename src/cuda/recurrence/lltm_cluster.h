@@ -1,7 +1,7 @@
 // The cluster-resident recurrence (cluster_kernel.cu) as the sequence's
 // launchers (sequence_kernel.cu) see it: a plan, and a launcher each way on
 // raw pointers and a stream. Dense steps only, either direction; the
-// contracts are those of sequence_kernel.cu's persistent kernels.
+// contracts are those of persistent_kernel.cu's persistent kernels.
 #ifndef LLTM_CLUSTER_H
 #define LLTM_CLUSTER_H
 
