@@ -177,12 +177,14 @@ def test_sequence_is_as_accurate_as_torch_in_the_dtype(shape, steps, reverse, dt
 # the clusters' shared staging and without (LLTM_CLUSTER=0, as on 8.x); and
 # the clusters' bulk copies (states of multiples of 8) at 17 rows with a
 # state of 264 (a grid of whole clusters, its last blocks owning no column),
-# at one row, and over two steps.
+# at one row, and over two steps; a state of 650, whose rows (1,300 bytes,
+# the backward's 3,900) the kernels stage in 4-byte copies.
 GPU_PATHS = [((1, 16, 32, 128), ""), ((5, 3, 4, 9), ""), ((5, 33, 7, 520), ""),
              ((5, 33, 7, 520), "LLTM_CUBLAS=0"), ((5, 3, 4, 9), "LLTM_CLUSTER=0"),
              ((7, 1, 5, 37), "LLTM_CLUSTER=0"), ((6, 17, 5, 300), ""),
              ((40, 16, 8, 768), ""), ((40, 16, 8, 768), "LLTM_CLUSTER=0"),
-             ((9, 17, 6, 264), ""), ((5, 1, 3, 520), ""), ((2, 3, 4, 304), "")]
+             ((9, 17, 6, 264), ""), ((5, 1, 3, 520), ""), ((2, 3, 4, 304), ""),
+             ((6, 16, 5, 650), ""), ((6, 16, 5, 650), "LLTM_CLUSTER=0")]
 
 
 @pytest.mark.parametrize("dtype", HALVES)
