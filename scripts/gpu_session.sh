@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: build, test, benchmark.
 #
-#   scripts/gpu_session.sh [STEP...]   steps: build diag test pytest bench kernels overhead sequence
+#   scripts/gpu_session.sh [STEP...]   steps: build diag test pytest bench kernels overhead sequence sweep
 #                                      half accuracy wordlm demo sanitizers, and the distributed ones:
 #                                      dist-pytest dist-demo dist-multinode dist-bench (default:
 #                                      all but sanitizers and dist-*)
@@ -46,6 +46,7 @@ command_for() {
     kernels) echo "python3 benchmark.py --kernels -c" ;;
     overhead) echo "python3 benchmark.py --overhead -c" ;;
     sequence) echo "python3 benchmark.py --sequence -c" ;;
+    sweep)   echo "python3 benchmark.py --sweep -c -o $OUT/sweep.md" ;;
     half)    echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --sequence -c \$p; done" ;;
     accuracy) echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --accuracy -c \$p; done" ;;
     wordlm)  echo "python3 benchmark.py --word-language-model -c" ;;
