@@ -264,14 +264,11 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options
   }
   return code;
 }
-// The launchers of the passes. sequence_forward and sequence_backward:
-// dense steps in the forward direction, each step's cell gradients given,
-// no final state; their key is (1 or 2, the sizes, the addresses).
-// packed_forward and packed_backward: dense or packed steps in either
-// direction (sizes: rows, steps, batch, input_features, state, reverse, then
-// the two options; backward, then grad_outputs' and grad_cells' row and
-// column strides), with the final states; their key holds the batch sizes
-// too.
+// The launchers of the passes, packed_forward and packed_backward: packed
+// steps, or where batch_sizes is NULL dense ones, in either direction
+// (sizes: rows, steps, batch, input_features, state, reverse, then the two
+// options; backward, then grad_outputs' and grad_cells' row and column
+// strides), with the final states; their key holds the batch sizes too.
 template <typename Dtype>
 static int launch_forward(const lltm_pass_key& key, const lltm_walk& walk, int options,
                           int64_t input_features, int64_t state_size, const void* inputs,
@@ -308,53 +305,6 @@ static int launch_backward(const lltm_pass_key& key, const lltm_walk& walk, int 
         as<Dtype>(grad_final_cell), as<Dtype>(d_gates), as<Dtype>(d_inputs),
         as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0), as<Dtype>(d_c0));
   });
-}
-
-template <typename Dtype>
-static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t input_features,
-                                   int64_t state_size, int options, const void* inputs,
-                                   const void* weights, const void* bias, const void* h0,
-                                   const void* c0, void* outputs, void* cells, void* gates,
-                                   cudaStream_t stream) {
-  lltm_walk walk;
-  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
-  const lltm_pass_key key = {{1, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
-                              state_size, key_options(options), address(inputs),
-                              address(weights), address(bias), address(h0), address(c0),
-                              address(outputs), address(cells), address(gates)}};
-  return launch_forward<Dtype>(key, walk, options, input_features, state_size, inputs, weights,
-                               bias, h0, c0, outputs, cells, gates, NULL, NULL, stream);
-}
-
-template <typename Dtype>
-static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t input_features,
-                                    int64_t state_size, int options,
-                                    const int64_t* grad_strides, const void* inputs,
-                                    const void* weights, const void* h0, const void* outputs,
-                                    const void* cells, const void* gates,
-                                    const void* grad_outputs, const void* grad_cells,
-                                    void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
-                                    void* d_h0, void* d_c0, cudaStream_t stream) {
-  lltm_walk walk;
-  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
-  const GradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
-                               {grad_strides[3], grad_strides[4], grad_strides[5]}};
-  const lltm_pass_key key = {{2, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
-                              state_size, key_options(options), address(inputs),
-                              address(weights), address(h0), address(outputs), address(cells),
-                              address(gates), address(grad_outputs), address(grad_cells),
-                              address(d_gates), address(d_inputs), address(d_weights),
-                              address(d_bias), address(d_h0), address(d_c0), grad_strides[0],
-                              grad_strides[1], grad_strides[2], grad_strides[3], grad_strides[4],
-                              grad_strides[5]}};
-  return launch_backward<Dtype>(key, walk, options, input_features, state_size, strides, inputs,
-                                weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
-                                NULL, NULL, d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0,
-                                stream);
 }
 
 // The options of a pass whose sizes hold tf32 and kernels at `flags`:
@@ -416,18 +366,6 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
 }
 // The passes, in the argument order of their declarations in sequence.py;
 // every element type.
-LLTM_CUDA_PASS_WITH_HALF(sequence_forward, launch_sequence_forward, args->sizes[0],
-                         args->sizes[1], args->sizes[2], args->sizes[3],
-                         options_at(args->sizes + 4), args->tensors[0], args->tensors[1],
-                         args->tensors[2], args->tensors[3], args->tensors[4], args->tensors[5],
-                         args->tensors[6], args->tensors[7], stream)
-LLTM_CUDA_PASS_WITH_HALF(sequence_backward, launch_sequence_backward, args->sizes[0],
-                         args->sizes[1], args->sizes[2], args->sizes[3],
-                         options_at(args->sizes + 4), args->sizes + 6, args->tensors[0],
-                         args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
-                         args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
-                         args->tensors[9], args->tensors[10], args->tensors[11],
-                         args->tensors[12], args->tensors[13], stream)
 LLTM_CUDA_PASS_WITH_HALF(packed_forward, launch_packed_forward, args->sizes, args->tensors[5],
                          args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
                          args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
