@@ -417,9 +417,11 @@ def test_sequence_gradgradcheck(device, generator):
 
 
 def test_sequence_operator_gradgradcheck(device, generator):
-    arguments = as_leaves(sequence_arguments(generator, (3, 2, 3, 4), device=device))
+    inputs, *arguments = sequence_arguments(generator, (3, 2, 3, 4), device=device)
+    # A dense sequence's rows (steps * batch, features), batch_sizes None.
+    arguments = as_leaves([inputs.reshape(6, 3), *arguments])
     assert torch.autograd.gradgradcheck(
-        lambda *leaves: torch.ops.lltm_ffi.sequence_forward(*leaves)[:2], arguments)
+        lambda *leaves: torch.ops.lltm_ffi.packed_forward(*leaves, None, False)[:2], arguments)
 
 
 @pytest.mark.parametrize("transform", ["grad", "vmap", "jvp", "forward_ad"])

@@ -165,7 +165,7 @@ def test_ddp_and_compiled_ddp_equal_one_process_on_the_whole_batch(launch, case)
     for rank, result in enumerate(results):
         assert result["world_size"] == PROCESSES
         if case in COMPILE_CASES:
-            operator = "lltm_ffi.forward_pass" if kind == "cell" else "lltm_ffi.sequence_forward"
+            operator = "lltm_ffi.forward_pass" if kind == "cell" else "lltm_ffi.packed_forward"
             assert f"{operator}.default" in result["compiled_operators"], (
                 f"{launch.note(case)}, rank {rank}: no {operator} in the compiled graphs "
                 f"{sorted(result['compiled_operators'])}")

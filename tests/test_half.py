@@ -11,6 +11,7 @@ is in test_autocast.py, a CUDA graph of a half training step in
 test_layers.py."""
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -512,21 +513,17 @@ def test_the_operators_pass_opcheck(dtype, device, generator):
             (grad_h, grad_cell, new_cell, gates.detach()))
     arguments = [normal(4, 3, 7), *(tensor.to(device, dtype) for tensor in selfcheck.random_inputs(
         3, 7, 5, torch.float32, "cpu", generator)[1:])]
-    opcheck(torch.ops.lltm_ffi.sequence_forward.default,
-            [argument.clone().requires_grad_(True) for argument in arguments])
-    outputs, cells, gates = torch.ops.lltm_ffi.sequence_forward(*arguments)
-    opcheck(torch.ops.lltm_ffi.sequence_backward.default,
-            (*arguments[:4], outputs, cells, gates, torch.randn_like(outputs),
-             torch.randn_like(cells)))
+    # Dense steps (batch_sizes None), then packed ones.
     rows, batch_sizes = arguments[0][:, :2].reshape(-1, 7)[:7], torch.tensor([2, 2, 2, 1])
+    dense = (arguments[0].reshape(-1, 7), *arguments[1:], None)
     packed = (rows, arguments[1], arguments[2], arguments[3][:2], arguments[4][:2], batch_sizes)
-    for reverse in (False, True):
+    for (*tensors, sizes), reverse in itertools.product((dense, packed), (False, True)):
         opcheck(torch.ops.lltm_ffi.packed_forward.default,
-                (*[tensor.clone().requires_grad_(True) for tensor in packed[:5]], batch_sizes,
-                 reverse))
-        outputs, cells, gates, h_n, c_n = torch.ops.lltm_ffi.packed_forward(*packed, reverse)
+                (*[tensor.clone().requires_grad_(True) for tensor in tensors], sizes, reverse))
+        outputs, cells, gates, h_n, c_n = torch.ops.lltm_ffi.packed_forward(*tensors, sizes,
+                                                                            reverse)
         opcheck(torch.ops.lltm_ffi.packed_backward.default,
-                (*packed[:4], batch_sizes, reverse, outputs, cells, gates,
+                (*tensors[:4], sizes, reverse, outputs, cells, gates,
                  torch.randn_like(outputs), None, torch.randn_like(h_n), torch.randn_like(c_n)))
     opcheck(torch.ops.lltm_ffi.round_forward.default, (normal(2, 9),))
 
@@ -546,7 +543,7 @@ def test_compile_fullgraph_of_a_half_sequence_matches_eager(dtype, device, gener
     eager_grads = torch.autograd.grad(eager, list(module.parameters()))
     explanation = torch._dynamo.explain(loss)(inputs)
     assert explanation.graph_break_count == 0
-    assert "lltm_ffi.sequence_forward" in "\n".join(graph.code for graph in explanation.graphs)
+    assert "lltm_ffi.packed_forward" in "\n".join(graph.code for graph in explanation.graphs)
     compiled = torch.compile(loss, fullgraph=True)(inputs)
     compiled_grads = torch.autograd.grad(compiled, list(module.parameters()))
     torch.testing.assert_close(compiled, eager)

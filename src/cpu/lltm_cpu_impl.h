@@ -1127,41 +1127,9 @@ static int LLTM_NAME(uses_amx_)(int64_t kernels, int64_t batch_size, int64_t sta
 #endif
 }
 
-/* The registered passes (lltm_cpu.c): sequence_forward and
- * sequence_backward over dense steps in the forward direction, each step's
- * cell gradients given, no final state; packed_forward and packed_backward
- * over dense or packed steps in either direction, with the final states. */
-static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size,
-                                        int64_t input_features, int64_t state_size,
-                                        int64_t kernels, const STORAGE* inputs, const STORAGE* weights,
-                                        const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
-                                        STORAGE* outputs, STORAGE* cells, STORAGE* gates) {
-  lltm_walk walk;
-  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
-  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(kernels, batch_size, state_size),
-                                        &walk, input_features, state_size, inputs, weights, bias,
-                                        h0, c0, outputs, cells, gates, NULL, NULL);
-}
-
-static int LLTM_NAME(sequence_backward_)(
-    int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
-    int64_t kernels, const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
-    const STORAGE* outputs, const STORAGE* cells, const STORAGE* gates, const STORAGE* grad_outputs,
-    const STORAGE* grad_cells, STORAGE* d_gates, STORAGE* d_inputs, STORAGE* d_weights,
-    STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0) {
-  lltm_walk walk;
-  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
-  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(kernels, batch_size, state_size),
-                                         &walk, input_features, state_size, grad_strides, inputs,
-                                         weights, h0, outputs, cells, gates, grad_outputs,
-                                         grad_cells, NULL, NULL, d_gates, d_inputs, d_weights,
-                                         d_bias, d_h0, d_c0);
-}
-
+/* The registered passes (lltm_cpu.c), packed_forward and packed_backward:
+ * packed steps, or where batch_sizes is NULL dense ones, in either
+ * direction, with the final states. */
 /* sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
  * CUDA only), kernels. */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,

@@ -264,98 +264,6 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options
   }
   return code;
 }
-// The launchers of the passes. sequence_forward and sequence_backward:
-// dense steps in the forward direction, each step's cell gradients given,
-// no final state; their key is (1 or 2, the sizes, the addresses).
-// packed_forward and packed_backward: dense or packed steps in either
-// direction (sizes: rows, steps, batch, input_features, state, reverse, then
-// the two options; backward, then grad_outputs' and grad_cells' row and
-// column strides), with the final states; their key holds the batch sizes
-// too.
-template <typename Dtype>
-static int launch_forward(const lltm_pass_key& key, const lltm_walk& walk, int options,
-                          int64_t input_features, int64_t state_size, const void* inputs,
-                          const void* weights, const void* bias, const void* h0, const void* c0,
-                          void* outputs, void* cells, void* gates, void* final_h,
-                          void* final_cell, cudaStream_t stream) {
-  if (walk.rows * state_size == 0) return LLTM_SUCCESS;
-  return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
-    return sequence_forward_steps<Dtype>(cublas, on, options, walk, input_features, state_size,
-                                         as<Dtype>(inputs), as<Dtype>(weights), as<Dtype>(bias),
-                                         as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs),
-                                         as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(final_h),
-                                         as<Dtype>(final_cell));
-  });
-}
-
-template <typename Dtype>
-static int launch_backward(const lltm_pass_key& key, const lltm_walk& walk, int options,
-                           int64_t input_features, int64_t state_size,
-                           const GradStrides& strides, const void* inputs, const void* weights,
-                           const void* h0, const void* outputs, const void* cells,
-                           const void* gates, const void* grad_outputs, const void* grad_cells,
-                           const void* grad_final_h, const void* grad_final_cell, void* d_gates,
-                           void* d_inputs, void* d_weights, void* d_bias, void* d_h0, void* d_c0,
-                           cudaStream_t stream) {
-  // Past one step d_h0 and d_c0 carry the gradients between steps.
-  if (walk.steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
-  if (walk.rows * state_size == 0) return LLTM_SUCCESS;
-  return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
-    return sequence_backward_steps<Dtype>(
-        cublas, on, options, walk, input_features, state_size, as<Dtype>(inputs),
-        as<Dtype>(weights), as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
-        as<Dtype>(grad_outputs), as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h),
-        as<Dtype>(grad_final_cell), as<Dtype>(d_gates), as<Dtype>(d_inputs),
-        as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0), as<Dtype>(d_c0));
-  });
-}
-
-template <typename Dtype>
-static int launch_sequence_forward(int64_t steps, int64_t batch_size, int64_t input_features,
-                                   int64_t state_size, int options, const void* inputs,
-                                   const void* weights, const void* bias, const void* h0,
-                                   const void* c0, void* outputs, void* cells, void* gates,
-                                   cudaStream_t stream) {
-  lltm_walk walk;
-  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
-  const lltm_pass_key key = {{1, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
-                              state_size, key_options(options), address(inputs),
-                              address(weights), address(bias), address(h0), address(c0),
-                              address(outputs), address(cells), address(gates)}};
-  return launch_forward<Dtype>(key, walk, options, input_features, state_size, inputs, weights,
-                               bias, h0, c0, outputs, cells, gates, NULL, NULL, stream);
-}
-
-template <typename Dtype>
-static int launch_sequence_backward(int64_t steps, int64_t batch_size, int64_t input_features,
-                                    int64_t state_size, int options,
-                                    const int64_t* grad_strides, const void* inputs,
-                                    const void* weights, const void* h0, const void* outputs,
-                                    const void* cells, const void* gates,
-                                    const void* grad_outputs, const void* grad_cells,
-                                    void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
-                                    void* d_h0, void* d_c0, cudaStream_t stream) {
-  lltm_walk walk;
-  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
-  const GradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
-                               {grad_strides[3], grad_strides[4], grad_strides[5]}};
-  const lltm_pass_key key = {{2, lltm_dtype_of<Dtype>(), steps, batch_size, input_features,
-                              state_size, key_options(options), address(inputs),
-                              address(weights), address(h0), address(outputs), address(cells),
-                              address(gates), address(grad_outputs), address(grad_cells),
-                              address(d_gates), address(d_inputs), address(d_weights),
-                              address(d_bias), address(d_h0), address(d_c0), grad_strides[0],
-                              grad_strides[1], grad_strides[2], grad_strides[3], grad_strides[4],
-                              grad_strides[5]}};
-  return launch_backward<Dtype>(key, walk, options, input_features, state_size, strides, inputs,
-                                weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
-                                NULL, NULL, d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0,
-                                stream);
-}
 
 // The options of a pass whose sizes hold tf32 and kernels at `flags`:
 // kernels' bit 0 is own kernels, bit 1 no cluster kernels (sequence.py's
@@ -365,6 +273,11 @@ static int options_at(const int64_t* flags) {
          (flags[1] & 2 ? LLTM_SEQUENCE_NO_CLUSTER : 0);
 }
 
+// The launchers of the passes, packed_forward and packed_backward: packed
+// steps, or where batch_sizes is NULL dense ones, in either direction
+// (sizes: rows, steps, batch, input_features, state, reverse, then the two
+// options; backward, then grad_outputs' and grad_cells' row and column
+// strides), with the final states; their key holds the batch sizes too.
 template <typename Dtype>
 static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
                                  const void* inputs, const void* weights, const void* bias,
@@ -374,15 +287,22 @@ static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
   const int options = options_at(sizes + 6);
+  const int64_t input_features = sizes[3], state_size = sizes[4];
   const lltm_pass_key key = {{3, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
-                              sizes[3], sizes[4], key_options(options), walk.reverse,
+                              input_features, state_size, key_options(options), walk.reverse,
                               address(inputs), address(weights), address(bias), address(h0),
                               address(c0), address(outputs), address(cells), address(gates),
                               address(final_h), address(final_cell)},
                              walk.batch_sizes,
                              walk.batch_sizes ? walk.steps : 0};
-  return launch_forward<Dtype>(key, walk, options, sizes[3], sizes[4], inputs, weights, bias, h0,
-                               c0, outputs, cells, gates, final_h, final_cell, stream);
+  if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
+    return sequence_forward_steps<Dtype>(cublas, on, options, walk, input_features, state_size,
+                                         as<Dtype>(inputs), as<Dtype>(weights), as<Dtype>(bias),
+                                         as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs),
+                                         as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(final_h),
+                                         as<Dtype>(final_cell));
+  });
 }
 
 template <typename Dtype>
@@ -396,11 +316,12 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
   const int options = options_at(sizes + 6);
+  const int64_t input_features = sizes[3], state_size = sizes[4];
   const int64_t* row_strides = sizes + 8;  // grad_outputs' (row, column), grad_cells'
   const GradStrides strides = {{sizes[2] * row_strides[0], row_strides[0], row_strides[1]},
                                {sizes[2] * row_strides[2], row_strides[2], row_strides[3]}};
   const lltm_pass_key key = {{4, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
-                              sizes[3], sizes[4], key_options(options), walk.reverse,
+                              input_features, state_size, key_options(options), walk.reverse,
                               address(inputs), address(weights), address(h0), address(outputs),
                               address(cells), address(gates), address(grad_outputs),
                               address(grad_cells), address(grad_final_h),
@@ -409,25 +330,20 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
                               row_strides[0], row_strides[1], row_strides[2], row_strides[3]},
                              walk.batch_sizes,
                              walk.batch_sizes ? walk.steps : 0};
-  return launch_backward<Dtype>(key, walk, options, sizes[3], sizes[4], strides, inputs, weights,
-                                h0, outputs, cells, gates, grad_outputs, grad_cells, grad_final_h,
-                                grad_final_cell, d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0,
-                                stream);
+  // Past one step d_h0 and d_c0 carry the gradients between steps.
+  if (walk.steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
+  if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
+    return sequence_backward_steps<Dtype>(
+        cublas, on, options, walk, input_features, state_size, as<Dtype>(inputs),
+        as<Dtype>(weights), as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
+        as<Dtype>(grad_outputs), as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h),
+        as<Dtype>(grad_final_cell), as<Dtype>(d_gates), as<Dtype>(d_inputs),
+        as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0), as<Dtype>(d_c0));
+  });
 }
 // The passes, in the argument order of their declarations in sequence.py;
 // every element type.
-LLTM_CUDA_PASS_WITH_HALF(sequence_forward, launch_sequence_forward, args->sizes[0],
-                         args->sizes[1], args->sizes[2], args->sizes[3],
-                         options_at(args->sizes + 4), args->tensors[0], args->tensors[1],
-                         args->tensors[2], args->tensors[3], args->tensors[4], args->tensors[5],
-                         args->tensors[6], args->tensors[7], stream)
-LLTM_CUDA_PASS_WITH_HALF(sequence_backward, launch_sequence_backward, args->sizes[0],
-                         args->sizes[1], args->sizes[2], args->sizes[3],
-                         options_at(args->sizes + 4), args->sizes + 6, args->tensors[0],
-                         args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
-                         args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
-                         args->tensors[9], args->tensors[10], args->tensors[11],
-                         args->tensors[12], args->tensors[13], stream)
 LLTM_CUDA_PASS_WITH_HALF(packed_forward, launch_packed_forward, args->sizes, args->tensors[5],
                          args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
                          args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
