@@ -421,20 +421,29 @@ class Pass:
         """The body on the arguments as C reads them, with no check: for
         callers that checked the whole call already; `options` are the
         body's keyword-only parameters."""
-        return self.body(self.c, *[
-            argument if prepare is None or argument is None
-            else argument.resolve_neg() if prepare is True
-            else _extension.dense(argument if prepare is False else argument.to(prepare))
-            for prepare, argument in zip(self._prepare, args)], **options)
+        return self.body(self.c, *self._as_c_reads(args), **options)
+
+    def _as_c_reads(self, args):
+        """Each tensor argument as C reads it: dense (but where strided=),
+        converted to its c_dtype."""
+        return [argument if prepare is None or argument is None
+                else argument.resolve_neg() if prepare is True
+                else _extension.dense(argument if prepare is False else argument.to(prepare))
+                for prepare, argument in zip(self._prepare, args)]
+
+    # The operator's implementations: torch's dispatcher leaves out trailing
+    # arguments equal to their defaults, which bind() puts back.
 
     def _run_operator(self, *args):
+        args = self.bind(args, {})
         self.check(args)
         self.check_values(args)
         return self.run(*args)
 
     def _fake(self, *args):
+        args = self.bind(args, {})
         self.check(args)
-        return self.body(_no_call, *args)
+        return self.body(_no_call, *self._as_c_reads(args))
 
     def tensors_of(self, args):
         """The tensor arguments among `args` (those given, None left out)."""
@@ -510,7 +519,8 @@ class Op:
         self._apply = _torch_internals.plain_apply(self.function)
         self.__signature__ = forward.__signature__.replace(
             return_annotation=inspect.Signature.empty)
-        forward.operator.register_autograd(backward, setup_context=setup_context)
+        forward.operator.register_autograd(_with_every_input(backward, len(forward.parameters)),
+                                           setup_context=setup_context)
 
     def __call__(self, *args, **keywords):
         forward = self.forward
@@ -522,6 +532,20 @@ class Op:
         if _untransformed():
             return self.result(self._apply(*args))
         return self.result(self.function.apply(*args))
+
+
+def _with_every_input(backward, count):
+    """`backward` as the operator runs it. The dispatcher leaves out trailing
+    arguments equal to their defaults (torch puts them back for
+    setup_context, not for ctx.needs_input_grad): they are None or scalars,
+    which need no gradient, so needs_input_grad gets False for each, and the
+    backward sees as many inputs as eager calls give it."""
+    def operator_backward(ctx, *grad_outputs):
+        given = ctx.needs_input_grad
+        if len(given) < count:
+            ctx.needs_input_grad = (*given, *[False] * (count - len(given)))
+        return backward(ctx, *grad_outputs)
+    return operator_backward
 
 
 # Every op's self-check, by the op's public name.
