@@ -451,11 +451,13 @@ class Pass:
                 if index < len(args) and args[index] is not None]
 
     def __call__(self, *args, **keywords):
-        args = self.bind(args, keywords)
+        if keywords or len(args) != len(self._names):
+            args = self.bind(args, keywords)
         if use_operator(*self.tensors_of(args)):
             return self.operator(*args)
         self.check(args)
-        self.check_values(args)
+        if self.value_check is not None:
+            self.check_values(args)
         return self.run(*args)
 
 
@@ -524,11 +526,13 @@ class Op:
 
     def __call__(self, *args, **keywords):
         forward = self.forward
-        args = forward.bind(args, keywords, self.name)
+        if keywords or len(args) != len(forward._names):
+            args = forward.bind(args, keywords, self.name)
         forward.check(args, self.name)
         if use_operator(*forward.tensors_of(args)):
             return self.result(forward.operator(*args))
-        forward.check_values(args)
+        if forward.value_check is not None:
+            forward.check_values(args)
         if _untransformed():
             return self.result(self._apply(*args))
         return self.result(self.function.apply(*args))
