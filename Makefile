@@ -80,9 +80,12 @@ ASAN_FLAGS ?= -fsanitize=address,undefined -fno-sanitize-recover=all
 # Every C source under src/ (the shim, the CPU passes, each ported op's
 # passes and its test_*.c check) and the checks and driver of tests/c/: no
 # CUDA. src/cpu/ holds the header of the LLTM's AMX products, which its
-# check includes.
+# check includes. Each source's folder is searched for quoted includes, as
+# build_ffi.py does (lltm_each_dtype.h includes a file of the op's), so the
+# headers in an op's folder carry the op's name.
 CPU_CHECK_SOURCES := $(wildcard tests/c/*.c) $(call SOURCES_UNDER_SRC,*.c)
-CPU_CHECK_INCLUDES := -Iinclude -Isrc/cpu -Itests/c
+CPU_CHECK_INCLUDES := -Iinclude -Isrc/cpu -Itests/c \
+  $(addprefix -iquote ,$(sort $(dir $(CPU_CHECK_SOURCES))))
 COMPUTE_SANITIZER ?= compute-sanitizer
 SANITIZER_KERNELS ?= --kernel-name kns=lltm_
 SANITIZER_FLAGS ?= $(SANITIZER_KERNELS) --report-api-errors no --error-exitcode 1

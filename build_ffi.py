@@ -125,10 +125,12 @@ def kernel_command(nvcc, source, output):
 
 def c_command(compiler, source, output, cuda_home=None):
     """The C compiler's command line for one .c file (run in ROOT); with
-    `cuda_home`, for a module with CUDA (the shim switches devices)."""
+    `cuda_home`, for a module with CUDA (the shim switches devices). The
+    source's own folder is searched for quoted includes, also from the
+    headers of include/: lltm_each_dtype.h includes a file of the op's."""
     cuda = ["-DLLTM_WITH_CUDA", "-isystem", os.path.join(cuda_home, "include")] if cuda_home else []
-    return [compiler, *C_FLAGS, *cuda, "-Iinclude", "-MMD", "-MF", output + ".d", "-c", source,
-            "-o", output]
+    return [compiler, *C_FLAGS, *cuda, "-Iinclude", "-iquote", os.path.dirname(source) or ".",
+            "-MMD", "-MF", output + ".d", "-c", source, "-o", output]
 
 
 def _digest(*parts):
