@@ -12,11 +12,6 @@ from . import _extension, op, ops, reference
 from ._build_info import VERSION as __version__
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 
-# A whole saved module (torch.save(module)) loads under torch.load's default
-# weights_only=True, alone or inside a model whose other classes are allowed.
-torch.serialization.add_safe_globals([LLTM, LLTMSequence, RoIPool])
-
-
 def __getattr__(name):
     # CUDA_COMPILED asks the compiled module, so a missing or stale build
     # raises LLTMBuildError here rather than at import.
@@ -32,3 +27,10 @@ if _taken:
     raise ImportError(f"an op folder exports {sorted(_taken)}, a name the package itself uses")
 globals().update(ops.PUBLIC)
 __all__ = sorted([*_OWN, *ops.PUBLIC])
+
+# A whole saved module of any op (torch.save(module)) loads under
+# torch.load's default weights_only=True, alone or inside a model whose
+# other classes are allowed.
+torch.serialization.add_safe_globals(
+    [value for value in ops.PUBLIC.values()
+     if isinstance(value, type) and issubclass(value, torch.nn.Module)])

@@ -56,7 +56,7 @@ def test_every_module_lltm_ffi_exports_is_a_safe_global():
     exported = [getattr(lltm_ffi, name) for name in lltm_ffi.__all__]
     modules = [value for value in exported
                if isinstance(value, type) and issubclass(value, nn.Module)]
-    assert set(modules) == {lltm_ffi.LLTM, lltm_ffi.LLTMSequence, lltm_ffi.RoIPool}
+    assert {lltm_ffi.LLTM, lltm_ffi.LLTMSequence, lltm_ffi.RoIPool} <= set(modules)
     allowed = torch.serialization.get_safe_globals()
     for module in modules:
         assert module in allowed, module
