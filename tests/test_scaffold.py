@@ -48,7 +48,7 @@ def expected_files(name):
     ("roi_pool", "an op named 'roi_pool' exists already"),
     ("lltm", "an op named 'lltm' exists already"),
     ("round", "would declare the pass 'round_forward'"),
-    ("sequence", "would declare the pass 'sequence_forward'"),
+    ("packed", "would declare the pass 'packed_forward'"),
     ("forward_pass", "be named as one, but src/cpu/lltm_cpu.c has a pass of that name"),
     ("op", "would export lltm_ffi.op, a name lltm_ffi/op.py holds"),
     ("lltm_sequence", "would export lltm_ffi.lltm_sequence"),
