@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from checkouts import (assert_succeeded, copy_sources, edit_after_build, make_cpu_only,
+from checkouts import (LLTM_CPU_HEADER, LLTM_CPU_SOURCE, ROUND_CPU_SOURCE, SHARED_HEADER,
+                       append_to, assert_succeeded, copy_sources, existing, make_cpu_only,
                        output_within, run_diagnostics, run_python)
 
 pytestmark = pytest.mark.slow
@@ -71,7 +72,7 @@ def test_import_without_a_built_module_says_to_run_make(tmp_path):
 def test_import_after_a_source_change_says_stale_and_make(tmp_path):
     directory = copy_sources(tmp_path / "lltm")
     make_cpu_only(directory)
-    edit_after_build(directory, directory / "src" / "cpu" / "lltm_cpu.c")
+    append_to(directory / LLTM_CPU_SOURCE)
 
     result = run_python(directory, IMPORT_FAILURE)
     assert_succeeded(result)
@@ -86,7 +87,7 @@ def test_import_after_a_source_change_says_stale_and_make(tmp_path):
 def test_import_of_a_module_built_for_another_version_says_stale(tmp_path):
     directory = copy_sources(tmp_path / "lltm")
     make_cpu_only(directory)
-    build_info = directory / "lltm_ffi" / "_build_info.py"
+    build_info = existing(directory / "lltm_ffi" / "_build_info.py")
     text = build_info.read_text()
     assert 'VERSION = "' in text
     build_info.write_text(text.replace('VERSION = "', 'VERSION = "99.', 1))
@@ -100,19 +101,24 @@ def test_import_of_a_module_built_for_another_version_says_stale(tmp_path):
 
 # The compiled module's file --------------------------------------------------
 
-def module_file_check(directory):
-    """The copy's lltm_ffi/_module_file.py (what import and build_ffi.py use to
-    name and check the module), loaded by path: it needs neither torch nor the
-    package."""
+def package_module(directory, name):
+    """The copy's lltm_ffi/<name>.py, loaded by path: _module_file and
+    _build_info need neither torch nor the package."""
     spec = importlib.util.spec_from_file_location(
-        "lltm_ffi_module_file", directory / "lltm_ffi" / "_module_file.py")
+        f"lltm_ffi{name}_of_the_copy", directory / "lltm_ffi" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def module_file_check(directory):
+    """What import and build_ffi.py use to name and check the module."""
+    return package_module(directory, "_module_file")
+
+
 def installed_module(directory):
-    return directory / "lltm_ffi" / module_file_check(directory).installed_name()
+    """The copy's built module, which must exist: the tests damage or delete it."""
+    return existing(directory / "lltm_ffi" / module_file_check(directory).installed_name())
 
 
 def _elf_layout(data):
@@ -272,7 +278,7 @@ def test_make_rebuilds_a_module_that_is(change, built_copy):
 
 
 def test_make_rebuilds_after_a_source_edit(built_copy):
-    edit_after_build(built_copy, built_copy / "src" / "cpu" / "lltm_cpu.c")
+    append_to(built_copy / LLTM_CPU_SOURCE)
     output = make_cpu_only(built_copy).stdout
     assert "built lltm_ffi/" in output and "up to date" not in output, output
     assert_module_computes(built_copy)
@@ -286,21 +292,22 @@ def _compiled(output):
 
 # An edit of a file recompiles exactly the sources that include it.
 EDITS = {
-    "round_cpu.c": ("src/ops/round_ste/round_cpu.c", ["src/ops/round_ste/round_cpu.c"]),
-    "an op's own header": ("src/cpu/lltm_cpu_impl.h", ["src/cpu/lltm_cpu.c"]),
+    "round_cpu.c": (ROUND_CPU_SOURCE, [ROUND_CPU_SOURCE]),
+    "an op's own header": (LLTM_CPU_HEADER, [LLTM_CPU_SOURCE]),
     # (src/cuda/cublas.c includes nothing in a build without CUDA.)
-    "a header every source includes": ("include/lltm_op.h", None),
+    "a header every source includes": (SHARED_HEADER, None),
 }
 
 
 @pytest.mark.parametrize("edit", EDITS)
 def test_an_edit_recompiles_only_what_includes_the_file(edit, built_copy):
     path, expected = EDITS[edit]
-    edit_after_build(built_copy, built_copy / path)
+    append_to(built_copy / path)
     output = make_cpu_only(built_copy).stdout
-    every_c_source = sorted(path.relative_to(built_copy).as_posix()
-                            for path in built_copy.glob("src/**/*.c")
-                            if not path.name.startswith("test_") and path.name != "cublas.c")
+    every_c_source = sorted(
+        path.relative_to(built_copy).as_posix()
+        for path in package_module(built_copy, "_build_info").module_sources(built_copy, ".c")
+        if path.name != "cublas.c")
     assert _compiled(output) == (expected or every_c_source), output
     assert "built lltm_ffi/" in output, output
     assert_module_computes(built_copy)
@@ -316,7 +323,9 @@ def test_make_with_nothing_changed_does_not_rebuild(built_copy):
 
 
 def test_make_rebuilds_over_an_unreadable_record(built_copy):
-    for stamp in (built_copy / "build").glob("module-*.json"):
+    stamps = list((built_copy / "build").glob("module-*.json"))
+    assert stamps, "the build wrote no build/module-*.json record"
+    for stamp in stamps:
         stamp.write_text("{not json")
     output = make_cpu_only(built_copy).stdout
     assert "built lltm_ffi/" in output, output
@@ -368,9 +377,9 @@ def test_concurrent_makes_in_one_tree_both_succeed_and_expose_no_partial_module(
     module, check = installed_module(built_copy), module_file_check(built_copy)
     for round in range(1 if cuda else 3):
         if round % 2:
-            edit_after_build(built_copy, built_copy / "src" / "ops" / "round_ste" / "round_cpu.c")
+            append_to(built_copy / ROUND_CPU_SOURCE)
         else:
-            module.unlink()
+            existing(module).unlink()
         processes = [_start_make(built_copy, arguments) for _ in range(2)]
         checks, damage = _watch_module(module, check, processes)
         results = [output_within(process, 600, "make") for process in processes]

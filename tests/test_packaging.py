@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from checkouts import ROUND_CPU_SOURCE, append_to
 from conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -218,8 +219,7 @@ def test_editable_install_passes_the_stale_check_until_a_source_changes(tmp_path
     pip(python, "install", "-q", *OFFLINE, "-e", ".", cwd=clone)
     assert_works_from(clone, import_and_check(python, tmp_path / "away"))
 
-    with open(clone / "src" / "ops" / "round_ste" / "round_cpu.c", "a") as source:
-        source.write("/* edited after the install */\n")
+    append_to(clone / ROUND_CPU_SOURCE, "/* edited after the install */\n")
     output = import_and_check(python, tmp_path / "away")
     assert "stale" in output and "rebuild" in output, output
 

@@ -125,12 +125,13 @@ def test_the_command_line(arguments, status, words):
     assert result.returncode == status and words in result.stderr, result.stderr
 
 
-# What copy_checkout leaves out: version control, caches, what builds and
-# runs wrote, but the compiled objects.
-NOT_COPIED = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "*.so", "*.so.*",
-                                    "bench_out", "gpu_out", "dist", "*.egg-info", ".hypothesis")
+# What copy_checkout leaves out: version control, the README's venv, caches,
+# what builds and runs wrote, but the compiled objects.
+NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", "*.so",
+                                    "*.so.*", "bench_out", "gpu_out", "dist", "*.egg-info",
+                                    ".hypothesis")
 BUILD_OUTPUTS_NOT_COPIED = shutil.ignore_patterns("run_checks*", "pip-venv", "module-*.json",
-                                                  "*.lock")
+                                                  "*.lock", "asan", "checks", "cuda-all")
 
 
 def copy_checkout(destination):
