@@ -33,7 +33,7 @@ import torch
 
 import distributed_cases as cases
 from checkouts import output_within
-from conftest import REPO_ROOT, SEED_VARIABLE
+from conftest import REPO_ROOT, SEED_VARIABLE, seed_for
 from examples import demo, distributed
 
 PROCESSES = 2
@@ -105,7 +105,7 @@ def launch(request, tmp_path_factory):
     """Every case of distributed_cases.py, run once a device by one torchrun launch."""
     device_type = request.param
     skip_without_two_gpus(device_type)
-    seed = int(os.environ.get(SEED_VARIABLE) or torch.Generator().seed() % 2 ** 31)
+    seed = seed_for(f"distributed_cases.py {device_type}") % 2 ** 31
     directory = tmp_path_factory.mktemp(f"distributed_{device_type}")
     code, output = torchrun(["tests/distributed_cases.py", str(directory), device_type,
                              str(seed), *DDP_CASES, *COMPILE_CASES, *FSDP_CASES],

@@ -60,9 +60,8 @@ def test_construction_does_not_reseed_the_global_generator():
     assert not torch.equal(first.bias, second.bias)
 
 
-def test_manual_seed_before_construction_reproduces_the_parameters():
+def test_manual_seed_before_construction_reproduces_the_parameters(seed):
     with torch.random.fork_rng(devices=[]):
-        seed = torch.Generator().seed()
         torch.manual_seed(seed)
         first = lltm_ffi.LLTM(3, 4)
         after_first = torch.rand(3)
