@@ -290,6 +290,12 @@ def test_the_examples_above_name_files_that_exist():
     assert not problems, problems
 
 
+def test_the_readme_stays_short():
+    """The README is the first page a newcomer reads; details go to docs/."""
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines < 300, f"README.md has {lines} lines"
+
+
 def test_the_readme_names_every_registered_op():
     """Every op with a self-check (lltm_ffi.op.self_check) is in the README's
     list of ops, as the function users call."""
