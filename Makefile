@@ -103,8 +103,8 @@ pip-check:
 #                   tests/c/run_checks.c runs, failing for any registered CPU
 #                   pass that no check calls; odd sizes and layouts against
 #                   double-precision references, every buffer of exact size
-#                   (seconds)
-#   make valgrind   the same driver, unsanitised, under valgrind (about 20 s)
+#                   (docs/BUILDING.md has the times)
+#   make valgrind   the same driver, unsanitised, under valgrind
 #   make memcheck   the CUDA tests under compute-sanitizer (needs a GPU); also
 #   make racecheck, make synccheck and make initcheck
 # compute-sanitizer instruments the lltm kernels only (SANITIZER_KERNELS), not
