@@ -14,10 +14,12 @@ that finds nvcc and CUDA and holds the compilers' flags and architectures;
 
 Settings, from the environment (make passes its variables of the same
 meaning): NVCC (nvcc to use; else PATH, else $CUDA_HOME/bin), LLTM_CUDA=0 (a
-CPU-only build), LLTM_CUDA_ARCH (nvcc -gencode flags instead of the default),
-CC (the C compiler; else cc).
+CPU-only build), LLTM_CUDA_ARCH (the GPU architectures: empty for those of
+the GPUs present, `all` for every one, or nvcc -gencode flags), CC (the C
+compiler; else cc).
 
-    python build_ffi.py [-v]      build in place, as `make` does (-v: cffi's compile lines)
+    python build_ffi.py [-v]          build in place, as `make` does (-v: cffi's compile lines)
+    python build_ffi.py --cuda DIR    compile the CUDA sources alone into DIR, no module
 """
 
 import concurrent.futures
@@ -40,14 +42,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 BUILD = ROOT / "build"
 
-# Machine code for Turing to Blackwell. nvcc's front end runs once for each
-# virtual architecture: compute_75 serves sm_75; compute_80 sm_80 to sm_89,
-# whose 16-bit persistent kernels need its tensor-core mma; compute_90 serves
-# sm_90 and newer and is the PTX the driver compiles for GPUs after them.
-# CUDA 13 builds nothing older than sm_75.
-DEFAULT_CUDA_ARCH = ("-gencode arch=compute_75,code=sm_75 "
-                     "-gencode arch=compute_80,code=[sm_80,sm_86,sm_89] "
-                     "-gencode arch=compute_90,code=[sm_90,sm_100,sm_120,compute_90]")
+# Machine code for Turing to Blackwell, and PTX for the GPUs after them:
+# what a module for other machines needs (`make CUDA_ARCH=all`). nvcc's front
+# end runs once for each virtual architecture: compute_75 serves sm_75;
+# compute_80 sm_80 to sm_89, whose 16-bit persistent kernels need its
+# tensor-core mma; compute_90 sm_90 and newer (thread-block clusters), and
+# is the PTX the driver compiles for GPUs after them. CUDA 13 builds nothing
+# older than sm_75.
+ALL_ARCHS = ("-gencode arch=compute_75,code=sm_75 "
+             "-gencode arch=compute_80,code=[sm_80,sm_86,sm_89] "
+             "-gencode arch=compute_90,code=[sm_90,sm_100,sm_120,compute_90]")
+# Where no GPU is found: PTX alone for the same three virtual architectures.
+# Every kernel is compiled, every GPU generation is served (the driver
+# compiles the PTX for the GPU at the module's first load), and no machine
+# code is generated: ptxas for seven GPUs is most of ALL_ARCHS' time.
+PTX_ARCHS = ("-gencode arch=compute_75,code=compute_75 "
+             "-gencode arch=compute_80,code=compute_80 "
+             "-gencode arch=compute_90,code=compute_90")
 # ptxas advises against bulk copies multicast to a cluster (the persistent
 # kernels' staging) in code for sm_90 that later GPUs may run: the kernels
 # take them on compute capability 9.x alone
@@ -72,9 +83,44 @@ build_info = _load_from_package("_build_info")
 module_file = _load_from_package("_module_file")
 
 
-def cuda_arch():
-    """The nvcc -gencode flags: $LLTM_CUDA_ARCH or the default."""
-    return os.environ.get("LLTM_CUDA_ARCH") or DEFAULT_CUDA_ARCH
+@functools.lru_cache(maxsize=None)
+def gpu_capabilities():
+    """The compute capabilities of this machine's GPUs, as nvidia-smi reports
+    them ('90' for 9.0), sorted and without repeats; empty where there is no
+    GPU or no nvidia-smi."""
+    try:
+        query = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if query.returncode != 0:
+        return []
+    found = {line.strip().replace(".", "") for line in query.stdout.splitlines()}
+    return sorted((name for name in found if name.isdigit()), key=int)
+
+
+@functools.lru_cache(maxsize=None)
+def _machine_code_nvcc_builds(nvcc):
+    listed = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True)
+    return set(listed.stdout.split()) if listed.returncode == 0 else set()
+
+
+def cuda_arch(nvcc="nvcc"):
+    """The nvcc -gencode flags. $LLTM_CUDA_ARCH: `all` (ALL_ARCHS), or the
+    flags themselves; unset or empty: machine code for each GPU of this
+    machine, as torch.utils.cpp_extension builds for the GPUs it sees, or
+    PTX_ARCHS where there is none or nvcc cannot build for one of them."""
+    chosen = os.environ.get("LLTM_CUDA_ARCH", "").strip()
+    if chosen == "all":
+        return ALL_ARCHS
+    if chosen:
+        return chosen
+    capabilities = gpu_capabilities()
+    if not capabilities or not {f"sm_{number}" for number in capabilities} <= (
+            _machine_code_nvcc_builds(nvcc)):
+        return PTX_ARCHS
+    return " ".join(f"-gencode arch=compute_{number},code=sm_{number}"
+                    for number in capabilities)
 
 
 def arch_names(flags):
@@ -119,7 +165,7 @@ def cuda_home_of(nvcc):
 def kernel_command(nvcc, source, output):
     """The nvcc command line for one .cu file (run in ROOT); it also writes
     the headers the file includes to output.d."""
-    return [nvcc, *NVCC_FLAGS, *shlex.split(cuda_arch()), "-Iinclude", "-MMD", "-MF",
+    return [nvcc, *NVCC_FLAGS, *shlex.split(cuda_arch(nvcc)), "-Iinclude", "-MMD", "-MF",
             output + ".d", "-c", source, "-o", output]
 
 
@@ -234,26 +280,32 @@ class _Object:
                  self.record)
 
 
-def compile_objects(build_dir):
-    """Compiles every C source and, when nvcc is found, every CUDA source of
-    the module into build_dir, those that are not up to date only, several
-    at once (one per processor, the longest first); returns the objects to
+def compile_objects(build_dir, cuda_only=False):
+    """Compiles every C source (unless `cuda_only`) and, when nvcc is found,
+    every CUDA source of the module into build_dir, those that are not up to
+    date only, several at once (one per processor); returns the objects to
     link."""
     build_dir = Path(build_dir).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     nvcc = find_nvcc()
     cuda_home = cuda_home_of(nvcc) if nvcc else None
     compiler = os.environ.get("CC", "cc")
-    objects = [_Object(build_dir, source,
-                       lambda source, output: c_command(compiler, source, output, cuda_home))
-               for source in build_info.module_sources(ROOT, ".c")]
+    objects = [] if cuda_only else [
+        _Object(build_dir, source, lambda source, output: c_command(compiler, source, output,
+                                                                    cuda_home))
+        for source in build_info.module_sources(ROOT, ".c")]
     if nvcc:
         objects += [_Object(build_dir, source,
                             lambda source, output: kernel_command(nvcc, source, output))
                     for source in build_info.module_sources(ROOT, ".cu")]
     stale = [item for item in objects if not item.up_to_date()]
-    # The biggest sources take the longest: start them first.
-    stale.sort(key=lambda item: -(ROOT / item.source).stat().st_size)
+    # The longest first, so that none is left to finish alone at the end: the
+    # C sources, then the CUDA ones, each the biggest first. nvcc's time
+    # follows a source's size; a C source's need not (lltm_cpu.c, small,
+    # compiles its implementation once a dtype and takes as long as the
+    # biggest kernels).
+    stale.sort(key=lambda item: (item.source.endswith(".cu"),
+                                 -(ROOT / item.source).stat().st_size))
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         for future in [pool.submit(item.compile) for item in stale]:
             future.result()
@@ -275,7 +327,7 @@ def make_ffibuilder(objects=(), for_setuptools=False):
     import cffi
 
     nvcc = find_nvcc()
-    archs = arch_names(cuda_arch()) if nvcc else ""
+    archs = arch_names(cuda_arch(nvcc)) if nvcc else ""
     define_macros = [("LLTM_SOURCE_HASH", '"%s"' % build_info.source_hash(ROOT)),
                      ("LLTM_PACKAGE_VERSION", '"%s"' % build_info.VERSION),
                      ("LLTM_CUDA_ARCHS", '"%s"' % archs)]
@@ -384,7 +436,23 @@ def build(verbose=False):
                                        "yes" if find_nvcc() else "no"))
 
 
+def compile_cuda(build_dir):
+    """Compiles the CUDA sources alone into build_dir, those not up to date,
+    linking nothing (`make cuda-all`: the kernels for every architecture,
+    beside the module); says so and does nothing where nvcc is not found."""
+    nvcc = find_nvcc()
+    if not nvcc:
+        print("build_ffi.py --cuda: no nvcc (or LLTM_CUDA=0): no CUDA source compiled")
+        return
+    objects = compile_objects(build_dir, cuda_only=True)
+    print(f"{len(objects)} CUDA sources compiled for {arch_names(cuda_arch(nvcc))} "
+          f"in {os.path.relpath(build_dir, ROOT)}")
+
+
 if __name__ == "__main__":
-    build(verbose="-v" in sys.argv[1:])
+    if sys.argv[1:2] == ["--cuda"] and len(sys.argv) == 3:
+        compile_cuda(ROOT / sys.argv[2])
+    else:
+        build(verbose="-v" in sys.argv[1:])
 else:  # setup.py: cffi_modules=["build_ffi.py:ffibuilder"]
     ffibuilder = make_ffibuilder(for_setuptools=True)

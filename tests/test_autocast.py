@@ -165,6 +165,7 @@ def test_autocast_rejects_integer_input(device, generator):
             lltm_ffi.lltm_sequence(inputs[0][None], *inputs[1:])
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_under_autocast_matches_eager(device, generator):
     """torch.compile traces the casts and the operators of a float32 module
     under bfloat16 autocast: the same results as eager autocast."""

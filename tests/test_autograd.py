@@ -199,6 +199,7 @@ def test_compiled_first_order_backward_keeps_the_fused_pass(generator):
 
 
 @pytest.mark.parametrize("cell", CELLS.values(), ids=CELLS.keys())
+@pytest.mark.slow
 def test_compiled_double_backward_is_refused_as_for_the_reference(cell, generator):
     """torch.compile (AOTAutograd) refuses any double backward, the reference's
     too: lltm_ffi must raise the same error, never return a detached gradient.
@@ -215,6 +216,7 @@ def test_compiled_double_backward_is_refused_as_for_the_reference(cell, generato
 
 
 @pytest.mark.parametrize("transform", ["grad", "vmap", "jvp"])
+@pytest.mark.slow
 def test_compiled_func_transforms(transform, generator):
     """torch.compile of a torch.func transform of the cell (its pointwise pass
     then in torch ops: the operators' autograd does not support them)."""

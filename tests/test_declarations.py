@@ -98,6 +98,7 @@ def test_opcheck_passes_with_a_value_check(declared):
         torch.library.opcheck(gather.operator, (indices, table.requires_grad_(True)))
 
 
+@pytest.mark.slow
 def test_torch_compile_traces_without_values_and_checks_them_when_it_runs(declared):
     differentiable = declared[2]
     compiled = torch.compile(lambda indices, table: differentiable(indices, table, offset=1.0) * 2,

@@ -50,7 +50,10 @@ def test_report_on_this_build():
     if lltm_ffi.CUDA_COMPILED:
         assert report["CUDA compiled in"] == "yes"
         archs = ffi.string(lib.lltm_cuda_archs()).decode()
-        assert report["CUDA architectures"] == archs and "sm_90" in archs.split()
+        assert report["CUDA architectures"] == archs, report
+        assert all(re.fullmatch(r"(sm|compute)_\d+[af]?", name) for name in archs.split()), archs
+        for index in range(torch.cuda.device_count()):
+            assert covering_arch(archs, *torch.cuda.get_device_capability(index)), archs
         version = lib.lltm_cuda_runtime_version()
         assert version >= 12000
         assert report["CUDA runtime (built)"] == f"{version // 1000}.{version % 1000 // 10}"

@@ -16,8 +16,8 @@ NCCL on cuda:0 and cuda:1 (NVLink multicast off: NCCL_NVLS_ENABLE=0). All the
 cases of a device run in one torchrun launch (tests/distributed_cases.py);
 every launch runs under a timeout, so that a hang fails the tests. torchrun
 --standalone finds a free port itself, scripts/multinode_demo.sh one for its
-rendezvous. The launches of the demo are marked slow, their NCCL cases
-multi_gpu.
+rendezvous. Every test that launches processes is marked slow, the NCCL
+cases multi_gpu.
 """
 
 import os
@@ -139,6 +139,7 @@ def sample_magnitudes(kind, initial, device, sequences, targets):
 
 
 @pytest.mark.parametrize("case", DDP_CASES + COMPILE_CASES)
+@pytest.mark.slow
 def test_ddp_and_compiled_ddp_equal_one_process_on_the_whole_batch(launch, case):
     """DDP averages each process's gradients of its share's mean loss: with
     equal shares, the gradients of the whole batch's mean loss. Each process
@@ -180,6 +181,7 @@ def test_ddp_and_compiled_ddp_equal_one_process_on_the_whole_batch(launch, case)
 
 
 @pytest.mark.parametrize("case", FSDP_CASES)
+@pytest.mark.slow
 def test_fsdp2_trains_to_the_parameters_one_process_reaches(launch, case):
     """fully_shard of the LLTM layer and of the model; Adam on the shards.
     Each step's mean of the processes' losses is one process's loss on the
@@ -521,6 +523,7 @@ print("freed" if alive() is None else "alive")
 """
 
 
+@pytest.mark.slow
 def test_finish_frees_a_model_in_a_reference_cycle_before_leaving_the_group():
     """finish() collects the DDP model (its reducer holds the group's gloo
     threads) while the group still stands: left to interpreter exit, a gloo

@@ -535,6 +535,7 @@ def test_the_operators_pass_opcheck(dtype, device, generator):
 
 
 @pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.slow
 def test_compile_fullgraph_of_a_half_sequence_matches_eager(dtype, device, generator):
     torch._dynamo.reset()
     module = lltm_ffi.LLTMSequence(7, 5, num_layers=2, bidirectional=True,

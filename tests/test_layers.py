@@ -279,6 +279,7 @@ def test_dropout_with_one_layer_warns_as_nn_gru_does():
 
 # Compilers, graphs, streams ----------------------------------------------------------
 
+@pytest.mark.slow
 def test_compile_fullgraph_matches_eager(device, generator):
     torch._dynamo.reset()
     module = lltm_ffi.LLTMSequence(4, 8, num_layers=2, bidirectional=True, batch_first=True,

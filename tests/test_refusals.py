@@ -281,6 +281,7 @@ def test_module_call_with_wrong_state_shape_is_a_value_error(generator):
         rnn(_random(generator, B, F), (old_h, old_cell))
 
 
+@pytest.mark.slow
 def test_cpu_only_build_refuses_cuda_through_the_c_shim(cpu_only_build):
     """Every pass the module registers, and every pass an op declares (none
     missing), answers a CUDA device with LLTM_ERROR_NO_CUDA."""
@@ -309,7 +310,9 @@ def test_cpu_only_build_refuses_cuda_through_the_c_shim(cpu_only_build):
     assert result.stdout.strip() == f"ok {len(on_cpu)}"
 
 
-def test_cpu_only_build_given_cuda_tensors_raises_lltm_error(cpu_only_build, cuda_device):
+# cuda_device first: without a GPU the test skips before the build.
+@pytest.mark.slow
+def test_cpu_only_build_given_cuda_tensors_raises_lltm_error(cuda_device, cpu_only_build):
     result = run_python(cpu_only_build, """
         import torch
         import lltm_ffi

@@ -265,6 +265,7 @@ def test_operators_pass_opcheck(shape, device, generator):
              torch.randn_like(c0)))
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_matches_eager(device, generator):
     arguments = random_arguments((6, 3, 4, 8), torch.float32, device, generator)
     module = lltm_ffi.LLTMSequence(4, 8).to(device)

@@ -139,6 +139,7 @@ def test_indices_outside_the_rows_are_refused(values, words, index_dtype, device
         torch.ops.lltm_ffi.embed_forward(indices, weight)
 
 
+@pytest.mark.slow
 def test_an_index_outside_is_refused_in_a_compiled_call_too():
     """torch.compile traces with fake tensors, where no value can be read; the
     operator's real implementation checks the values when the graph runs."""
@@ -241,6 +242,7 @@ def test_opcheck(index_dtype, dtype, device, generator):
     torch.library.opcheck(embed_backward.operator, (grad_output, indices, 5))
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph(device, generator):
     """Under torch.compile embed is the operator lltm_ffi::embed_forward, its
     backward lltm_ffi::embed_backward."""
