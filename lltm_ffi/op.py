@@ -18,8 +18,10 @@ such argument of a call; with so many dimensions; optional; read through
 its strides; read on the host, a CPU tensor whatever the pass's device),
 int, float or bool. From the one function come:
 
-- the checks: a TypeError or ValueError naming the argument, before any
-  address reaches C;
+- the checks: a TypeError or ValueError naming the argument and the
+  function the caller called (the operator, or the op's public function),
+  before any address reaches C; a scalar must be one C can hold (an int64,
+  a double);
 - the torch.library operator lltm_ffi::<name>, with those checks, and its
   fake implementation: the same function run with a `c` that calls
   nothing, on fake tensors, so the outputs' shapes are written once;
@@ -38,6 +40,7 @@ and the device. docs/PORTING.md walks a whole op through this.
 """
 
 import inspect
+import numbers
 import typing
 
 import torch
@@ -209,6 +212,47 @@ def check_shape(op, name, tensor, expected):
                          f"{tuple(expected)}")
 
 
+def check_sizes(function, **sizes):
+    """The sizes (a module's, say: input_features=4, state_size=8), each as
+    an int; TypeError naming the first that is no integer (a bool is none,
+    nor is a float of integral value), ValueError for one below 1."""
+    checked = []
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(f"{function}: {name} must be an int, got {type(size).__name__} "
+                            f"{_shown(size)}")
+        if size < 1:
+            raise ValueError(f"{function}: {name} must be at least 1, got {size}")
+        checked.append(int(size))
+    return checked
+
+
+def _shown(value):
+    """repr(value), shortened where it is long (an int of many digits)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
+
+
+_INT64 = (-2**63, 2**63 - 1)
+
+
+def _scalar_problem(kind, value):
+    """Why C cannot hold `value` (of a type the annotation `kind` accepts)
+    as an int64 (sizes=) or a double (scalars=), or None: an int of more
+    than 64 bits, or one beyond the largest finite double (NaN and the
+    infinities are doubles: which values make sense is the op's check's).
+    A tracer's symbolic value is checked where it becomes one."""
+    if kind is bool or isinstance(value, (torch.SymInt, torch.SymFloat)):
+        return None
+    if kind is int:
+        return None if _INT64[0] <= value <= _INT64[1] else "must fit an int64"
+    try:
+        float(value)
+    except OverflowError:
+        return "is beyond the range of a double"
+    return None
+
+
 class Pass:
     """A C pass, declared by the function that runs it (see the module's
     docstring; c_pass is the decorator). Calling it checks the arguments and
@@ -276,7 +320,8 @@ class Pass:
         """Raises TypeError or ValueError, naming the argument (and `op`,
         the function the caller called: the operator by default), for
         anything the pass cannot take: what the annotations ask, then the
-        pass's own check (the shapes' relations, say)."""
+        pass's own check (the shapes' relations, say), called with `op` and
+        the arguments."""
         op = op or self.label
         if len(args) != len(self.parameters):
             raise TypeError(f"{op} takes {len(self.parameters)} arguments "
@@ -308,12 +353,16 @@ class Pass:
                   or (kind is not bool and isinstance(value, bool))):
                 raise TypeError(f"{op}: {name} must be {kind.__name__}, got "
                                 f"{type(value).__name__}")
+            else:
+                problem = _scalar_problem(kind, value)
+                if problem:
+                    raise ValueError(f"{op}: {name} {problem}, got {_shown(value)}")
         if first is not None:
             self.check_device(op, *first)
         if floating is not None:
             check_dtype(op, *floating, self)
         if self.extra_check is not None:
-            self.extra_check(*args)
+            self.extra_check(op, *args)
 
     def check_device(self, op, name, tensor):
         """check_device for the device of `tensor` (the argument `name`), and
@@ -321,7 +370,10 @@ class Pass:
         module."""
         device = tensor.device
         check_device(op, device, f"{name} is")
-        if device.type not in _extension.pass_devices(self.name):
+        # The declared devices first: a module built without CUDA registers
+        # no pass that has kernels only.
+        if device.type not in self.devices or device.type not in _extension.pass_devices(
+                self.name):
             raise ValueError(f"{op}: {name} is on {device}, but {self.label} has no "
                              f"{device.type} version (its op has no "
                              f"{'kernel' if device.type == 'cuda' else 'CPU pass'})")
@@ -361,9 +413,10 @@ PASSES = {}
 
 def c_pass(name, check=None, devices=("cpu", "cuda")):
     """Declares the function below as the C pass `name` (a Pass); `check`,
-    where given, is called with the arguments after the checks the
-    annotations ask for; `devices`: the device types its C sources register
-    it for (("cuda",) for an op with a kernel and no CPU pass, say)."""
+    where given, is called after the checks the annotations ask for with
+    the name of the function the caller called (for its messages) and the
+    arguments; `devices`: the device types its C sources register it for
+    (("cuda",) for an op with a kernel and no CPU pass, say)."""
     return lambda body: Pass(name, body, check, devices)
 
 

@@ -42,16 +42,18 @@ _ARGUMENT_NAMES = ("inputs", "weights", "bias", "h0", "c0")
 _shape = cell._shape
 
 
-def check_arguments(inputs, weights, bias, h0, c0, optional_bias=False, forward=None):
-    """TypeError or ValueError, naming the argument, for anything the C loop
-    of the pass `forward` (sequence_forward by default) cannot take (bias
-    None too, where optional_bias; LLTMError for a CUDA device the module
-    was built without). The common, valid case costs one expression; the
-    diagnosis runs only when it fails."""
+def check_arguments(function, inputs, weights, bias, h0, c0, optional_bias=False,
+                    forward=None):
+    """TypeError or ValueError, naming the argument and `function` (the one
+    the caller called: lltm_sequence, or an operator), for anything the C
+    loop of the pass `forward` (sequence_forward by default) cannot take
+    (bias None too, where optional_bias; LLTMError for a CUDA device the
+    module was built without). The common, valid case costs one
+    expression; the diagnosis runs only when it fails."""
     forward = forward or sequence_forward
     if not cell.arguments_fit(inputs, 3, weights, bias, h0, c0, forward, optional_bias):
-        cell.diagnose("lltm_sequence", _ARGUMENT_NAMES, 3, (inputs, weights, bias, h0, c0),
-                      forward, optional_bias)
+        cell.diagnose(function, _ARGUMENT_NAMES, 3, (inputs, weights, bias, h0, c0), forward,
+                      optional_bias)
 
 
 def _options():
@@ -86,17 +88,16 @@ def sequence_forward(c, inputs: op.Tensor(dims=3), weights: op.Tensor(dims=2),
     return outputs, cells, gates
 
 
-def _check_backward(inputs, weights, bias, h0, outputs, cells, gates, grad_outputs, grad_cells):
-    check_arguments(inputs, weights, bias, h0, h0)
+def _check_backward(function, inputs, weights, bias, h0, outputs, cells, gates, grad_outputs,
+                    grad_cells):
+    check_arguments(function, inputs, weights, bias, h0, h0)
     steps, batch_size, _ = inputs.shape
     state_size = h0.shape[1]
     for name, tensor in (("outputs", outputs), ("cells", cells), ("grad_outputs", grad_outputs),
                          ("grad_cells", grad_cells)):
         if tensor is not None:
-            op.check_shape("lltm_ffi::sequence_backward", name, tensor,
-                           (steps, batch_size, state_size))
-    op.check_shape("lltm_ffi::sequence_backward", "gates", gates,
-                   (steps, batch_size, 3 * state_size))
+            op.check_shape(function, name, tensor, (steps, batch_size, state_size))
+    op.check_shape(function, "gates", gates, (steps, batch_size, 3 * state_size))
 
 
 @op.c_pass("sequence_backward", check=_check_backward)
@@ -217,8 +218,8 @@ def check_packed(function, inputs, weights, bias, h0, c0, batch_sizes):
                          f"the {batch_size} sequences of h0")
 
 
-def _check_packed_forward(inputs, weights, bias, h0, c0, batch_sizes, reverse):
-    check_packed("lltm_sequence", inputs, weights, bias, h0, c0, batch_sizes)
+def _check_packed_forward(function, inputs, weights, bias, h0, c0, batch_sizes, reverse):
+    check_packed(function, inputs, weights, bias, h0, c0, batch_sizes)
 
 
 @op.c_pass("packed_forward", check=_check_packed_forward)
@@ -248,10 +249,9 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     return outputs, cells, gates, h_n, c_n
 
 
-def _check_packed_backward(inputs, weights, bias, h0, batch_sizes, reverse, outputs, cells,
-                           gates, grad_outputs, grad_cells, grad_h_n, grad_c_n):
-    function = "lltm_ffi::packed_backward"
-    check_packed("lltm_sequence", inputs, weights, bias, h0, h0, batch_sizes)
+def _check_packed_backward(function, inputs, weights, bias, h0, batch_sizes, reverse, outputs,
+                           cells, gates, grad_outputs, grad_cells, grad_h_n, grad_c_n):
+    check_packed(function, inputs, weights, bias, h0, h0, batch_sizes)
     rows, state_size = inputs.shape[0], h0.shape[1]
     for name, tensor, shape in (("outputs", outputs, (rows, state_size)),
                                 ("cells", cells, (rows, state_size)),
@@ -429,7 +429,8 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
         return outputs, (h_n, c_n)
     loop = packed_forward if reverse or bias is None else sequence_forward
-    check_arguments(inputs, weights, bias, h0, c0, optional_bias=True, forward=loop)
+    check_arguments("lltm_sequence", inputs, weights, bias, h0, c0, optional_bias=True,
+                    forward=loop)
     steps, batch_size, input_features = inputs.shape
     if steps == 0:
         return inputs.new_empty(0, *h0.shape), (h0, c0)
