@@ -11,7 +11,8 @@ shows it) through NCCL, on the CPU the processes talk through gloo. lltm_ffi
 itself knows nothing of this: its operators see one device and one stream,
 and DDP averages the gradients of LLTMSequence's parameters like any others.
 Rank 0 reports, writes the checkpoint and draws the loss curve. Each process
-ends when torchrun does, killed outright too (end_with_the_launcher).
+torchrun started ends when torchrun does, killed outright too
+(end_with_the_launcher).
 
 A run trains on global batches: step k takes the k-th slice of
 `global_batch` sequences from its epoch's shuffle of the data set, whatever
@@ -97,13 +98,15 @@ def restarts_share_the_agents_store():
 
 
 def end_with_the_launcher():
-    """Ends this process when the one that started it (torchrun) is gone.
+    """Ends this process, where torchrun started it, when torchrun is gone.
     torchrun starts its processes in sessions of their own, where a signal
     to torchrun's process group does not reach them, and stops them itself
     when it is stopped; killed outright (SIGKILL), it cannot, and they
     would train on, holding the checkpoint, with no one to stop them. A
     thread watches the parent process; when it changes, this process
     sends itself SIGTERM, what torchrun would have sent, then SIGKILL."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # not torchrun's: its parent may go
+        return
     launcher = os.getppid()
 
     def watch():
