@@ -17,7 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 SOURCES = ("build_ffi.py", "Makefile", "include", "src", "lltm_ffi")
 # What a build leaves in lltm_ffi/, and nothing of the checkout's own build.
-NOT_SOURCES = shutil.ignore_patterns("_lltm_ffi*", "__pycache__", "*.o", "*.so")
+NOT_SOURCES = shutil.ignore_patterns("_lltm_ffi*", "._lltm_ffi*", "__pycache__", "*.o", "*.so")
 
 
 def copy_sources(destination):
