@@ -83,7 +83,7 @@ demo: demo-deps all
 	$(PYTHON) -m examples.demo
 
 clean:
-	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so lltm_ffi/_lltm_ffi*.so.*
+	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so lltm_ffi/_lltm_ffi*.so.* lltm_ffi/._lltm_ffi*
 
 # The pip path, CPU-only (scripts/pip_check.py): `pip install .` into a fresh
 # venv, build/pip-venv, that sees this Python's torch, cffi and setuptools

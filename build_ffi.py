@@ -6,11 +6,16 @@ that finds nvcc and CUDA and holds the compilers' flags and architectures;
 `make` and pip both come here.
 
 - `make` runs `python build_ffi.py`, which compiles each source whose
-  object is missing or out of date (by the compiler's own list of what the
-  source includes), several at once, then relinks the module if anything
-  changed; one build at a time per tree, each file renamed into place whole;
+  object is missing, damaged or out of date (by the compiler's own list of
+  what the source includes), several at once, then relinks the module if
+  anything changed; one build at a time per tree, each file renamed into
+  place whole, what builds killed outright left swept first;
 - `pip install .` reaches `ffibuilder` through setuptools' cffi_modules
-  (setup.py), whose build step calls compile_objects() first.
+  (setup.py), whose build step calls compile_objects() first and seal()
+  after.
+
+Both seal the module: its SHA-256, appended, which the package checks
+before it loads the module (lltm_ffi/_module_file.py).
 
 Settings, from the environment (make passes its variables of the same
 meaning): NVCC (nvcc to use; else PATH, else $CUDA_HOME/bin), LLTM_CUDA=0 (a
@@ -26,6 +31,7 @@ import concurrent.futures
 import contextlib
 import fcntl
 import functools
+import glob
 import hashlib
 import importlib.util
 import json
@@ -187,23 +193,54 @@ def _digest(*parts):
     return digest.hexdigest()
 
 
+def _staging(destination):
+    """The temporary name of this process's own under which `destination` is
+    written before it is renamed into place: .NAME.PID beside it (the
+    compilers add .d to it for their list of headers). A build killed
+    outright leaves it; _remove_leftovers sweeps it once that process is gone."""
+    return destination.with_name(f".{destination.name}.{os.getpid()}")
+
+
 def _install(data, destination):
-    """Writes `data` to `destination` through a temporary name of this
-    process's own, then renames it into place: a concurrent build or import
-    never sees a partial file, and a process that has the old one loaded
-    keeps it."""
-    descriptor, staging = tempfile.mkstemp(dir=destination.parent, prefix=destination.name + ".")
+    """Writes `data` to `destination` through its staging name, then renames
+    it into place: a concurrent build or import never sees a partial file,
+    and a process that has the old one loaded keeps it."""
+    staging = _staging(destination)
     try:
-        with os.fdopen(descriptor, "wb") as file:
+        with open(staging, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
         os.chmod(staging, 0o755)
         os.replace(staging, destination)
     except BaseException:
-        if os.path.exists(staging):
-            os.unlink(staging)
+        staging.unlink(missing_ok=True)
         raise
+
+
+def _running(pid):
+    """Whether the process `pid` runs: it exists and is no zombie (a killed
+    build whose parent died too may stay one where nothing reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    try:  # Linux: the state follows the parenthesised command name
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _remove_leftovers(destination):
+    """Removes the staging files of `destination` (_staging's names, .d
+    files included) whose process is gone: what builds killed outright left."""
+    prefix = f".{destination.name}."
+    for path in destination.parent.glob(glob.escape(prefix) + "*"):
+        pid = path.name[len(prefix):].removesuffix(".d")
+        if pid.isdigit() and not _running(int(pid)):
+            path.unlink(missing_ok=True)
 
 
 def _dependencies(depfile):
@@ -236,9 +273,11 @@ _OUTPUT_LOCK = threading.Lock()
 
 class _Object:
     """One object file of the module under `build_dir` and its record:
-    the command that made it and the digest of every file it was made from
-    (the source and what the compiler said it includes). It is up to date
-    while the command and every one of those files are unchanged."""
+    the command that made it, the digest of every file it was made from
+    (the source and what the compiler said it includes) and its own. It is
+    up to date while the command and every one of those files are unchanged
+    and it is the file that command wrote: a damaged or foreign object is
+    compiled again."""
 
     def __init__(self, build_dir, source, command_for):
         relative = source.relative_to(ROOT).as_posix()
@@ -254,13 +293,15 @@ class _Object:
             record = json.loads(self.record.read_text())
         except (OSError, ValueError):
             return False
-        return (self.path.is_file() and record.get("command") == self.command
+        digest = _sha256(self.path)
+        return (isinstance(record, dict) and digest is not None and record.get("object") == digest
+                and record.get("command") == self.command
                 and _input_hashes(record.get("inputs", {})) == record.get("inputs"))
 
     def compile(self):
-        """Compiles into a scratch name, then renames the object and writes
+        """Compiles into its staging name, then renames the object and writes
         its record; raises SystemExit with the compiler's verdict on failure."""
-        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        staging = _staging(self.path)
         output = os.path.relpath(self.path, ROOT)
         command = [str(staging) if part == output else part for part in self.command]
         command = [str(staging) + ".d" if part == output + ".d" else part for part in command]
@@ -271,13 +312,13 @@ class _Object:
                 raise SystemExit(f"build_ffi.py: compiling {self.source} failed (the compiler's "
                                  "messages are above)")
             inputs = _input_hashes(_dependencies(str(staging) + ".d"))
+            digest = _sha256(staging)
             os.replace(staging, self.path)
         finally:
             for leftover in (staging, Path(str(staging) + ".d")):
-                if leftover.exists():
-                    leftover.unlink()
-        _install(json.dumps({"command": self.command, "inputs": inputs}, indent=1).encode(),
-                 self.record)
+                leftover.unlink(missing_ok=True)
+        _install(json.dumps({"command": self.command, "inputs": inputs, "object": digest},
+                            indent=1).encode(), self.record)
 
 
 def compile_objects(build_dir, cuda_only=False):
@@ -298,6 +339,9 @@ def compile_objects(build_dir, cuda_only=False):
         objects += [_Object(build_dir, source,
                             lambda source, output: kernel_command(nvcc, source, output))
                     for source in build_info.module_sources(ROOT, ".cu")]
+    for item in objects:
+        _remove_leftovers(item.path)
+        _remove_leftovers(item.record)
     stale = [item for item in objects if not item.up_to_date()]
     # The longest first, so that none is left to finish alone at the end: the
     # C sources, then the CUDA ones, each the biggest first. nvcc's time
@@ -366,6 +410,14 @@ def _sha256(path):
         return None
 
 
+def seal(path):
+    """Appends the seal (lltm_ffi/_module_file.py) to the module cffi linked
+    at `path`, renamed into place whole: pip's build (setup.py), whose
+    module setuptools links; build() seals its own before installing it."""
+    path = Path(path)
+    _install(module_file.sealed(path.read_bytes()), path)
+
+
 def _read_stamp(stamp):
     """What the last build recorded, or {} when nothing readable was."""
     try:
@@ -397,7 +449,7 @@ def _rebuild_reason(installed, recorded, recipe):
     name = installed.relative_to(ROOT)
     if not installed.is_file():
         return f"{name} is missing"
-    damage = module_file.elf_damage(installed)
+    damage = module_file.damage(installed)
     if damage:
         return f"{name} is damaged: {damage}"
     if {key: recorded.get(key) for key in recipe} != recipe:
@@ -407,16 +459,27 @@ def _rebuild_reason(installed, recorded, recipe):
     return None
 
 
+# The scratch folders of build()'s links (tempfile's names).
+_SCRATCH = re.compile(r"tmp[a-z0-9_]{8}")
+
+
 def build(verbose=False):
     """Builds the kernel objects and the module in place, unless the module
     there is the one the last build wrote from these sources and settings.
     One build at a time per tree (build/build.lock); each file is renamed
-    into place whole."""
+    into place whole, and what builds killed outright left is swept first."""
     BUILD.mkdir(exist_ok=True)
     with _build_lock():
-        objects = compile_objects(BUILD / "objects")
         installed = ROOT / "lltm_ffi" / module_file.installed_name()
         stamp = BUILD / f"module-{sys.implementation.cache_tag}.json"
+        # Only a build holds the lock while it links in a scratch folder:
+        # any there now is a killed build's.
+        for scratch in BUILD.iterdir():
+            if scratch.is_dir() and _SCRATCH.fullmatch(scratch.name):
+                shutil.rmtree(scratch, ignore_errors=True)
+        _remove_leftovers(installed)
+        _remove_leftovers(stamp)
+        objects = compile_objects(BUILD / "objects")
         recipe = {"sources": build_info.source_hash(ROOT),
                   "objects": {Path(path).name: _sha256(path) for path in objects}}
         recorded = _read_stamp(stamp)
@@ -428,7 +491,7 @@ def build(verbose=False):
             print(f"{reason}: rebuilding", flush=True)
         with tempfile.TemporaryDirectory(dir=BUILD) as scratch:
             built = make_ffibuilder(objects).compile(tmpdir=scratch, verbose=verbose)
-            data = Path(built).read_bytes()
+            data = module_file.sealed(Path(built).read_bytes())
         _install(data, installed)
         _install(json.dumps(dict(recipe, module_sha256=hashlib.sha256(data).hexdigest()),
                             indent=1).encode(), stamp)

@@ -21,13 +21,15 @@ float or bool. A default (`scale: float = 1.0`) makes an argument
 optional in every call, and every argument can be given by keyword.
 From the one function come:
 
-- the checks: a TypeError or ValueError naming the argument, before any
-  address reaches C: the annotations', then `check=` (shapes and scalars:
-  it also runs on the fake tensors of tracers), then `values=` (what only
-  the tensors' contents can say: indices in range), which runs on real
-  tensors only and which the framework skips where values cannot be read
-  (fake tensors, torch.compile and other tracers, torch.func transforms,
-  CUDA graph capture);
+- the checks: a TypeError or ValueError naming the argument and the
+  function the caller called (the operator, or the op's public function),
+  before any address reaches C: the annotations' (a scalar must be one C
+  can hold, an int64 or a double), then `check=` (shapes and scalars: it
+  also runs on the fake tensors of tracers), then `values=` (what only the
+  tensors' contents can say: indices in range), which runs on real tensors
+  only and which the framework skips where values cannot be read (fake
+  tensors, torch.compile and other tracers, torch.func transforms, CUDA
+  graph capture); both are called with that function's name first;
 - the torch.library operator lltm_ffi::<name>, with those checks, and its
   fake implementation: the same function run with a `c` that calls
   nothing, on fake tensors, so the outputs' shapes are written once;
@@ -51,6 +53,7 @@ and the device. docs/PORTING.md walks a whole op through this.
 """
 
 import inspect
+import numbers
 import typing
 import warnings
 
@@ -248,6 +251,47 @@ def check_shape(op, name, tensor, expected):
                          f"{tuple(expected)}")
 
 
+def check_sizes(function, **sizes):
+    """The sizes (a module's, say: input_features=4, state_size=8), each as
+    an int; TypeError naming the first that is no integer (a bool is none,
+    nor is a float of integral value), ValueError for one below 1."""
+    checked = []
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(f"{function}: {name} must be an int, got {type(size).__name__} "
+                            f"{_shown(size)}")
+        if size < 1:
+            raise ValueError(f"{function}: {name} must be at least 1, got {size}")
+        checked.append(int(size))
+    return checked
+
+
+def _shown(value):
+    """repr(value), shortened where it is long (an int of many digits)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
+
+
+_INT64 = (-2**63, 2**63 - 1)
+
+
+def _scalar_problem(kind, value):
+    """Why C cannot hold `value` (of a type the annotation `kind` accepts)
+    as an int64 (sizes=) or a double (scalars=), or None: an int of more
+    than 64 bits, or one beyond the largest finite double (NaN and the
+    infinities are doubles: which values make sense is the op's check's).
+    A tracer's symbolic value is checked where it becomes one."""
+    if kind is bool or isinstance(value, (torch.SymInt, torch.SymFloat)):
+        return None
+    if kind is int:
+        return None if _INT64[0] <= value <= _INT64[1] else "must fit an int64"
+    try:
+        float(value)
+    except OverflowError:
+        return "is beyond the range of a double"
+    return None
+
+
 class Pass:
     """A C pass, declared by the function that runs it (see the module's
     docstring; c_pass is the decorator). Calling it checks the arguments and
@@ -324,7 +368,8 @@ class Pass:
         """Raises TypeError or ValueError, naming the argument (and `op`,
         the function the caller called: the operator by default), for
         anything the pass cannot take: what the annotations ask, then the
-        pass's own check (the shapes' relations, say)."""
+        pass's own check (the shapes' relations, say), called with `op` and
+        the arguments."""
         op = op or self.label
         if len(args) != len(self.parameters):
             raise TypeError(f"{op} takes {len(self.parameters)} arguments "
@@ -356,6 +401,10 @@ class Pass:
                   or (kind is not bool and isinstance(value, bool))):
                 raise TypeError(f"{op}: {name} must be {kind.__name__}, got "
                                 f"{type(value).__name__}")
+            else:
+                problem = _scalar_problem(kind, value)
+                if problem:
+                    raise ValueError(f"{op}: {name} {problem}, got {_shown(value)}")
         if first is not None:
             self.check_device(op, *first)
             if first[1].device.type in self.nondeterministic:
@@ -363,7 +412,7 @@ class Pass:
         if floating is not None:
             check_dtype(op, *floating, self)
         if self.extra_check is not None:
-            self.extra_check(*args)
+            self.extra_check(op, *args)
 
     def bind(self, args, keywords, op=None):
         """The arguments of a call given by position and by keyword (the
@@ -392,7 +441,7 @@ class Pass:
                 raise TypeError(f"{op}: missing the argument {name} (it takes {takes})")
         return tuple(bound)
 
-    def check_values(self, args):
+    def check_values(self, args, op=None):
         """The pass's `values=` check, where the tensors' values can be read:
         real tensors, outside tracers, torch.func transforms and CUDA graph
         capture (reading a value there would need a synchronization that
@@ -404,7 +453,7 @@ class Pass:
                 or (any(tensor.is_cuda for tensor in tensors)
                     and torch.cuda.is_current_stream_capturing())):
             return
-        self.value_check(*args)
+        self.value_check(op or self.label, *args)
 
     def check_device(self, op, name, tensor):
         """check_device for the device of `tensor` (the argument `name`), and
@@ -412,7 +461,10 @@ class Pass:
         module."""
         device = tensor.device
         check_device(op, device, f"{name} is")
-        if device.type not in _extension.pass_devices(self.name):
+        # The declared devices first: a module built without CUDA registers
+        # no pass that has kernels only.
+        if device.type not in self.devices or device.type not in _extension.pass_devices(
+                self.name):
             raise ValueError(f"{op}: {name} is on {device}, but {self.label} has no "
                              f"{device.type} version (its op has no "
                              f"{'kernel' if device.type == 'cuda' else 'CPU pass'})")
@@ -483,16 +535,16 @@ PASSES = {}
 
 def c_pass(name, check=None, devices=("cpu", "cuda"), values=None, nondeterministic=()):
     """Declares the function below as the C pass `name` (a Pass). `check`,
-    where given, is called with the arguments after the checks the
-    annotations ask for, on real and fake tensors alike: it may read
-    shapes, dtypes and scalars, never a tensor's values. `values`, where
-    given, is called after it with the same arguments, on real tensors
-    only, where their values can be read (Pass.check_values): indices in
-    range, say. `devices`: the device types its C sources register it for
-    (("cuda",) for an op with a kernel and no CPU pass, say).
-    `nondeterministic`: the device types whose version gives results that
-    vary from run to run (a scatter by atomicAdd), refused under
-    torch.use_deterministic_algorithms(True)."""
+    where given, is called with the name of the function the caller called
+    (for its messages) and the arguments, after the checks the annotations
+    ask for, on real and fake tensors alike: it may read shapes, dtypes and
+    scalars, never a tensor's values. `values`, where given, is called after
+    it the same way, on real tensors only, where their values can be read
+    (Pass.check_values): indices in range, say. `devices`: the device types
+    its C sources register it for (("cuda",) for an op with a kernel and no
+    CPU pass, say). `nondeterministic`: the device types whose version gives
+    results that vary from run to run (a scatter by atomicAdd), refused
+    under torch.use_deterministic_algorithms(True)."""
     return lambda body: Pass(name, body, check, devices, values, nondeterministic)
 
 
@@ -532,7 +584,7 @@ class Op:
         if use_operator(*forward.tensors_of(args)):
             return self.result(forward.operator(*args))
         if forward.value_check is not None:
-            forward.check_values(args)
+            forward.check_values(args, self.name)
         if _untransformed():
             return self.result(self._apply(*args))
         return self.result(self.function.apply(*args))

@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 SOURCES = ("build_ffi.py", "Makefile", "include", "src", "lltm_ffi")
 # What a build leaves in lltm_ffi/, and nothing of the checkout's own build.
-NOT_SOURCES = shutil.ignore_patterns("_lltm_ffi*", "__pycache__", "*.o", "*.so")
+NOT_SOURCES = shutil.ignore_patterns("_lltm_ffi*", "._lltm_ffi*", "__pycache__", "*.o", "*.so")
 
 # The sources the build tests edit or damage, each named once: a test names
 # them through these, and existing() fails a test whose file has moved.

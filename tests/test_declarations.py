@@ -26,10 +26,10 @@ VALUE_CHECKS = {"gather": 0}
 INDICES = op.Tensor(dtype=(torch.int32, torch.int64), c_dtype=torch.int64)
 
 
-def _indices_in_range(indices, table, offset=0.0):
+def _indices_in_range(function, indices, table, offset=0.0):
     VALUE_CHECKS["gather"] += 1
     if bool(((indices < 0) | (indices >= table.shape[0])).any()):
-        raise ValueError(f"gather: an index is outside table's {table.shape[0]} rows")
+        raise ValueError(f"{function}: an index is outside table's {table.shape[0]} rows")
 
 
 def _gather(c, indices: INDICES, table: op.Tensor(dims=2), offset: float = 0.0) -> Tensor:

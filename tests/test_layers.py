@@ -427,12 +427,15 @@ def test_a_stacked_module_does_not_load_an_lltm_state_dict():
 # Refusals ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("keywords, exception, fragments", [
-    ({"num_layers": 0}, ValueError, ("num_layers must be an int of at least 1", "0")),
-    ({"num_layers": 1.5}, ValueError, ("num_layers",)),
-    ({"num_layers": True}, ValueError, ("num_layers",)),
+    ({"num_layers": 0}, ValueError, ("num_layers must be at least 1", "0")),
+    ({"num_layers": -3}, ValueError, ("num_layers must be at least 1", "-3")),
+    ({"num_layers": 1.5}, TypeError, ("num_layers must be an int", "float")),
+    ({"num_layers": True}, TypeError, ("num_layers must be an int", "bool")),
     ({"dropout": -0.1}, ValueError, ("dropout must be a number from 0 to 1",)),
     ({"dropout": 1.5}, ValueError, ("dropout", "1.5")),
-    ({"dropout": "half"}, ValueError, ("dropout",)),
+    ({"dropout": float("nan")}, ValueError, ("dropout", "nan")),
+    ({"dropout": "half"}, TypeError, ("dropout must be a number", "str")),
+    ({"dropout": True}, TypeError, ("dropout must be a number", "bool")),
 ])
 def test_construction_refuses_naming_the_argument(keywords, exception, fragments):
     with raises_with(exception, "LLTMSequence", *fragments):

@@ -25,16 +25,16 @@ from ... import op
 INDICES = op.Tensor(dtype=(torch.int32, torch.int64), c_dtype=torch.int64)
 
 
-def _check_bias(indices, weight, bias=None):
+def _check_bias(function, indices, weight, bias=None):
     if bias is not None:
-        op.check_shape("embed", "bias", bias, weight.shape[1:])
+        op.check_shape(function, "bias", bias, weight.shape[1:])
 
 
-def _check_indices(indices, weight, bias=None):
+def _check_indices(function, indices, weight, bias=None):
     outside = (indices < 0) | (indices >= weight.shape[0])
     if outside.any():
         first = tuple(outside.nonzero()[0].tolist())
-        raise ValueError(f"embed: indices at {first} is {indices[first].item()}; weight has "
+        raise ValueError(f"{function}: indices at {first} is {indices[first].item()}; weight has "
                          f"{weight.shape[0]} rows, so an index runs from 0 to "
                          f"{weight.shape[0] - 1}")
 
@@ -50,9 +50,9 @@ def embed_forward(c, indices: INDICES, weight: op.Tensor(dims=2),
     return output
 
 
-def _check_backward(grad_output, indices, rows):
+def _check_backward(function, grad_output, indices, rows):
     if grad_output.dim() != indices.dim() + 1 or grad_output.shape[:-1] != indices.shape:
-        raise ValueError(f"lltm_ffi::embed_backward: grad_output has shape "
+        raise ValueError(f"{function}: grad_output has shape "
                          f"{tuple(grad_output.shape)}; it must be indices' shape "
                          f"{tuple(indices.shape)} and one more dimension")
 

@@ -24,10 +24,37 @@ def _side_stream(device):
 
 
 def check_dropout(function, dropout):
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not (
-            0 <= dropout <= 1):
+    """TypeError unless dropout is a number (a bool is none), ValueError
+    unless it is from 0 to 1."""
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+        raise TypeError(f"{function}: dropout must be a number, the probability of zeroing an "
+                        f"element, got {type(dropout).__name__} {dropout!r}")
+    if not 0 <= dropout <= 1:
         raise ValueError(f"{function}: dropout must be a number from 0 to 1, the probability of "
                          f"zeroing an element, got {dropout!r}")
+
+
+def check_parameters(function, weights, biases, input_features, directions):
+    """TypeError or ValueError naming the list element (weights[k],
+    biases[k]) unless every layer's weights are (3 * state_size, state_size
+    + features), features input_features for the first layer and
+    directions * state_size above, and every bias (3 * state_size,) or
+    (1, 3 * state_size) or None; state_size is weights[0]'s. Returns
+    state_size."""
+    op.check_tensor(function, "weights[0]", weights[0])
+    state_size = weights[0].shape[0] // 3 if weights[0].dim() else 0
+    for index, (weight, bias) in enumerate(zip(weights, biases)):
+        features = input_features if index < directions else directions * state_size
+        op.check_tensor(function, f"weights[{index}]", weight)
+        op.check_shape(function, f"weights[{index}]", weight,
+                       (3 * state_size, state_size + features))
+        if bias is not None:
+            op.check_tensor(function, f"biases[{index}]", bias)
+            if tuple(bias.shape) not in ((3 * state_size,), (1, 3 * state_size)):
+                raise ValueError(f"{function}: biases[{index}] has shape {tuple(bias.shape)}, "
+                                 f"expected ({3 * state_size},) or (1, {3 * state_size}) for "
+                                 f"weights[{index}] of shape {tuple(weight.shape)}")
+    return state_size
 
 
 def check_state(function, name, tensor, layers, batch, state_size):
@@ -140,8 +167,11 @@ def lltm_layers(inputs, weights, biases, h0, c0, *, bidirectional=False, dropout
             return lltm_layers(inputs, parameters[:len(weights)], parameters[len(weights):], h0,
                                c0, bidirectional=bidirectional, dropout=dropout,
                                training=training, batch_sizes=batch_sizes)
-    op.check_tensor("lltm_layers", "weights[0]", weights[0])
-    state_size = weights[0].shape[0] // 3
+    if isinstance(inputs, torch.Tensor) and inputs.dim():
+        state_size = check_parameters("lltm_layers", weights, biases, inputs.shape[-1],
+                                      directions)
+    else:  # lltm_sequence refuses it, naming it
+        state_size = weights[0].shape[0] // 3
     batch = (inputs.shape[1] if batch_sizes is None and isinstance(inputs, torch.Tensor)
              and inputs.dim() == 3 else None)
     for name, state in (("h0", h0), ("c0", c0)):

@@ -30,6 +30,8 @@ class LLTM(torch.nn.Module):
 
     def __init__(self, input_features, state_size, device=None, dtype=None):
         super().__init__()
+        input_features, state_size = op.check_sizes("LLTM", input_features=input_features,
+                                                    state_size=state_size)
         self.input_features = input_features
         self.state_size = state_size
         # Rows: input gate, output gate, candidate cell. Columns: [old_h, input].
@@ -125,9 +127,9 @@ class LLTMSequence(torch.nn.Module):
         if proj_size != 0:
             raise ValueError(f"LLTMSequence: proj_size must be 0, got {proj_size!r}: the LLTM has "
                              "no projection of its hidden state")
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"LLTMSequence: num_layers must be an int of at least 1, got "
-                             f"{num_layers!r}")
+        input_features, state_size, num_layers = op.check_sizes(
+            "LLTMSequence", input_features=input_features, state_size=state_size,
+            num_layers=num_layers)
         check_dropout("LLTMSequence", dropout)
         if dropout > 0 and num_layers == 1:
             warnings.warn("LLTMSequence: dropout applies to the outputs of every layer but the "

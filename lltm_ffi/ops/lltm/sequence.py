@@ -115,8 +115,8 @@ def check_packed(function, inputs, weights, bias, h0, c0, batch_sizes):
                          f"the {batch_size} sequences of h0")
 
 
-def _check_packed_forward(inputs, weights, bias, h0, c0, batch_sizes, reverse):
-    check_packed("lltm_sequence", inputs, weights, bias, h0, c0, batch_sizes)
+def _check_packed_forward(function, inputs, weights, bias, h0, c0, batch_sizes, reverse):
+    check_packed(function, inputs, weights, bias, h0, c0, batch_sizes)
 
 
 @op.c_pass("packed_forward", check=_check_packed_forward)
@@ -146,10 +146,9 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     return outputs, cells, gates, h_n, c_n
 
 
-def _check_packed_backward(inputs, weights, bias, h0, batch_sizes, reverse, outputs, cells,
-                           gates, grad_outputs, grad_cells, grad_h_n, grad_c_n):
-    function = "lltm_ffi::packed_backward"
-    check_packed("lltm_sequence", inputs, weights, bias, h0, h0, batch_sizes)
+def _check_packed_backward(function, inputs, weights, bias, h0, batch_sizes, reverse, outputs,
+                           cells, gates, grad_outputs, grad_cells, grad_h_n, grad_c_n):
+    check_packed(function, inputs, weights, bias, h0, h0, batch_sizes)
     rows, state_size = inputs.shape[0], h0.shape[1]
     for name, tensor, shape in (("outputs", outputs, (rows, state_size)),
                                 ("cells", cells, (rows, state_size)),
