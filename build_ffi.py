@@ -61,10 +61,12 @@ ALL_ARCHS = ("-gencode arch=compute_75,code=sm_75 "
 # Where no GPU is found: PTX alone for the same three virtual architectures.
 # Every kernel is compiled, every GPU generation is served (the driver
 # compiles the PTX for the GPU at the module's first load), and no machine
-# code is generated: ptxas for seven GPUs is most of ALL_ARCHS' time.
+# code is generated: ptxas for seven GPUs is most of ALL_ARCHS' time. Each
+# source gets those of them its code tells apart (ptx_archs_of).
 PTX_ARCHS = ("-gencode arch=compute_75,code=compute_75 "
              "-gencode arch=compute_80,code=compute_80 "
              "-gencode arch=compute_90,code=compute_90")
+_VIRTUAL = (75, 80, 90)
 # ptxas advises against bulk copies multicast to a cluster (the persistent
 # kernels' staging) in code for sm_90 that later GPUs may run: the kernels
 # take them on compute capability 9.x alone
@@ -168,10 +170,41 @@ def cuda_home_of(nvcc):
     return str(Path(nvcc).resolve().parent.parent)
 
 
+def _included(source, seen):
+    """`source` and every file it includes by quotes (found beside it or in
+    include/), each once."""
+    if source in seen or not source.is_file():
+        return seen
+    seen.add(source)
+    for name in re.findall(r'^\s*#\s*include\s*"([^"]+)"', source.read_text(), re.M):
+        for folder in (source.parent, ROOT / "include"):
+            _included(folder / name, seen)
+    return seen
+
+
+def ptx_archs_of(source):
+    """PTX_ARCHS less the virtual architectures whose code for `source` is
+    that of the one below them: compute_75 always; compute_80 and compute_90
+    where a `__CUDA_ARCH__ >= N` in the source or the headers it includes
+    tells them apart from the last one kept. nvcc's front end runs once an
+    architecture, and the driver compiles compute_75's PTX for any later GPU
+    as well as their own."""
+    thresholds = [int(found) for path in _included(ROOT / source, set())
+                  for found in re.findall(r"__CUDA_ARCH__\s*>=\s*(\d+)", path.read_text())]
+    kept = [_VIRTUAL[0]]
+    for arch in _VIRTUAL[1:]:
+        if any(kept[-1] * 10 < threshold <= arch * 10 for threshold in thresholds):
+            kept.append(arch)
+    return " ".join(f"-gencode arch=compute_{arch},code=compute_{arch}" for arch in kept)
+
+
 def kernel_command(nvcc, source, output):
     """The nvcc command line for one .cu file (run in ROOT); it also writes
     the headers the file includes to output.d."""
-    return [nvcc, *NVCC_FLAGS, *shlex.split(cuda_arch(nvcc)), "-Iinclude", "-MMD", "-MF",
+    archs = cuda_arch(nvcc)
+    if archs == PTX_ARCHS:
+        archs = ptx_archs_of(source)
+    return [nvcc, *NVCC_FLAGS, *shlex.split(archs), "-Iinclude", "-MMD", "-MF",
             output + ".d", "-c", source, "-o", output]
 
 

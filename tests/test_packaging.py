@@ -59,6 +59,37 @@ def test_kernel_command_takes_the_flags_and_the_chosen_architectures(monkeypatch
     assert "arch=compute_90,code=sm_90" in command and "arch=compute_75,code=sm_75" not in command
 
 
+@pytest.mark.parametrize("code, archs", [
+    ("", (75,)),
+    ('#include "a.h"\n', (75, 80)),                       # a.h: __CUDA_ARCH__ >= 800
+    ("#if __CUDA_ARCH__ >= 900\n#endif\n", (75, 90)),
+    ('#include "a.h"\n#if __CUDA_ARCH__ >= 900\n#endif\n', (75, 80, 90)),
+], ids=["plain", "tensor-cores-in-a-header", "clusters", "both"])
+def test_a_ptx_build_compiles_a_source_for_the_architectures_its_code_tells_apart(
+        code, archs, tmp_path, monkeypatch):
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "a.h").write_text("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800\n"
+                                              "#endif\n")
+    (tmp_path / "k.cu").write_text(code)
+    monkeypatch.setattr(build_ffi, "ROOT", tmp_path)
+    monkeypatch.setenv("LLTM_CUDA_ARCH", "")
+    monkeypatch.setattr(build_ffi, "gpu_capabilities", lambda: [])
+    command = shlex.join(build_ffi.kernel_command("nvcc", "k.cu", "k.o"))
+    assert re.findall(r"arch=compute_(\d+),code=compute_\d+", command) == [str(a) for a in archs]
+
+
+def test_the_ptx_build_of_the_sources_covers_every_virtual_architecture():
+    """The kernels with tensor-core and cluster code get the architectures
+    that hold it; together the sources cover PTX_ARCHS, which the module
+    reports."""
+    sources = [path.relative_to(REPO_ROOT).as_posix() for path in (REPO_ROOT / "src").rglob("*.cu")]
+    archs = {source: build_ffi.ptx_archs_of(source) for source in sources}
+    assert "compute_80" in archs["src/cuda/recurrence/persistent_kernel.cu"]
+    assert "compute_90" in archs["src/cuda/recurrence/cluster_kernel.cu"]
+    covered = {arch for flags in archs.values() for arch in shlex.split(flags)}
+    assert covered == set(shlex.split(build_ffi.PTX_ARCHS))
+
+
 NVCC_13_MACHINE_CODE = {"sm_75", "sm_80", "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100",
                         "sm_103", "sm_110", "sm_120", "sm_121"}
 
