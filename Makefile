@@ -14,6 +14,7 @@ JOBS ?= $(shell getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 #   make NVCC=/path/to/nvcc      this nvcc instead of the one on PATH
 #   make CUDA_ARCH=all           machine code for every GPU generation (default:
 #                                for the GPUs here, PTX alone where there is none)
+#   make CUDA_ARCH=ptx           PTX alone, as where there is no GPU
 #   make CUDA_ARCH="-gencode arch=compute_90,code=sm_90"
 export LLTM_CUDA := $(CUDA)
 export LLTM_CUDA_ARCH := $(CUDA_ARCH)

@@ -114,13 +114,15 @@ def _machine_code_nvcc_builds(nvcc):
 
 
 def cuda_arch(nvcc="nvcc"):
-    """The nvcc -gencode flags. $LLTM_CUDA_ARCH: `all` (ALL_ARCHS), or the
-    flags themselves; unset or empty: machine code for each GPU of this
+    """The nvcc -gencode flags. $LLTM_CUDA_ARCH: `all` (ALL_ARCHS), `ptx`
+    (PTX_ARCHS, what a machine without a GPU builds), or the flags themselves; unset or empty: machine code for each GPU of this
     machine, as torch.utils.cpp_extension builds for the GPUs it sees, or
     PTX_ARCHS where there is none or nvcc cannot build for one of them."""
     chosen = os.environ.get("LLTM_CUDA_ARCH", "").strip()
     if chosen == "all":
         return ALL_ARCHS
+    if chosen == "ptx":
+        return PTX_ARCHS
     if chosen:
         return chosen
     capabilities = gpu_capabilities()
