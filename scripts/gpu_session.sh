@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: build, test, benchmark.
 #
-#   scripts/gpu_session.sh [STEP...]   steps: build diag test pytest bench kernels overhead sequence sweep
+#   scripts/gpu_session.sh [STEP...]   steps: build ptx diag test pytest gpu-tests bench kernels overhead sequence sweep
 #                                      half accuracy wordlm demo sanitizers, and the distributed ones:
 #                                      dist-pytest dist-demo dist-multinode dist-bench (default:
 #                                      all but sanitizers and dist-*)
@@ -39,6 +39,8 @@ torchrun="python3 -m torch.distributed.run --standalone --nproc-per-node $(pytho
 command_for() {
   case "$1" in
     build)   echo "make clean && make" ;;
+    ptx)     echo "make clean && make CUDA_ARCH=ptx && python3 -m lltm_ffi && python3 test.py && python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sequence.py tests/test_packed.py -x" ;;
+    gpu-tests) echo "python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m 'gpu and not slow'" ;;
     diag)    echo "python3 -m lltm_ffi" ;;
     test)    echo "python3 test.py" ;;
     pytest)  echo "OUT=$OUT scripts/gpu_tests.sh" ;;
