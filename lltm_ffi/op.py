@@ -592,7 +592,7 @@ class Op:
     def __init__(self, forward, backward, setup_context=None, result=None, name=None):
         self.forward = forward
         self.name = name or forward.label
-        self.__doc__ = sys.modules[forward.body.__module__].__doc__
+        self.__doc__ = getattr(sys.modules.get(forward.body.__module__), "__doc__", None)
         self.result = result or (lambda output: output)
         setup_context = setup_context or (lambda ctx, inputs, output: None)
         run = forward.run
