@@ -26,7 +26,18 @@
  * family grows function_float16 and function_bfloat16, whose tensors hold
  * the 16-bit patterns (lltm_float16, lltm_bfloat16; include/lltm_half.h
  * converts them); in CUDA C++ the template is also called for __half and
- * __nv_bfloat16. The others' passes refuse those dtypes (lltm_pass_dtypes). */
+ * __nv_bfloat16. The others' passes refuse those dtypes (lltm_pass_dtypes).
+ *
+ * Where a function takes the arrays' elements in their order, sizes, then
+ * scalars, then tensors (then the stream), as a Caffe launcher does,
+ * LLTM_SIZES(n), LLTM_SCALARS(n) and LLTM_TENSORS(n) write the first n of
+ * each:
+ *
+ *   LLTM_CUDA_PASS(round_forward, round_forward, LLTM_SIZES(1), LLTM_TENSORS(2), stream)
+ *
+ * Under nvcc this header also brings what every kernel file uses:
+ * Caffe's launch macros (caffe_cuda_macro.h) and the element types' math
+ * types and conversions (lltm_math.cuh). */
 #ifndef LLTM_OP_H
 #define LLTM_OP_H
 
@@ -39,6 +50,9 @@
 #include <cuda_fp16.h>
 
 #include <type_traits>
+
+#include "caffe_cuda_macro.h"
+#include "lltm_math.cuh"
 #endif
 
 #ifdef __cplusplus
@@ -121,6 +135,28 @@ constexpr int lltm_dtype_of() {
 #define LLTM_CONCAT_(a, b) a##b
 #define LLTM_CONCAT(a, b) LLTM_CONCAT_(a, b)
 #define LLTM_NAME(name) LLTM_CONCAT(name, SUFFIX)
+
+/* The first n elements of the call's sizes, scalars or tensors, in order,
+ * as a pass line's arguments (n from 1 to 16). */
+#define LLTM_SIZES(n) LLTM_CONCAT(LLTM_ARGS_, n)(sizes)
+#define LLTM_SCALARS(n) LLTM_CONCAT(LLTM_ARGS_, n)(scalars)
+#define LLTM_TENSORS(n) LLTM_CONCAT(LLTM_ARGS_, n)(tensors)
+#define LLTM_ARGS_1(array) args->array[0]
+#define LLTM_ARGS_2(array) LLTM_ARGS_1(array), args->array[1]
+#define LLTM_ARGS_3(array) LLTM_ARGS_2(array), args->array[2]
+#define LLTM_ARGS_4(array) LLTM_ARGS_3(array), args->array[3]
+#define LLTM_ARGS_5(array) LLTM_ARGS_4(array), args->array[4]
+#define LLTM_ARGS_6(array) LLTM_ARGS_5(array), args->array[5]
+#define LLTM_ARGS_7(array) LLTM_ARGS_6(array), args->array[6]
+#define LLTM_ARGS_8(array) LLTM_ARGS_7(array), args->array[7]
+#define LLTM_ARGS_9(array) LLTM_ARGS_8(array), args->array[8]
+#define LLTM_ARGS_10(array) LLTM_ARGS_9(array), args->array[9]
+#define LLTM_ARGS_11(array) LLTM_ARGS_10(array), args->array[10]
+#define LLTM_ARGS_12(array) LLTM_ARGS_11(array), args->array[11]
+#define LLTM_ARGS_13(array) LLTM_ARGS_12(array), args->array[12]
+#define LLTM_ARGS_14(array) LLTM_ARGS_13(array), args->array[13]
+#define LLTM_ARGS_15(array) LLTM_ARGS_14(array), args->array[14]
+#define LLTM_ARGS_16(array) LLTM_ARGS_15(array), args->array[15]
 
 #define LLTM_CPU_PASS_OF(name, dtypes, call, function, ...)                             \
   static int lltm_cpu_##name(int dtype, const lltm_args* args, void* stream) {          \

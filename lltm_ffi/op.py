@@ -54,6 +54,7 @@ and the device. docs/PORTING.md walks a whole op through this.
 
 import inspect
 import numbers
+import sys
 import typing
 import warnings
 
@@ -245,10 +246,38 @@ def check_device(op, device, subject="the arguments are"):
 
 
 def check_shape(op, name, tensor, expected):
-    """ValueError naming `name` unless `tensor` has the shape `expected`."""
-    if tuple(tensor.shape) != tuple(expected):
-        raise ValueError(f"{op}: {name} has shape {tuple(tensor.shape)}, expected "
-                         f"{tuple(expected)}")
+    """ValueError naming `name` unless `tensor` has the shape `expected`, in
+    which None is any size ((*indices.shape, None): indices' shape and one
+    more dimension). An optional tensor left out (None) has none to check."""
+    if tensor is None:
+        return
+    shape = tuple(tensor.shape)
+    if len(shape) != len(expected) or any(
+            size != wanted for size, wanted in zip(shape, expected) if wanted is not None):
+        shown = ", ".join("any" if size is None else str(size) for size in expected)
+        raise ValueError(f"{op}: {name} has shape {shape}, expected "
+                         f"({shown}{',' if len(expected) == 1 else ''})")
+
+
+def check_indices(op, name, indices, count, of):
+    """ValueError naming `name` and the first of its elements outside 0 to
+    count - 1, where `of` says what they index ("weight's 5 rows"). It
+    reads the values: a `values=` check (c_pass), which the framework runs
+    where they can be read."""
+    outside = (indices < 0) | (indices >= count)
+    if outside.any():
+        first = tuple(outside.nonzero()[0].tolist())
+        allowed = f"from 0 to {count - 1}" if count else "none"
+        raise ValueError(f"{op}: {name} at {first} is {indices[first].item()}; it indexes "
+                         f"{of}, so it must be {allowed}")
+
+
+def math_zeros(like, *shape):
+    """Zeros of `shape` on the device of `like`, in the type C's sums of
+    `like`'s dtype run in (math_t: float32 for float16 and bfloat16): where
+    a backward pass adds into its output (a scatter), the declaration
+    allocates it so, and rounds it once to `like`'s dtype after C."""
+    return like.new_zeros(shape, dtype=torch.promote_types(like.dtype, torch.float32))
 
 
 def check_sizes(function, **sizes):
@@ -556,11 +585,14 @@ class Op:
     torch.library.register_autograd; result(output) -> what the caller gets
     (the forward's output as it is by default: a pass may return tensors its
     backward needs and the caller does not); name: the public function's
-    name, which its refusals give (the operator's by default)."""
+    name, which its refusals give (the operator's by default). Its
+    docstring is that of the forward pass's module (the op's file), which
+    says how to call it."""
 
     def __init__(self, forward, backward, setup_context=None, result=None, name=None):
         self.forward = forward
         self.name = name or forward.label
+        self.__doc__ = getattr(sys.modules.get(forward.body.__module__), "__doc__", None)
         self.result = result or (lambda output: output)
         setup_context = setup_context or (lambda ctx, inputs, output: None)
         run = forward.run

@@ -6,7 +6,8 @@ tensor (dtype=(...), c_dtype=) and the conversion C sees; defaults and
 keywords in the public call, the operator's schema and its autograd (which
 the dispatcher calls without the trailing defaults); nondeterministic=
 under torch.use_deterministic_algorithms; and the package's exports,
-gathered from each op folder's __all__."""
+gathered from each op folder's __all__; the checks every op shares
+(check_shape, check_indices), math_zeros, and an op's docstring."""
 
 import inspect
 import re
@@ -28,8 +29,7 @@ INDICES = op.Tensor(dtype=(torch.int32, torch.int64), c_dtype=torch.int64)
 
 def _indices_in_range(function, indices, table, offset=0.0):
     VALUE_CHECKS["gather"] += 1
-    if bool(((indices < 0) | (indices >= table.shape[0])).any()):
-        raise ValueError(f"{function}: an index is outside table's {table.shape[0]} rows")
+    op.check_indices(function, "indices", indices, table.shape[0], "table's rows")
 
 
 def _gather(c, indices: INDICES, table: op.Tensor(dims=2), offset: float = 0.0) -> Tensor:
@@ -77,7 +77,8 @@ def test_an_eager_value_outside_is_refused(declared):
     gather, _, differentiable = declared
     table = torch.randn(3, 2)
     for call in (gather, differentiable, gather.operator):
-        with pytest.raises(ValueError, match="gather: an index is outside table's 3 rows"):
+        with pytest.raises(ValueError, match=re.escape("gather: indices at (1,) is 3; it indexes "
+                                                       "table's rows")):
             call(torch.tensor([0, 3]), table)
 
 
@@ -108,7 +109,7 @@ def test_torch_compile_traces_without_values_and_checks_them_when_it_runs(declar
     torch.testing.assert_close(output, (table[[2, 2, 0]] + 1) * 2)
     output.sum().backward()
     assert torch.equal(table.grad, torch.tensor([[2.0, 2.0], [0.0, 0.0], [4.0, 4.0]]))
-    with pytest.raises(ValueError, match="an index is outside"):
+    with pytest.raises(ValueError, match="it indexes table.s rows"):
         compiled(torch.tensor([3]), table)
 
 
@@ -244,3 +245,53 @@ def test_a_name_exported_twice_is_refused_at_import(tmp_path, exported, words):
     (folder / "__init__.py").write_text(f"{exported} = None\n__all__ = [{exported!r}]\n")
     result = run_python(copy, "import lltm_ffi")
     assert result.returncode != 0 and words in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("shape, expected, words", [
+    ((3, 4), (3, None), None),
+    ((3, 4), (3, 4), None),
+    ((4, 2), (3, None), "f: x has shape (4, 2), expected (3, any)"),
+    ((3,), (3, None), "f: x has shape (3,), expected (3, any)"),
+    ((), (None,), "f: x has shape (), expected (any,)"),
+    ((2,), (3,), "f: x has shape (2,), expected (3,)"),
+])
+def test_check_shape_takes_any_size_where_none(shape, expected, words):
+    if words is None:
+        op.check_shape("f", "x", torch.zeros(shape), expected)
+    else:
+        with pytest.raises(ValueError, match="^" + re.escape(words) + "$"):
+            op.check_shape("f", "x", torch.zeros(shape), expected)
+
+
+def test_check_shape_passes_an_optional_tensor_left_out():
+    op.check_shape("f", "bias", None, (3,))
+
+
+@pytest.mark.parametrize("values, count, words", [
+    ([[0, 2], [1, 2]], 3, None),
+    ([[0, 2], [3, 1]], 3, "f: indices at (1, 0) is 3; it indexes table's 3 rows, so it must be "
+                          "from 0 to 2"),
+    ([0, -1], 3, "f: indices at (1,) is -1; it indexes table's 3 rows"),
+    ([0], 0, "f: indices at (0,) is 0; it indexes table's 0 rows, so it must be none"),
+    ([], 0, None),
+])
+def test_check_indices_names_the_first_outside(values, count, words):
+    indices = torch.tensor(values, dtype=torch.int64)
+    if words is None:
+        op.check_indices("f", "indices", indices, count, f"table's {count} rows")
+    else:
+        with pytest.raises(ValueError, match="^" + re.escape(words)):
+            op.check_indices("f", "indices", indices, count, f"table's {count} rows")
+
+
+@pytest.mark.parametrize("dtype, sums_in", [
+    (torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+    (torch.float32, torch.float32), (torch.float64, torch.float64)])
+def test_math_zeros_are_in_the_type_c_sums_in(dtype, sums_in):
+    zeros = op.math_zeros(torch.ones(2, dtype=dtype), 4, 3)
+    assert zeros.dtype == sums_in and zeros.shape == (4, 3) and not zeros.any()
+
+
+def test_an_op_is_documented_by_its_file(declared):
+    assert declared[2].__doc__ == __doc__
+    assert "lltm_ffi.embed(indices, weight, bias=None)" in lltm_ffi.embed.__doc__

@@ -17,6 +17,8 @@ must name something that exists, unless .gitignore says it is a build output.
 
 import fnmatch
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -305,3 +307,16 @@ def test_the_readme_names_every_registered_op():
     ops = readme.split("### Ops")[1].split("\n## ")[0]
     missing = [name for name in lltm_ffi.op.SELF_CHECKS if f"`lltm_ffi.{name}(" not in ops]
     assert not missing, f"README.md's Ops list does not name {missing}"
+
+
+def test_the_guides_glue_count_is_the_scripts():
+    """docs/PORTING.md ("The count") shows scripts/count_glue.py's output for
+    embed as it is, and embed's port stays within 60 lines of glue."""
+    command = "python3 scripts/count_glue.py embed"
+    guide = (ROOT / "docs" / "PORTING.md").read_text()
+    shown = guide.split(f"$ {command}\n")[1].split("```")[0]
+    result = subprocess.run([sys.executable, "scripts/count_glue.py", "embed"], cwd=ROOT,
+                            capture_output=True, text=True, check=True)
+    assert result.stdout == shown
+    glue = int(re.search(r"^glue +(\d+)$", result.stdout, re.MULTILINE).group(1))
+    assert glue <= 60, result.stdout

@@ -164,7 +164,7 @@ def test_the_op_written_builds_and_passes_unedited(tmp_path):
     steps = [
         [python, "-m", "lltm_ffi", "new-op", NAME],
         ["make", "CUDA=0", f"PYTHON={python}"],
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"lltm_ffi/ops/{NAME}",
+        [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"lltm_ffi/ops/{NAME}",
          "tests/test_docs.py", "tests/test_declarations.py::test_the_package_exports_each_op_"
          "folders_all", "tests/test_half.py::test_the_lltm_passes_take_both_halves_on_every_"
          "device_they_run_on"],
@@ -178,6 +178,10 @@ def test_the_op_written_builds_and_passes_unedited(tmp_path):
         assert status == 0, f"{' '.join(command)} failed:\n{output}"
     tests, diagnostics, asan = outputs[2], outputs[3], outputs[4]
     assert " passed" in tests and "failed" not in tests
+    # opcheck and torch.compile ran, on the CPU at least, and passed.
+    for test in ("test_opcheck", "test_torch_compile_fullgraph", "test_gradcheck_and_gradgradcheck",
+                 "test_self_check", "test_the_readme_names_every_registered_op"):
+        assert re.search(rf"::{test}(\[[^\]]*\])? PASSED", tests), test
     assert f"{NAME}_forward (cpu: float32+float64)" in diagnostics
     assert "result: ok" in diagnostics
     assert re.search(rf"^{NAME}_cpu_passes +ok$", asan, re.MULTILINE), asan

@@ -18,7 +18,6 @@ round once.
 """
 
 import torch
-from torch import Tensor
 
 from ... import op
 
@@ -26,22 +25,16 @@ INDICES = op.Tensor(dtype=(torch.int32, torch.int64), c_dtype=torch.int64)
 
 
 def _check_bias(function, indices, weight, bias=None):
-    if bias is not None:
-        op.check_shape(function, "bias", bias, weight.shape[1:])
+    op.check_shape(function, "bias", bias, weight.shape[1:])
 
 
 def _check_indices(function, indices, weight, bias=None):
-    outside = (indices < 0) | (indices >= weight.shape[0])
-    if outside.any():
-        first = tuple(outside.nonzero()[0].tolist())
-        raise ValueError(f"{function}: indices at {first} is {indices[first].item()}; weight has "
-                         f"{weight.shape[0]} rows, so an index runs from 0 to "
-                         f"{weight.shape[0] - 1}")
+    op.check_indices(function, "indices", indices, weight.shape[0], f"weight's {len(weight)} rows")
 
 
 @op.c_pass("embed_forward", check=_check_bias, values=_check_indices)
 def embed_forward(c, indices: INDICES, weight: op.Tensor(dims=2),
-                  bias: op.Tensor(dims=1, optional=True) = None) -> Tensor:
+                  bias: op.Tensor(dims=1, optional=True) = None) -> torch.Tensor:
     """weight's row of each index, plus bias: indices.shape + (columns,)."""
     rows, columns = weight.shape
     output = weight.new_empty(*indices.shape, columns)
@@ -51,20 +44,15 @@ def embed_forward(c, indices: INDICES, weight: op.Tensor(dims=2),
 
 
 def _check_backward(function, grad_output, indices, rows):
-    if grad_output.dim() != indices.dim() + 1 or grad_output.shape[:-1] != indices.shape:
-        raise ValueError(f"{function}: grad_output has shape "
-                         f"{tuple(grad_output.shape)}; it must be indices' shape "
-                         f"{tuple(indices.shape)} and one more dimension")
+    op.check_shape(function, "grad_output", grad_output, (*indices.shape, None))
 
 
 @op.c_pass("embed_backward", check=_check_backward, nondeterministic=("cuda",))
-def embed_backward(c, grad_output: op.Tensor(), indices: INDICES, rows: int) -> Tensor:
+def embed_backward(c, grad_output: op.Tensor(), indices: INDICES, rows: int) -> torch.Tensor:
     """The gradient of weight (rows, columns): each row of grad_output added
     to the row its index names; an index outside the rows adds nothing."""
     columns = grad_output.shape[-1]
-    # Sums of a 16-bit dtype run in float32, rounded once at the end.
-    grad_weight = grad_output.new_zeros(
-        rows, columns, dtype=torch.promote_types(grad_output.dtype, torch.float32))
+    grad_weight = op.math_zeros(grad_output, rows, columns)  # float32 for the 16-bit dtypes
     if grad_output.numel():
         c(sizes=(indices.numel(), columns, rows), tensors=(grad_output, indices, grad_weight))
     return grad_weight.to(grad_output.dtype)
@@ -93,7 +81,6 @@ def _gather_rows(ctx, grad_grad_weight):
 weight_gradient = op.Op(embed_backward, _gather_rows,
                         lambda ctx, inputs, output: ctx.save_for_backward(inputs[1]))
 embed = op.Op(embed_forward, _embed_backward, _save_indices, name="embed")
-embed.__doc__ = "embed(indices, weight, bias=None): weight's rows (+ bias); see embed.py."
 
 
 class Embed(torch.nn.Module):

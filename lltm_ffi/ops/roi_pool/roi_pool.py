@@ -102,8 +102,6 @@ input_gradient = op.Op(roi_pool_backward, _gather_at_argmax,
                        lambda ctx, inputs, output: ctx.save_for_backward(inputs[2]))
 roi_pool = op.Op(roi_pool_forward, _roi_pool_backward, _save_rois_and_argmax,
                  result=lambda output: output[0], name="roi_pool")
-roi_pool.__doc__ = ("roi_pool(input, rois, pooled_height, pooled_width, spatial_scale): each "
-                    "ROI's bins' maxima, (R, C, pooled_height, pooled_width); see roi_pool.py.")
 
 
 class RoIPool(torch.nn.Module):

@@ -28,7 +28,6 @@ def round_forward(c, input: op.Tensor()) -> Tensor:
 # the backward is itself differentiable.
 round_ste = op.Op(round_forward, backward=lambda ctx, grad_output: grad_output,
                   name="round_ste")
-round_ste.__doc__ = "1 where input >= 0.5, else 0, with the gradient passed straight through."
 
 
 @op.self_check("round_ste")

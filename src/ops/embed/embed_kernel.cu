@@ -11,8 +11,6 @@
 // cannot (during CUDA graph capture), the kernels skip it: its output row
 // is the bias (or 0) and its gradient goes nowhere.
 
-#include "caffe_cuda_macro.h"
-#include "lltm_math.cuh"
 #include "lltm_op.h"
 
 // output[n, d] = weight[indices[n], d] (+ bias[d]), one output element a thread.
@@ -82,9 +80,5 @@ static cudaError_t embed_backward(int64_t index_count, int64_t columns, int64_t 
 
 // The passes, in the argument order of their declarations in embed.py:
 // sizes (index_count, columns, rows), then the tensors.
-LLTM_CUDA_PASS_WITH_HALF(embed_forward, embed_forward, args->sizes[0], args->sizes[1],
-                         args->sizes[2], args->tensors[0], args->tensors[1], args->tensors[2],
-                         args->tensors[3], stream)
-LLTM_CUDA_PASS_WITH_HALF(embed_backward, embed_backward, args->sizes[0], args->sizes[1],
-                         args->sizes[2], args->tensors[0], args->tensors[1], args->tensors[2],
-                         stream)
+LLTM_CUDA_PASS_WITH_HALF(embed_forward, embed_forward, LLTM_SIZES(3), LLTM_TENSORS(4), stream)
+LLTM_CUDA_PASS_WITH_HALF(embed_backward, embed_backward, LLTM_SIZES(3), LLTM_TENSORS(3), stream)

@@ -17,11 +17,6 @@
 /* The passes, in the argument order of their declarations in roi_pool.py:
  * sizes (batch_size, channels, height, width, roi_count, pooled_height,
  * pooled_width), scalars (spatial_scale), then the tensors. */
-LLTM_CPU_PASS(roi_pool_forward, roi_pool_forward, args->sizes[0], args->sizes[1],
-              args->sizes[2], args->sizes[3], args->sizes[4], args->sizes[5], args->sizes[6],
-              args->scalars[0], args->tensors[0], args->tensors[1], args->tensors[2],
-              args->tensors[3])
-LLTM_CPU_PASS(roi_pool_backward, roi_pool_backward, args->sizes[0], args->sizes[1],
-              args->sizes[2], args->sizes[3], args->sizes[4], args->sizes[5], args->sizes[6],
-              args->scalars[0], args->tensors[0], args->tensors[1], args->tensors[2],
-              args->tensors[3])
+LLTM_CPU_PASS(roi_pool_forward, roi_pool_forward, LLTM_SIZES(7), LLTM_SCALARS(1), LLTM_TENSORS(4))
+LLTM_CPU_PASS(roi_pool_backward, roi_pool_backward, LLTM_SIZES(7), LLTM_SCALARS(1),
+              LLTM_TENSORS(4))

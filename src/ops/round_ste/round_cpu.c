@@ -33,5 +33,4 @@ static int round_forward_bfloat16(int64_t count, const lltm_bfloat16* input,
   return LLTM_SUCCESS;
 }
 
-LLTM_CPU_PASS_WITH_HALF(round_forward, round_forward, args->sizes[0], args->tensors[0],
-                        args->tensors[1])
+LLTM_CPU_PASS_WITH_HALF(round_forward, round_forward, LLTM_SIZES(1), LLTM_TENSORS(2))

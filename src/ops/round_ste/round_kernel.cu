@@ -27,5 +27,4 @@ static cudaError_t round_forward(int64_t count, const void* input, void* output,
   return cudaSuccess;
 }
 
-LLTM_CUDA_PASS_WITH_HALF(round_forward, round_forward, args->sizes[0], args->tensors[0],
-                         args->tensors[1], stream)
+LLTM_CUDA_PASS_WITH_HALF(round_forward, round_forward, LLTM_SIZES(1), LLTM_TENSORS(2), stream)
