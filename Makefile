@@ -72,7 +72,7 @@ pip-check:
 # torch's or cuBLAS's, and counts memory errors, not CUDA API errors; PyTorch's
 # caching allocator is off so that an access past a tensor is past its
 # allocation.
-SANITIZER_CFLAGS ?= -O3 -g -fno-omit-frame-pointer -Wall -Wextra -fopenmp
+SANITIZER_CFLAGS ?= -O3 -g -fno-omit-frame-pointer -Wall -Wextra -fopenmp -fno-trapping-math
 ASAN_FLAGS ?= -fsanitize=address,undefined -fno-sanitize-recover=all
 # The shim, every op's C sources (its CPU passes and its test_*.c checks),
 # and the driver: no CUDA.

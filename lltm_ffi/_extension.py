@@ -1,7 +1,7 @@
 """The binding to the compiled cffi module: loading it (and refusing a stale
 or damaged build), the one call into C (lltm_run) for every pass of every
-op, the helper that puts a tensor in the form C reads, and torch's thread
-count in a forked child. The ops' declarations (lltm_ffi/op.py) check their
+op, the helper that puts a tensor in the form C reads, torch's thread
+count in a forked child, and where the CPU passes' BLAS is. The ops' declarations (lltm_ffi/op.py) check their
 arguments before anything here sees them.
 
 A missing, unloadable or stale module is detected when the package is
@@ -10,6 +10,7 @@ is raised by the first call that needs the module, so that the reference
 cell, the diagnostics and everything else that does not need it still work.
 """
 
+import importlib.util
 import os
 import warnings
 from pathlib import Path
@@ -93,6 +94,36 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_one_thread_after_fork)
 
 
+# The wheel whose OpenBLAS the CPU passes load for their matrix products
+# (include/lltm_blas.h), where it is installed.
+BLAS_PACKAGE = "scipy_openblas32"
+
+
+def blas_library_path():
+    """The path of the OpenBLAS of the scipy-openblas32 wheel, found without
+    importing the package (which would load the library into the process's
+    global namespace); None where the wheel is not installed. C loads it on
+    the first product that asks for it."""
+    spec = importlib.util.find_spec(BLAS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    found = sorted(folder.glob("libscipy_openblas*.so")) if folder.is_dir() else []
+    return str(found[0]) if found else None
+
+
+if lib is not None:
+    _BLAS_PATH = blas_library_path()
+    if _BLAS_PATH is not None:
+        lib.lltm_blas_library(os.fsencode(_BLAS_PATH))
+
+
+def blas_config():
+    """The CPU passes' BLAS as it describes itself ("OpenBLAS 0.3.34 ...
+    Haswell ..."), loading it; "" where none is installed or loadable."""
+    return ffi.string(require().lltm_blas_config()).decode()
+
+
 def require():
     """The compiled module's lib, or LLTMBuildError saying what to do."""
     if lib is None:
@@ -143,6 +174,7 @@ _DTYPE_CODES = ({torch.float32: lib.LLTM_FLOAT32, torch.float64: lib.LLTM_FLOAT6
                  torch.float16: lib.LLTM_FLOAT16, torch.bfloat16: lib.LLTM_BFLOAT16}
                 if lib is not None else {})
 _current_raw_stream = _torch_internals.current_raw_stream
+_get_num_threads = torch.get_num_threads
 
 # The types whose instances are plain tensors with storage of their own
 # (nn.Parameter is plain to everything but nn.Module).
@@ -204,7 +236,8 @@ class CPass:
     def __call__(self, sizes, tensors, scalars=()):
         """Runs the pass with `sizes` (ints), `scalars` (floats) and the
         addresses of `tensors`, for the dtype and device of the first of
-        them, on that device's current CUDA stream; raises LLTMError with
+        them, on that device's current CUDA stream (on the CPU, on as many
+        threads as torch.get_num_threads() says); raises LLTMError with
         the shim's message for a non-zero code. A tensor given as None (left
         out) or with no elements is passed as NULL. The tensors stay
         referenced until the call returns, so their addresses stay valid."""
@@ -217,7 +250,7 @@ class CPass:
             index = reference.get_device()
             stream = _current_raw_stream(index)
         else:
-            index, stream = lib.LLTM_CPU, 0
+            index, stream = lib.LLTM_CPU, _get_num_threads()
         addresses = []
         for tensor in tensors:
             if tensor is None:

@@ -60,12 +60,16 @@ def _options():
     own kernels for every product), bit 1 LLTM_CLUSTER=0 (no thread-block
     clusters for the recurrence), bit 2 LLTM_AMX=0 (the CPU's portable
     products for float16 and bfloat16, never AMX), bit 3 LLTM_AMX=1 (AMX
-    for every such product it can take, float16's of every size too)."""
-    own_kernels = os.environ.get("LLTM_CUBLAS") == "0"
-    no_cluster = os.environ.get("LLTM_CLUSTER") == "0"
-    amx = os.environ.get("LLTM_AMX")
+    for every such product it can take, float16's of every size too), bit 4
+    LLTM_BLAS=0 (the CPU passes' own products, never the BLAS), bit 5
+    LLTM_BLAS=1 (the BLAS for the CPU's recurrent products at every size)."""
+    environ = os.environ
+    own_kernels = environ.get("LLTM_CUBLAS") == "0"
+    no_cluster = environ.get("LLTM_CLUSTER") == "0"
+    amx, blas = environ.get("LLTM_AMX"), environ.get("LLTM_BLAS")
     return (int(torch.backends.cuda.matmul.allow_tf32),
-            int(own_kernels) | int(no_cluster) << 1 | int(amx == "0") << 2 | int(amx == "1") << 3)
+            int(own_kernels) | int(no_cluster) << 1 | int(amx == "0") << 2 | int(amx == "1") << 3
+            | int(blas == "0") << 4 | int(blas == "1") << 5)
 
 
 @op.c_pass("sequence_forward", check=check_arguments)
@@ -226,26 +230,31 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
                    bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
                    c0: op.Tensor(dims=2),
                    batch_sizes: op.Tensor(dims=1, dtype=torch.int64, optional=True, host=True),
-                   reverse: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   reverse: bool, *, saved=True) -> tuple[Tensor, Tensor, Tensor, Tensor,
+                                                          Tensor]:
     """(outputs, cells, gates, h_n, c_n) of one direction over packed steps:
     every step's new_h and new_cell (rows, state) and pre-activation gates
     (rows, 3 * state), and each sequence's final state (batch, state), after
     its own last element (reverse: its first). inputs (rows, features) holds
     the steps' rows as batch_sizes lays them out, or without batch_sizes
     dense steps of the whole batch; h0 and c0 (batch, state), in the packed
-    order; bias None: none."""
+    order; bias None: none. saved=False, for a forward no backward follows:
+    cells and gates are None, the CPU pass keeping neither (a CUDA pass
+    writes them all the same, into memory dropped after the call)."""
     rows, input_features = inputs.shape
     batch_size, state_size = h0.shape
     outputs = h0.new_empty(rows, state_size)
-    cells = torch.empty_like(outputs)
-    gates = h0.new_empty(rows, 3 * state_size)
-    if not outputs.numel():
-        return outputs, cells, gates, h0.clone(), c0.clone()
-    h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
-    c(sizes=(rows, steps_of(rows, batch_size, batch_sizes), batch_size, input_features,
-             state_size, int(reverse), *_options()),
-      tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n))
-    return outputs, cells, gates, h_n, c_n
+    kept = saved or not inputs.is_cpu
+    cells = torch.empty_like(outputs) if kept else None
+    gates = h0.new_empty(rows, 3 * state_size) if kept else None
+    if outputs.numel():
+        h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
+        c(sizes=(rows, steps_of(rows, batch_size, batch_sizes), batch_size, input_features,
+                 state_size, int(reverse), *_options()),
+          tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n))
+    else:
+        h_n, c_n = h0.clone(), c0.clone()
+    return (outputs, cells, gates, h_n, c_n) if saved else (outputs, None, None, h_n, c_n)
 
 
 def _check_packed_backward(inputs, weights, bias, h0, batch_sizes, reverse, outputs, cells,
@@ -370,6 +379,27 @@ def _dual(*tensors):
         forward_ad.unpack_dual(tensor).tangent is not None for tensor in tensors)
 
 
+def _records_backward(*tensors):
+    """Whether autograd records a backward of a call on `tensors` (None
+    among them left out): grad mode on (no torch.no_grad, no
+    torch.inference_mode) and one of them requiring its gradient."""
+    return torch.is_grad_enabled() and any(
+        tensor is not None and tensor.requires_grad for tensor in tensors)
+
+
+def _forward_alone(inputs, weights, bias, h0, c0, batch_sizes, reverse):
+    """(outputs, (h_n, c_n)) of checked plain arguments whose backward will
+    not run: the packed forward pass, which takes dense steps too, called
+    directly, with no autograd.Function and nothing kept for a backward
+    (packed_forward's saved=False). inputs (steps, batch, features), or the
+    packed rows with their batch_sizes."""
+    dense = batch_sizes is None
+    rows = inputs.reshape(-1, inputs.shape[-1]) if dense else inputs
+    outputs, _, _, h_n, c_n = packed_forward.run(rows, weights, bias, h0, c0, batch_sizes,
+                                                 bool(reverse), saved=False)
+    return (outputs.view(*inputs.shape[:2], h0.shape[1]) if dense else outputs), (h_n, c_n)
+
+
 def _forward(differentiable, arguments, plain):
     """The forward pass of `differentiable` (sequence or packed) on checked
     arguments, by the path the call takes: straight into C for plain eager
@@ -426,6 +456,8 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         packed_forward.check(arguments, "lltm_sequence")
         if inputs.shape[0] == 0:
             return inputs.new_empty(0, h0.shape[1]), (h0, c0)
+        if plain and not _records_backward(*tensors):
+            return _forward_alone(*arguments)
         outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
         return outputs, (h_n, c_n)
     loop = packed_forward if reverse or bias is None else sequence_forward
@@ -433,16 +465,18 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
     steps, batch_size, input_features = inputs.shape
     if steps == 0:
         return inputs.new_empty(0, *h0.shape), (h0, c0)
+    if plain and steps == 1 and inputs.is_cuda and loop is sequence_forward and (
+            cell.uses_step_kernels(batch_size, input_features, h0.shape[1], inputs.dtype)):
+        # One step is a call of the cell, in its step kernels.
+        new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
+        return new_h.unsqueeze(0), (new_h, new_cell)
+    if plain and not _records_backward(*tensors):
+        return _forward_alone(inputs, weights, bias, h0, c0, None, reverse)
     if loop is packed_forward:
         outputs, _, _, h_n, c_n = _forward(
             packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0,
                      None, bool(reverse)), plain)
         return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
-    if plain and steps == 1 and inputs.is_cuda and cell.uses_step_kernels(
-            batch_size, input_features, h0.shape[1], inputs.dtype):
-        # One step is a call of the cell, in its step kernels.
-        new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
-        return new_h.unsqueeze(0), (new_h, new_cell)
     outputs, cells = _forward(sequence, (inputs, weights, bias, h0, c0), plain)[:2]
     return outputs, (outputs[-1], cells[-1])
 
