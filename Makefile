@@ -63,9 +63,11 @@ pip-check:
 #                   driven by the C checks of the op folders (test_*.c), which
 #                   tests/c/run_checks.c runs, failing for any registered CPU
 #                   pass that no check calls; odd sizes and layouts against
-#                   double-precision references, every buffer of exact size
-#                   (seconds)
-#   make valgrind   the same driver, unsanitised, under valgrind (about 20 s)
+#                   double-precision references, every buffer of exact size,
+#                   with the BLAS's products too where lltm_ffi/_blas.py finds
+#                   one (seconds)
+#   make valgrind   the same driver, unsanitised, under valgrind, on the own
+#                   products alone (about 20 s)
 #   make memcheck   the CUDA tests under compute-sanitizer (needs a GPU); also
 #   make racecheck, make synccheck and make initcheck
 # compute-sanitizer instruments the lltm kernels only (SANITIZER_KERNELS), not
@@ -109,7 +111,8 @@ $(BUILD)/run_checks: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
 	$(CC) $(SANITIZER_CFLAGS) -Iinclude -Itests/c $(CPU_CHECK_SOURCES) -lm -o $@
 
 asan: $(BUILD)/run_checks_asan
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $<
+	LLTM_BLAS_LIBRARY="$$($(PYTHON) lltm_ffi/_blas.py)" ASAN_OPTIONS=detect_leaks=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1 $<
 
 valgrind: $(BUILD)/run_checks
 	valgrind -q --error-exitcode=1 $<

@@ -1,8 +1,9 @@
 """The binding to the compiled cffi module: loading it (and refusing a stale
 or damaged build), the one call into C (lltm_run) for every pass of every
 op, the helper that puts a tensor in the form C reads, torch's thread
-count in a forked child, and where the CPU passes' BLAS is. The ops' declarations (lltm_ffi/op.py) check their
-arguments before anything here sees them.
+count in a forked child, and handing C the path of the CPU passes' BLAS
+(lltm_ffi/_blas.py finds it). The ops' declarations (lltm_ffi/op.py) check
+their arguments before anything here sees them.
 
 A missing, unloadable or stale module is detected when the package is
 imported, which warns (LLTMBuildWarning); the error itself (LLTMBuildError)
@@ -10,14 +11,13 @@ is raised by the first call that needs the module, so that the reference
 cell, the diagnostics and everything else that does not need it still work.
 """
 
-import importlib.util
 import os
 import warnings
 from pathlib import Path
 
 import torch
 
-from . import _build_info, _module_file, _torch_internals
+from . import _blas, _build_info, _module_file, _torch_internals
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,26 +94,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_one_thread_after_fork)
 
 
-# The wheel whose OpenBLAS the CPU passes load for their matrix products
-# (include/lltm_blas.h), where it is installed.
-BLAS_PACKAGE = "scipy_openblas32"
-
-
-def blas_library_path():
-    """The path of the OpenBLAS of the scipy-openblas32 wheel, found without
-    importing the package (which would load the library into the process's
-    global namespace); None where the wheel is not installed. C loads it on
-    the first product that asks for it."""
-    spec = importlib.util.find_spec(BLAS_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
-    found = sorted(folder.glob("libscipy_openblas*.so")) if folder.is_dir() else []
-    return str(found[0]) if found else None
-
-
 if lib is not None:
-    _BLAS_PATH = blas_library_path()
+    _BLAS_PATH = _blas.library_path()
     if _BLAS_PATH is not None:
         lib.lltm_blas_library(os.fsencode(_BLAS_PATH))
 
