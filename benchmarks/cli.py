@@ -9,8 +9,8 @@ import torch
 
 import lltm_ffi
 
-from . import (accuracy, compare, distributed, harness, kernels, overhead, precision, sequence,
-               tutorial)
+from . import (accuracy, compare, cpu_sweep, distributed, harness, kernels, overhead, precision,
+               sequence, tutorial)
 
 # needs_cuda: why the mode refuses to run without -c (None: it runs on the CPU too).
 Mode = namedtuple("Mode", "help run needs_cuda")
@@ -31,7 +31,17 @@ MODES = {
                      "outputs and gradients under --half or --autocast", accuracy.run, None),
     "distributed": Mode("training steps/s with DDP on 1 and more GPUs (-c), or a gloo smoke run "
                         "on 2 CPU processes", distributed.run, None),
+    "cpu-sweep": Mode("lltm_sequence, nn.LSTM and nn.GRU on the CPU over states 128 to 1024 and "
+                      "batches 1, 16, 64, float32 and bfloat16, training and inference, on 1, 2 "
+                      "and all threads (minutes)", cpu_sweep.run, None),
 }
+# The modes that time the CPU alone, whatever -c says.
+CPU_ONLY = {"cpu-sweep": "--cpu-sweep times the CPU passes: run it without -c/--cuda"}
+
+
+def chosen(args, name):
+    """Whether the mode `name` (its flag without the dashes) was asked for."""
+    return getattr(args, name.replace("-", "_"))
 
 
 def positive_int(text):
@@ -67,7 +77,9 @@ def build_parser():
                              f"{compare.default_runs_text('cuda')} on CUDA, by size; --kernels: "
                              f"{kernels.KERNEL_REPEATS}; --distributed: steps a round, "
                              f"{distributed.DEFAULT_RUNS['cuda']} on CUDA, "
-                             f"{distributed.DEFAULT_RUNS['cpu']} on CPU)")
+                             f"{distributed.DEFAULT_RUNS['cpu']} on CPU; --cpu-sweep: "
+                             f"{cpu_sweep.RUNS}, at least {cpu_sweep.MIN_RUNS} where a size "
+                             "takes long)")
     reduced = parser.add_mutually_exclusive_group()
     for flag, what in (("half", "the modules and the data in DTYPE"),
                        ("autocast", "float32 modules and data, each forward under "
@@ -79,10 +91,10 @@ def build_parser():
                         help="--sequence: allow TF32 in cuBLAS and cuDNN alike (default strict "
                              "float32)")
     parser.add_argument("-o", "--output", type=Path,
-                        help="--compare's and --sequence's markdown file, a PNG chart beside it "
-                             "(default bench_out/compare_{cpu,cuda}.md, "
+                        help="--compare's, --sequence's and --cpu-sweep's markdown file, a PNG "
+                             "chart beside it (default bench_out/compare_{cpu,cuda}.md, "
                              "bench_out/sequence_{cpu,cuda,cuda_tf32}.md, with _half_DTYPE or "
-                             "_autocast_DTYPE before .md)")
+                             "_autocast_DTYPE before .md, bench_out/cpu_sweep.md)")
     return parser
 
 
@@ -92,8 +104,8 @@ def check_arguments(parser, args):
                                                                         args.state)):
         parser.error("-b/-f/-s set the size for one implementation; "
                      "--compare and --kernels use their own sizes")
-    if args.output is not None and not (args.compare or args.sequence):
-        parser.error("-o/--output is for --compare and --sequence only")
+    if args.output is not None and not (args.compare or args.sequence or args.cpu_sweep):
+        parser.error("-o/--output is for --compare, --sequence and --cpu-sweep only")
     if args.tf32 and not (args.sequence and args.cuda):
         parser.error("--tf32 is for --sequence -c only (TF32 is a CUDA setting)")
     reduced = "--half" if args.half else "--autocast" if args.autocast else None
@@ -105,8 +117,10 @@ def check_arguments(parser, args):
     if reduced and (args.double or args.tf32):
         parser.error(f"{reduced} sets the precision: -d/--double and --tf32 go without it")
     for name, mode in MODES.items():
-        if getattr(args, name) and mode.needs_cuda and not args.cuda:
+        if chosen(args, name) and mode.needs_cuda and not args.cuda:
             parser.error(mode.needs_cuda)
+        if chosen(args, name) and name in CPU_ONLY and args.cuda:
+            parser.error(CPU_ONLY[name])
     if args.cuda and not torch.cuda.is_available():
         why = ("is built without CUDA" if torch.version.cuda is None
                else "finds no usable CUDA GPU (torch.cuda.is_available() is False)")
@@ -123,6 +137,6 @@ def main(argv=None):
     check_arguments(parser, args)
     device = torch.device("cuda" if args.cuda else "cpu")
     dtype = torch.float64 if args.double else torch.float32
-    run = next((mode.run for name, mode in MODES.items() if getattr(args, name)), tutorial.run)
+    run = next((mode.run for name, mode in MODES.items() if chosen(args, name)), tutorial.run)
     run(args, device, dtype)
     return 0

@@ -750,8 +750,10 @@ static const STORAGE* LLTM_NAME(old_h_rows_)(struct LLTM_NAME(old_state_) old, i
 }
 
 /* What a forward pass's products read: the tensors (on AMX), or their
- * SCALAR factors, the weights transposed where the own tiles take the
- * recurrence (`transposed`, columns x 3 * state), as they are otherwise. */
+ * SCALAR factors: the weights as they are (weight_factors), or where the
+ * own tiles take the recurrence transposed (`transposed`, columns x 3 *
+ * state; its hidden rows alone where the weights as they are serve the
+ * input part of the gates). */
 struct LLTM_NAME(forward_factors_) {
   struct lltm_products products;
   int64_t input_features, state_size;
@@ -771,7 +773,7 @@ static int LLTM_NAME(input_gates_)(const struct LLTM_NAME(forward_factors_) * f,
                                    into, gates_size);
   }
   const SCALAR* input_factors = f->input_factors + first * features;
-  if (f->transposed) {
+  if (!f->weight_factors) {
     return LLTM_NAME(product_)(f->products.blas, count, gates_size, features, input_factors,
                                features, 1, f->transposed + state_size * gates_size, gates_size,
                                1, f->bias, 0, into, gates_size);
@@ -904,7 +906,13 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
     } else {
       const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
       needs_last_columns = full_states < state_size;
-      transposed = LLTM_NAME(transposed_)(gates_size, columns, weights, columns);
+      /* Where the BLAS takes the input part of the gates from the weights
+       * as they are, the tiles need only the hidden columns transposed (a
+       * narrow STORAGE's input ones are converted on the way all the same). */
+      const int hidden_only = products.blas && !LLTM_NARROW_STORAGE;
+      factors.weight_factors = hidden_only ? LLTM_AS_SCALAR(weights) : NULL;
+      transposed = LLTM_NAME(transposed_)(gates_size, hidden_only ? state_size : columns, weights,
+                                          columns);
       last_columns = transposed && needs_last_columns
                          ? LLTM_NAME(padded_columns_)(3, state_size, state_size, transposed,
                                                       gates_size, full_states,
@@ -1406,10 +1414,12 @@ static int LLTM_NAME(uses_amx_)(int64_t kernels, int64_t batch_size, int64_t sta
  * 16-bit type's all go on AMX where uses_amx_ says so. Else, where the
  * BLAS is loaded (lltm_blas.h) and its ints hold the sizes, every product
  * but the recurrence's goes through it, and the recurrence's too but for
- * batches below LLTM_OWN_TILES_BATCH of states up to LLTM_OWN_TILES_STATE,
- * where the own tiles were the faster on the 2-core AMD EPYC (a step's
- * product there is a few microseconds: the BLAS's calls, and for more than
- * LLTM_BLAS_GEMV_ROWS rows its packing, cost more than the products).
+ * batches of 2 to LLTM_OWN_TILES_BATCH - 1 rows of states up to
+ * LLTM_OWN_TILES_STATE, where the own tiles were the faster on the 2-core
+ * AMD EPYC over 64 steps (a step's product there is a few microseconds:
+ * the BLAS's calls and its packing of the weights cost more than the
+ * products; one row takes the BLAS's gemv, which reads the weights as
+ * they lie, where the tiles read them transposed, a copy made each pass).
  * LLTM_NO_BLAS (LLTM_BLAS=0) keeps the own tiles for every product,
  * LLTM_ALL_BLAS (LLTM_BLAS=1) takes the BLAS for the recurrence at every
  * size. */
@@ -1430,10 +1440,9 @@ static struct lltm_products LLTM_NAME(products_plan_)(int64_t kernels, int64_t r
     return products;
   }
   products.blas = 1;
-  if ((kernels & LLTM_ALL_BLAS) || batch_size >= LLTM_OWN_TILES_BATCH ||
-      state_size > LLTM_OWN_TILES_STATE) {
-    products.recurrence = LLTM_ON_BLAS;
-  }
+  const int own_tiles_pay = batch_size > 1 && batch_size < LLTM_OWN_TILES_BATCH &&
+                            state_size <= LLTM_OWN_TILES_STATE;
+  if ((kernels & LLTM_ALL_BLAS) || !own_tiles_pay) products.recurrence = LLTM_ON_BLAS;
   return products;
 }
 
