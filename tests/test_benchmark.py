@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import benchmark
-from benchmarks import compare, distributed, harness, kernels, overhead, sequence
+from benchmarks import compare, cpu_sweep, distributed, harness, kernels, overhead, sequence
 from conftest import skip_without_gpu
 
 TUTORIAL_LINE = re.compile(r"Forward: \d+\.\d{3}/\d+\.\d{3} us \| Backward \d+\.\d{3}/\d+\.\d{3} us")
@@ -108,7 +108,7 @@ def test_compare_marks_a_failed_torch_compile_and_times_the_rest(small_compare, 
     (["ffi", "-r", "0"], "argument -r/--runs: must be positive, got 0"),
     (["ffi", "-b", "x"], "argument -b/--batch-size: 'x' is not an integer"),
     (["--compare", "-b", "4"], "-b/-f/-s set the size for one implementation"),
-    (["ffi", "-o", "out.md"], "-o/--output is for --compare and --sequence only"),
+    (["ffi", "-o", "out.md"], "-o/--output is for --compare, --sequence and --cpu-sweep only"),
     (["--kernels"], "--kernels times the CUDA passes alone: it needs -c/--cuda"),
     (["--sequence", "--tf32"], "--tf32 is for --sequence -c only"),
     (["--compare", "--tf32"], "--tf32 is for --sequence -c only"),
@@ -125,6 +125,46 @@ def test_bad_arguments_exit_2_saying_why(arguments, message, capsys):
         benchmark.main(arguments)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cpu_sweep_times_every_model_at_every_size_dtype_mode_and_thread_count(
+        monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cpu_sweep, "STATES", (8, 20))
+    monkeypatch.setattr(cpu_sweep, "BATCHES", (1, 3))
+    monkeypatch.setattr(cpu_sweep, "STEPS", 2)
+    report = tmp_path / "sweep.md"
+    assert benchmark.main(["--cpu-sweep", "-r", "2", "-o", str(report)]) == 0
+    output = capsys.readouterr().out
+    assert report.read_text() == output
+    assert report.with_suffix(".png").exists() == ("](sweep.png)" in output)
+    rows = re.findall(r"^\| (float32|bfloat16) \| (training|inference) \| (\d+) \| (\d+) \| (\d+) "
+                      r"\| (\d+) \|((?: [0-9.]+ \|){3}) (\*\*)?([0-9.]+)(\*\*)? \|$", output,
+                      flags=re.MULTILINE)
+    threads = cpu_sweep.thread_counts(torch.get_num_threads())
+    assert len(rows) == 2 * 2 * len(threads) * 2 * 2
+    assert {(row[0], row[1], int(row[2]), int(row[3]), int(row[4])) for row in rows} == {
+        (dtype, mode, count, state, batch) for dtype in ("float32", "bfloat16")
+        for mode in ("training", "inference") for count in threads for state in (8, 20)
+        for batch in (1, 3)}
+    for row in rows:
+        gru, lstm, lltm = (float(cell) for cell in row[6].split("|")[:3])
+        assert min(gru, lstm, lltm) > 0 and row[5] == "2"
+        assert row[8] == f"{lltm / lstm:.2f}" and bool(row[7]) == (lltm > lstm)
+    assert "lltm_sequence is " in output and "- lltm_sequence's products: " in output
+
+
+def test_cpu_sweep_counts_one_two_and_all_threads_once_each():
+    assert cpu_sweep.thread_counts(1) == [1]
+    assert cpu_sweep.thread_counts(2) == [1, 2]
+    assert cpu_sweep.thread_counts(16) == [1, 2, 16]
+
+
+def test_cpu_sweep_refuses_a_gpu(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--cpu-sweep", "-c"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cpu-sweep times the CPU passes" in err or "-c/--cuda: this torch" in err
 
 
 def test_cuda_flag_without_a_gpu_says_so(capsys):
