@@ -138,11 +138,8 @@ def summary(results):
 def write_chart(path, results, threads):
     """Time per step against the state, one panel per dtype and mode, a line
     per model and batch, at `threads` threads; False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as pyplot
-    except ImportError:
+    pyplot = harness.pyplot_or_none()
+    if pyplot is None:
         return False
     figure, axes = pyplot.subplots(len(DTYPES), len(MODES), figsize=(12, 9), squeeze=False)
     colours = dict(zip(MODELS, ("tab:red", "tab:blue", "tab:green")))

@@ -341,11 +341,10 @@ def assert_paths_agree(paths, dtype):
     assert not failures, f"{first} against {second}: {'; '.join(failures)}"
 
 
-@needs_amx
-@pytest.mark.parametrize("dtype", HALVES)
-@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-@pytest.mark.parametrize("shape", CPU_PATH_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
-def test_the_cpu_product_paths_agree(shape, reverse, dtype, monkeypatch, generator):
+def assert_sequence_paths_agree(shape, reverse, dtype, generator, monkeypatch, *setting):
+    """lltm_sequence at `shape` on both CPU paths (on_both_cpu_paths with
+    `setting`): each as accurate as torch in the dtype, and the two within
+    PATHS_APART units of roundoff of each other."""
     steps, batch, features, state = shape
     arguments = [torch.randn(steps, batch, features, generator=generator, dtype=torch.float64),
                  *selfcheck.random_inputs(batch, features, state, torch.float64, "cpu",
@@ -353,12 +352,21 @@ def test_the_cpu_product_paths_agree(shape, reverse, dtype, monkeypatch, generat
     grads = random_grads([(steps, batch, state), (batch, state), (batch, state)], generator)
     halves, doubles = rounded(arguments, dtype, "cpu")
     paths = on_both_cpu_paths(
-        lambda: with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES), monkeypatch)
+        lambda: with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES), monkeypatch,
+        *setting)
     in_torch = with_gradients(torch_sequence(reverse), halves, grads, SEQUENCE_NAMES)
     exact = with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES)
     for got in paths.values():
         assert_as_accurate_as_torch(got, in_torch, exact, dtype, steps)
     assert_paths_agree(paths, dtype)
+
+
+@needs_amx
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape", CPU_PATH_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+def test_the_cpu_product_paths_agree(shape, reverse, dtype, monkeypatch, generator):
+    assert_sequence_paths_agree(shape, reverse, dtype, generator, monkeypatch)
 
 
 @needs_amx
@@ -385,22 +393,9 @@ def test_the_cpu_product_paths_agree_on_packed_layers(dtype, monkeypatch, genera
 @pytest.mark.parametrize("shape", CPU_PATH_SHAPES + [(4, 2, 6, 300), (3, 9, 5, 40)],
                          ids=lambda shape: "x".join(map(str, shape)))
 def test_the_blas_and_the_own_products_agree(shape, reverse, dtype, monkeypatch):
-    generator = torch.Generator().manual_seed(20240531)
     monkeypatch.setenv("LLTM_AMX", "0")
-    steps, batch, features, state = shape
-    arguments = [torch.randn(steps, batch, features, generator=generator, dtype=torch.float64),
-                 *selfcheck.random_inputs(batch, features, state, torch.float64, "cpu",
-                                          generator)[1:]]
-    grads = random_grads([(steps, batch, state), (batch, state), (batch, state)], generator)
-    halves, doubles = rounded(arguments, dtype, "cpu")
-    paths = on_both_cpu_paths(
-        lambda: with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES), monkeypatch,
-        "LLTM_BLAS", ("BLAS", "own tiles"))
-    in_torch = with_gradients(torch_sequence(reverse), halves, grads, SEQUENCE_NAMES)
-    exact = with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES)
-    for got in paths.values():
-        assert_as_accurate_as_torch(got, in_torch, exact, dtype, steps)
-    assert_paths_agree(paths, dtype)
+    assert_sequence_paths_agree(shape, reverse, dtype, torch.Generator().manual_seed(20240531),
+                                monkeypatch, "LLTM_BLAS", ("BLAS", "own tiles"))
 
 
 @needs_amx

@@ -352,6 +352,19 @@ static inline void lltm_part(int64_t index, int64_t parts, int64_t count, int64_
 }
 #endif
 
+/* How many parts the BLAS's products are cut into: one a thread of the
+ * pass (lltm_team_size) for work of `elements` elements, but no more than
+ * LLTM_BLAS_MOST_PARTS, well below the buffers OpenBLAS keeps for calls
+ * at once (twice its MAX_THREADS, 64 in the scipy-openblas32 wheels),
+ * past which it warns on stderr. Threads past the parts wait. */
+#ifndef LLTM_BLAS_MOST_PARTS
+#define LLTM_BLAS_MOST_PARTS 32
+static inline int lltm_blas_parts(int64_t elements) {
+  const int team = lltm_team_size(elements);
+  return team < LLTM_BLAS_MOST_PARTS ? team : LLTM_BLAS_MOST_PARTS;
+}
+#endif
+
 /* Whether the BLAS takes a product of these sizes and strides as
  * blas_product_ hands them over: every one fits its ints, and each
  * factor's leading stride spans a row (cblas refuses less, and says so on
@@ -373,8 +386,8 @@ static int LLTM_NAME(blas_takes_)(int64_t rows, int64_t columns, int64_t depth,
 
 /* out = base + a b, or out += a b where `accumulate`, as product_ below
  * says, through the BLAS, for a STORAGE that is SCALAR: the result cut
- * into as many parts (of rows, or of columns where they are more) as the
- * pass has threads, one BLAS call a part, each on its own thread. */
+ * into parts (of rows, or of columns where they are more), one a thread
+ * (lltm_blas_parts), each one BLAS call on its own thread. */
 static void LLTM_NAME(blas_product_)(int64_t rows, int64_t columns, int64_t depth,
                                      const SCALAR* a, int64_t a_row_stride,
                                      int64_t a_depth_stride, const SCALAR* b,
@@ -387,7 +400,7 @@ static void LLTM_NAME(blas_product_)(int64_t rows, int64_t columns, int64_t dept
   const int64_t ldb = transpose_b ? b_column_stride : b_row_stride;
   const int by_rows = rows >= columns;
   const int64_t elements = rows * columns * depth / 16;
-  const int parts = lltm_team_size(elements);
+  const int parts = lltm_blas_parts(elements);
   LLTM_FOR_EACH(part, parts, elements, {
     int64_t first, count;
     lltm_part(part, parts, by_rows ? rows : columns, by_rows ? 8 : 16, &first, &count);
@@ -974,7 +987,7 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
                             ? h_factors
                             : LLTM_AS_SCALAR(LLTM_NAME(old_h_rows_)(old, step.rows, state_size,
                                                                     old_h_scratch));
-      const int parts = lltm_team_size(elements * gates_size / 16);
+      const int parts = lltm_blas_parts(elements * gates_size / 16);
       LLTM_FOR_EACH(part, parts, elements * gates_size / 16, {
         int64_t first, count;
         lltm_part(part, parts, state_size, 16, &first, &count);
@@ -1288,7 +1301,7 @@ static int LLTM_NAME(recurrence_backward_)(
     const int64_t elements = step.rows * state_size * gates_size / 16;
     if (on_blas) {
       /* Each thread's states: their products on the BLAS, then their math. */
-      const int parts = lltm_team_size(elements);
+      const int parts = lltm_blas_parts(elements);
       LLTM_FOR_EACH(part, parts, elements, {
         int64_t first, count;
         lltm_part(part, parts, state_size, 16, &first, &count);

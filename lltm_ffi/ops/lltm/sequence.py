@@ -24,7 +24,15 @@ torch's own products; LLTM_CUBLAS=0 in the environment has lltm_ffi's own
 kernels do them all instead. LLTM_CLUSTER=0 keeps the recurrence off
 thread-block clusters (compute capability 9.0 and newer: the cluster
 kernels, and the persistent kernels' shared staging), on the paths older
-GPUs take.
+GPUs take. On the CPU they go through OpenBLAS where the scipy-openblas32
+wheel is installed (loaded by the C code at run time; a small recurrence's
+stay lltm_ffi's own), on as many threads as torch.get_num_threads() says;
+LLTM_BLAS=0 has lltm_ffi's own products do them all, LLTM_BLAS=1 the BLAS
+every recurrence's too.
+
+A forward whose backward will not run (torch.no_grad, torch.inference_mode,
+no argument requiring grad) calls the packed forward pass directly, which
+on the CPU keeps no cells or gates.
 """
 
 import os
