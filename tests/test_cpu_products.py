@@ -14,7 +14,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import lltm_ffi
-from lltm_ffi import _blas, _extension, reference
+from lltm_ffi import _blas, _extension
 from lltm_ffi.ops.lltm import sequence as sequence_module
 from conftest import reference_sequence
 
@@ -188,6 +188,29 @@ def test_a_forward_without_backward_gives_the_training_forwards_bits(shape, dtyp
             got = got.data if packed else got
             wanted = wanted.data if packed else wanted
             assert torch.equal(got, wanted), f"{name}: {what} differ from the training forward's"
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_a_gpu_forward_without_backward_agrees_with_the_training_forward(packed, reverse,
+                                                                         cuda_device):
+    """On a GPU the forward alone is the packed pass too, which there keeps
+    its cells and gates all the same (the CUDA launchers write them) and
+    may take other kernels than the training forward's dense pass."""
+    shape = (9, 40, 7, 130)
+    inputs, weights, bias, h0, c0 = (tensor.to(cuda_device) for tensor in
+                                     random_arguments(shape, torch.float32))
+    if packed:
+        inputs = pack_padded_sequence(inputs, torch.tensor([9] * 20 + [5] * 15 + [1] * 5))
+    trained = lltm_ffi.lltm_sequence(inputs, weights.clone().requires_grad_(), bias, h0, c0,
+                                     reverse=reverse)
+    with torch.inference_mode():
+        alone = lltm_ffi.lltm_sequence(inputs, weights, bias, h0, c0, reverse=reverse)
+    alone_outputs, trained_outputs = alone[0], trained[0]
+    if packed:
+        alone_outputs, trained_outputs = alone_outputs.data, trained_outputs.data
+    for got, wanted in ((alone_outputs, trained_outputs), *zip(alone[1], trained[1])):
+        assert _relative_error(got, wanted.detach()) <= TOLERANCES[torch.float32]
 
 
 def test_a_forward_without_backward_keeps_no_cells_or_gates(monkeypatch):
