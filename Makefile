@@ -1,23 +1,30 @@
 # lltm_ffi: `make` builds the CUDA kernels (when nvcc is found) and the cffi
-# module; `make test` runs every check; `make clean` removes what they built.
+# module; `make test` runs the quick checks, `make check` every check (what CI
+# runs); `make clean` removes what they built.
 
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 BUILD := build
+# How many compilers `make test` runs at once for the C checks.
+JOBS ?= $(shell getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 
 # build_ffi.py finds nvcc and CUDA and holds the nvcc flags and architectures
 # (for pip too); these variables only pass a choice on to it:
 #   make CUDA=0                  a CPU-only module (default: CUDA when nvcc is found)
 #   make NVCC=/path/to/nvcc      this nvcc instead of the one on PATH
+#   make CUDA_ARCH=all           machine code for every GPU generation (default:
+#                                for the GPUs here, PTX alone where there is none)
 #   make CUDA_ARCH="-gencode arch=compute_90,code=sm_90"
 export LLTM_CUDA := $(CUDA)
 export LLTM_CUDA_ARCH := $(CUDA_ARCH)
 export NVCC
 
-HEADERS := $(wildcard include/*.h) $(wildcard src/*.h) $(wildcard lltm_ffi/ops/*/*.h) \
-           $(wildcard tests/c/*.h)
+# Every C and CUDA source and header under src/, at any depth (the folders
+# of the CPU passes, the CUDA paths and each ported op, src/ops/<op>/).
+SOURCES_UNDER_SRC = $(sort $(shell find src -name '$(1)'))
+HEADERS := $(wildcard include/*.h) $(call SOURCES_UNDER_SRC,*.h) $(wildcard tests/c/*.h)
 
-.PHONY: all test deps demo-deps demo clean
+.PHONY: all test test-slow check seed-hunt cuda-all deps demo-deps demo clean
 
 # Always asks build_ffi.py, which rebuilds only what is missing, truncated or
 # out of date: make's file times cannot see a deleted or damaged module.
@@ -34,18 +41,49 @@ deps:
 demo-deps:
 	@$(PYTHON) scripts/deps.py --torch $(TORCH_VERSION) requirements.txt requirements-demo.txt
 
-# test.py, the CPU passes under ASan/UBSan (asan), the pip install path
-# (pip-check, CPU-only), then pytest, last, so that its summary closes the output.
+# The quick tier: test.py, the CPU passes under ASan/UBSan (asan), then the
+# pytest suite without the tests marked slow, last, so that its summary closes
+# the output.
 test: deps all
 	$(PYTHON) test.py
-	$(MAKE) --no-print-directory asan pip-check
-	$(PYTHON) -m pytest -q
+	$(MAKE) --no-print-directory -j$(JOBS) asan
+	$(PYTHON) -m pytest -q -m "not slow"
+
+# The slow tier: the pip install path (pip-check, CPU-only), the kernels
+# compiled for every architecture (cuda-all), then the tests marked slow
+# (builds, installs, process launches, long compiles).
+test-slow: deps all
+	$(MAKE) --no-print-directory pip-check cuda-all
+	$(PYTHON) -m pytest -q -m slow
+
+# Everything: both tiers (CI runs `make test` as the README does, then test-slow).
+check: test test-slow
+
+# Every CUDA source compiled for ALL_ARCHS (machine code for every GPU
+# generation: ptxas's checks) into build/cuda-all, beside the module, which
+# links nothing from it; nothing to do without nvcc.
+cuda-all:
+	LLTM_CUDA_ARCH=all $(PYTHON) build_ffi.py --cuda $(BUILD)/cuda-all
+
+# The tests on fresh seeds: test.py and the quick tier, SEED_HUNT_ROUNDS times,
+# each test drawing a new seed each round (LLTM_TEST_SEED=random); a failure
+# names its seed, which LLTM_TEST_SEED=<seed> replays. SEED_HUNT_TESTS picks
+# other tests (pytest arguments).
+SEED_HUNT_ROUNDS ?= 10
+SEED_HUNT_TESTS ?= -m "not slow"
+seed-hunt: deps all
+	@failed=0; for round in $$(seq $(SEED_HUNT_ROUNDS)); do \
+	  echo "seed-hunt: round $$round of $(SEED_HUNT_ROUNDS)"; \
+	  LLTM_TEST_SEED=random $(PYTHON) test.py || failed=1; \
+	  LLTM_TEST_SEED=random $(PYTHON) -m pytest -q -p no:cacheprovider $(SEED_HUNT_TESTS) \
+	    || failed=1; \
+	done; exit $$failed
 
 demo: demo-deps all
 	$(PYTHON) -m examples.demo
 
 clean:
-	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so lltm_ffi/_lltm_ffi*.so.*
+	rm -rf $(BUILD) lltm_ffi/_lltm_ffi*.so lltm_ffi/_lltm_ffi*.so.* lltm_ffi/._lltm_ffi*
 
 # The pip path, CPU-only (scripts/pip_check.py): `pip install .` into a fresh
 # venv, build/pip-venv, that sees this Python's torch, cffi and setuptools
@@ -60,25 +98,37 @@ pip-check:
 # `make test` runs asan; the others are run by hand. Each exits non-zero on
 # any report.
 #   make asan       every op's CPU passes under AddressSanitizer and UBSan,
-#                   driven by the C checks of the op folders (test_*.c), which
+#                   driven by the C checks (test_*.c: the LLTM's in tests/c/,
+#                   each ported op's in src/ops/<op>/), which
 #                   tests/c/run_checks.c runs, failing for any registered CPU
 #                   pass that no check calls; odd sizes and layouts against
 #                   double-precision references, every buffer of exact size,
 #                   with the BLAS's products too where lltm_ffi/_blas.py finds
-#                   one (seconds)
+#                   one (docs/BUILDING.md has the times)
 #   make valgrind   the same driver, unsanitised, under valgrind, on the own
-#                   products alone (about 20 s)
+#                   products alone
 #   make memcheck   the CUDA tests under compute-sanitizer (needs a GPU); also
 #   make racecheck, make synccheck and make initcheck
 # compute-sanitizer instruments the lltm kernels only (SANITIZER_KERNELS), not
 # torch's or cuBLAS's, and counts memory errors, not CUDA API errors; PyTorch's
 # caching allocator is off so that an access past a tensor is past its
 # allocation.
-SANITIZER_CFLAGS ?= -O3 -g -fno-omit-frame-pointer -Wall -Wextra -fopenmp -fno-trapping-math
-ASAN_FLAGS ?= -fsanitize=address,undefined -fno-sanitize-recover=all
-# The shim, every op's C sources (its CPU passes and its test_*.c checks),
-# and the driver: no CUDA.
-CPU_CHECK_SOURCES := tests/c/run_checks.c $(wildcard src/*.c) $(wildcard lltm_ffi/ops/*/*.c)
+# -fno-trapping-math as build_ffi.py's C_FLAGS: the row loops vectorise.
+SANITIZER_CFLAGS ?= -g -fno-omit-frame-pointer -Wall -Wextra -fopenmp -fno-trapping-math
+# -O1 under the sanitizers, the level AddressSanitizer's documentation
+# suggests: at -O3 compiling lltm_cpu.c took 2.5 times as long; valgrind's
+# build is the module's -O3.
+ASAN_FLAGS ?= -O1 -fsanitize=address,undefined -fno-sanitize-recover=all
+VALGRIND_CFLAGS ?= -O3
+# Every C source under src/ (the shim, the CPU passes, each ported op's
+# passes and its test_*.c check) and the checks and driver of tests/c/: no
+# CUDA. src/cpu/ holds the header of the LLTM's AMX products, which its
+# check includes. Each source's folder is searched for quoted includes, as
+# build_ffi.py does (lltm_each_dtype.h includes a file of the op's), so the
+# headers in an op's folder carry the op's name.
+CPU_CHECK_SOURCES := $(wildcard tests/c/*.c) $(call SOURCES_UNDER_SRC,*.c)
+CPU_CHECK_INCLUDES := -Iinclude -Isrc/cpu -Itests/c \
+  $(addprefix -iquote ,$(sort $(dir $(CPU_CHECK_SOURCES))))
 COMPUTE_SANITIZER ?= compute-sanitizer
 SANITIZER_KERNELS ?= --kernel-name kns=lltm_
 SANITIZER_FLAGS ?= $(SANITIZER_KERNELS) --report-api-errors no --error-exitcode 1
@@ -102,13 +152,20 @@ initcheck: SANITIZER_FLAGS += --check-api-memory-access no
 
 .PHONY: asan valgrind memcheck racecheck synccheck initcheck
 
-$(BUILD)/run_checks_asan: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
-	@mkdir -p $(BUILD)
-	$(CC) $(SANITIZER_CFLAGS) $(ASAN_FLAGS) -Iinclude -Itests/c $(CPU_CHECK_SOURCES) -lm -o $@
+# An object a source, so that `make -j` compiles them at once (`make test` does).
+$(BUILD)/asan/%.o: %.c $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(SANITIZER_CFLAGS) $(ASAN_FLAGS) $(CPU_CHECK_INCLUDES) -c $< -o $@
 
-$(BUILD)/run_checks: $(CPU_CHECK_SOURCES) $(HEADERS) Makefile
-	@mkdir -p $(BUILD)
-	$(CC) $(SANITIZER_CFLAGS) -Iinclude -Itests/c $(CPU_CHECK_SOURCES) -lm -o $@
+$(BUILD)/checks/%.o: %.c $(HEADERS) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(SANITIZER_CFLAGS) $(VALGRIND_CFLAGS) $(CPU_CHECK_INCLUDES) -c $< -o $@
+
+$(BUILD)/run_checks_asan: $(CPU_CHECK_SOURCES:%.c=$(BUILD)/asan/%.o)
+	$(CC) $(SANITIZER_CFLAGS) $(ASAN_FLAGS) $^ -lm -o $@
+
+$(BUILD)/run_checks: $(CPU_CHECK_SOURCES:%.c=$(BUILD)/checks/%.o)
+	$(CC) $(SANITIZER_CFLAGS) $(VALGRIND_CFLAGS) $^ -lm -o $@
 
 asan: $(BUILD)/run_checks_asan
 	LLTM_BLAS_LIBRARY="$$($(PYTHON) lltm_ffi/_blas.py)" ASAN_OPTIONS=detect_leaks=1 \

@@ -1,29 +1,37 @@
 """Builds lltm_ffi/_lltm_ffi*.so with cffi in out-of-line API mode: the C
-shim (src/) and every op's C passes (lltm_ffi/ops/<op>/*.c), plus the CUDA
-kernels (*.cu, compiled with nvcc) when nvcc is found. The sources are found,
-not listed (lltm_ffi/_build_info.py says where). The one place that finds
-nvcc and CUDA and holds the compilers' flags and architectures; `make` and
-pip both come here.
+shim and every op's C passes (src/, src/cpu/, src/ops/<op>/), plus the CUDA
+kernels (src/**/*.cu, compiled with nvcc) when nvcc is found. The sources
+are found, not listed (lltm_ffi/_build_info.py says where). The one place
+that finds nvcc and CUDA and holds the compilers' flags and architectures;
+`make` and pip both come here.
 
 - `make` runs `python build_ffi.py`, which compiles each source whose
-  object is missing or out of date (by the compiler's own list of what the
-  source includes), several at once, then relinks the module if anything
-  changed; one build at a time per tree, each file renamed into place whole;
+  object is missing, damaged or out of date (by the compiler's own list of
+  what the source includes), several at once, then relinks the module if
+  anything changed; one build at a time per tree, each file renamed into
+  place whole, what builds killed outright left swept first;
 - `pip install .` reaches `ffibuilder` through setuptools' cffi_modules
-  (setup.py), whose build step calls compile_objects() first.
+  (setup.py), whose build step calls compile_objects() first and seal()
+  after.
+
+Both seal the module: its SHA-256, appended, which the package checks
+before it loads the module (lltm_ffi/_module_file.py).
 
 Settings, from the environment (make passes its variables of the same
 meaning): NVCC (nvcc to use; else PATH, else $CUDA_HOME/bin), LLTM_CUDA=0 (a
-CPU-only build), LLTM_CUDA_ARCH (nvcc -gencode flags instead of the default),
-CC (the C compiler; else cc).
+CPU-only build), LLTM_CUDA_ARCH (the GPU architectures: empty for those of
+the GPUs present, `all` for every one, or nvcc -gencode flags), CC (the C
+compiler; else cc).
 
-    python build_ffi.py [-v]      build in place, as `make` does (-v: cffi's compile lines)
+    python build_ffi.py [-v]          build in place, as `make` does (-v: cffi's compile lines)
+    python build_ffi.py --cuda DIR    compile the CUDA sources alone into DIR, no module
 """
 
 import concurrent.futures
 import contextlib
 import fcntl
 import functools
+import glob
 import hashlib
 import importlib.util
 import json
@@ -40,17 +48,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 BUILD = ROOT / "build"
 
-# Machine code for Turing to Blackwell. nvcc's front end runs once for each
-# virtual architecture: compute_75 serves sm_75; compute_80 sm_80 to sm_89,
-# whose 16-bit persistent kernels need its tensor-core mma; compute_90 serves
-# sm_90 and newer and is the PTX the driver compiles for GPUs after them.
-# CUDA 13 builds nothing older than sm_75.
-DEFAULT_CUDA_ARCH = ("-gencode arch=compute_75,code=sm_75 "
-                     "-gencode arch=compute_80,code=[sm_80,sm_86,sm_89] "
-                     "-gencode arch=compute_90,code=[sm_90,sm_100,sm_120,compute_90]")
+# Machine code for Turing to Blackwell, and PTX for the GPUs after them:
+# what a module for other machines needs (`make CUDA_ARCH=all`). nvcc's front
+# end runs once for each virtual architecture: compute_75 serves sm_75;
+# compute_80 sm_80 to sm_89, whose 16-bit persistent kernels need its
+# tensor-core mma; compute_90 sm_90 and newer (thread-block clusters), and
+# is the PTX the driver compiles for GPUs after them. CUDA 13 builds nothing
+# older than sm_75.
+ALL_ARCHS = ("-gencode arch=compute_75,code=sm_75 "
+             "-gencode arch=compute_80,code=[sm_80,sm_86,sm_89] "
+             "-gencode arch=compute_90,code=[sm_90,sm_100,sm_120,compute_90]")
+# Where no GPU is found: PTX alone for the same three virtual architectures.
+# Every kernel is compiled, every GPU generation is served (the driver
+# compiles the PTX for the GPU at the module's first load), and no machine
+# code is generated: ptxas for seven GPUs is most of ALL_ARCHS' time.
+PTX_ARCHS = ("-gencode arch=compute_75,code=compute_75 "
+             "-gencode arch=compute_80,code=compute_80 "
+             "-gencode arch=compute_90,code=compute_90")
 # ptxas advises against bulk copies multicast to a cluster (the persistent
 # kernels' staging) in code for sm_90 that later GPUs may run: the kernels
-# take them on compute capability 9.x alone (sequence_kernel.cu).
+# take them on compute capability 9.x alone
+# (src/cuda/recurrence/persistent_kernel.cu).
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC",
               "-Xptxas", "-suppress-async-bulk-multicast-advisory-warning")
 # Python's own release flags for extension modules, OpenMP for the passes'
@@ -74,9 +92,44 @@ build_info = _load_from_package("_build_info")
 module_file = _load_from_package("_module_file")
 
 
-def cuda_arch():
-    """The nvcc -gencode flags: $LLTM_CUDA_ARCH or the default."""
-    return os.environ.get("LLTM_CUDA_ARCH") or DEFAULT_CUDA_ARCH
+@functools.lru_cache(maxsize=None)
+def gpu_capabilities():
+    """The compute capabilities of this machine's GPUs, as nvidia-smi reports
+    them ('90' for 9.0), sorted and without repeats; empty where there is no
+    GPU or no nvidia-smi."""
+    try:
+        query = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if query.returncode != 0:
+        return []
+    found = {line.strip().replace(".", "") for line in query.stdout.splitlines()}
+    return sorted((name for name in found if name.isdigit()), key=int)
+
+
+@functools.lru_cache(maxsize=None)
+def _machine_code_nvcc_builds(nvcc):
+    listed = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True)
+    return set(listed.stdout.split()) if listed.returncode == 0 else set()
+
+
+def cuda_arch(nvcc="nvcc"):
+    """The nvcc -gencode flags. $LLTM_CUDA_ARCH: `all` (ALL_ARCHS), or the
+    flags themselves; unset or empty: machine code for each GPU of this
+    machine, as torch.utils.cpp_extension builds for the GPUs it sees, or
+    PTX_ARCHS where there is none or nvcc cannot build for one of them."""
+    chosen = os.environ.get("LLTM_CUDA_ARCH", "").strip()
+    if chosen == "all":
+        return ALL_ARCHS
+    if chosen:
+        return chosen
+    capabilities = gpu_capabilities()
+    if not capabilities or not {f"sm_{number}" for number in capabilities} <= (
+            _machine_code_nvcc_builds(nvcc)):
+        return PTX_ARCHS
+    return " ".join(f"-gencode arch=compute_{number},code=sm_{number}"
+                    for number in capabilities)
 
 
 def arch_names(flags):
@@ -121,16 +174,18 @@ def cuda_home_of(nvcc):
 def kernel_command(nvcc, source, output):
     """The nvcc command line for one .cu file (run in ROOT); it also writes
     the headers the file includes to output.d."""
-    return [nvcc, *NVCC_FLAGS, *shlex.split(cuda_arch()), "-Iinclude", "-MMD", "-MF",
+    return [nvcc, *NVCC_FLAGS, *shlex.split(cuda_arch(nvcc)), "-Iinclude", "-MMD", "-MF",
             output + ".d", "-c", source, "-o", output]
 
 
 def c_command(compiler, source, output, cuda_home=None):
     """The C compiler's command line for one .c file (run in ROOT); with
-    `cuda_home`, for a module with CUDA (the shim switches devices)."""
+    `cuda_home`, for a module with CUDA (the shim switches devices). The
+    source's own folder is searched for quoted includes, also from the
+    headers of include/: lltm_each_dtype.h includes a file of the op's."""
     cuda = ["-DLLTM_WITH_CUDA", "-isystem", os.path.join(cuda_home, "include")] if cuda_home else []
-    return [compiler, *C_FLAGS, *cuda, "-Iinclude", "-MMD", "-MF", output + ".d", "-c", source,
-            "-o", output]
+    return [compiler, *C_FLAGS, *cuda, "-Iinclude", "-iquote", os.path.dirname(source) or ".",
+            "-MMD", "-MF", output + ".d", "-c", source, "-o", output]
 
 
 def _digest(*parts):
@@ -141,23 +196,54 @@ def _digest(*parts):
     return digest.hexdigest()
 
 
+def _staging(destination):
+    """The temporary name of this process's own under which `destination` is
+    written before it is renamed into place: .NAME.PID beside it (the
+    compilers add .d to it for their list of headers). A build killed
+    outright leaves it; _remove_leftovers sweeps it once that process is gone."""
+    return destination.with_name(f".{destination.name}.{os.getpid()}")
+
+
 def _install(data, destination):
-    """Writes `data` to `destination` through a temporary name of this
-    process's own, then renames it into place: a concurrent build or import
-    never sees a partial file, and a process that has the old one loaded
-    keeps it."""
-    descriptor, staging = tempfile.mkstemp(dir=destination.parent, prefix=destination.name + ".")
+    """Writes `data` to `destination` through its staging name, then renames
+    it into place: a concurrent build or import never sees a partial file,
+    and a process that has the old one loaded keeps it."""
+    staging = _staging(destination)
     try:
-        with os.fdopen(descriptor, "wb") as file:
+        with open(staging, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
         os.chmod(staging, 0o755)
         os.replace(staging, destination)
     except BaseException:
-        if os.path.exists(staging):
-            os.unlink(staging)
+        staging.unlink(missing_ok=True)
         raise
+
+
+def _running(pid):
+    """Whether the process `pid` runs: it exists and is no zombie (a killed
+    build whose parent died too may stay one where nothing reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    try:  # Linux: the state follows the parenthesised command name
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _remove_leftovers(destination):
+    """Removes the staging files of `destination` (_staging's names, .d
+    files included) whose process is gone: what builds killed outright left."""
+    prefix = f".{destination.name}."
+    for path in destination.parent.glob(glob.escape(prefix) + "*"):
+        pid = path.name[len(prefix):].removesuffix(".d")
+        if pid.isdigit() and not _running(int(pid)):
+            path.unlink(missing_ok=True)
 
 
 def _dependencies(depfile):
@@ -190,9 +276,11 @@ _OUTPUT_LOCK = threading.Lock()
 
 class _Object:
     """One object file of the module under `build_dir` and its record:
-    the command that made it and the digest of every file it was made from
-    (the source and what the compiler said it includes). It is up to date
-    while the command and every one of those files are unchanged."""
+    the command that made it, the digest of every file it was made from
+    (the source and what the compiler said it includes) and its own. It is
+    up to date while the command and every one of those files are unchanged
+    and it is the file that command wrote: a damaged or foreign object is
+    compiled again."""
 
     def __init__(self, build_dir, source, command_for):
         relative = source.relative_to(ROOT).as_posix()
@@ -208,13 +296,15 @@ class _Object:
             record = json.loads(self.record.read_text())
         except (OSError, ValueError):
             return False
-        return (self.path.is_file() and record.get("command") == self.command
+        digest = _sha256(self.path)
+        return (isinstance(record, dict) and digest is not None and record.get("object") == digest
+                and record.get("command") == self.command
                 and _input_hashes(record.get("inputs", {})) == record.get("inputs"))
 
     def compile(self):
-        """Compiles into a scratch name, then renames the object and writes
+        """Compiles into its staging name, then renames the object and writes
         its record; raises SystemExit with the compiler's verdict on failure."""
-        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        staging = _staging(self.path)
         output = os.path.relpath(self.path, ROOT)
         command = [str(staging) if part == output else part for part in self.command]
         command = [str(staging) + ".d" if part == output + ".d" else part for part in command]
@@ -225,35 +315,44 @@ class _Object:
                 raise SystemExit(f"build_ffi.py: compiling {self.source} failed (the compiler's "
                                  "messages are above)")
             inputs = _input_hashes(_dependencies(str(staging) + ".d"))
+            digest = _sha256(staging)
             os.replace(staging, self.path)
         finally:
             for leftover in (staging, Path(str(staging) + ".d")):
-                if leftover.exists():
-                    leftover.unlink()
-        _install(json.dumps({"command": self.command, "inputs": inputs}, indent=1).encode(),
-                 self.record)
+                leftover.unlink(missing_ok=True)
+        _install(json.dumps({"command": self.command, "inputs": inputs, "object": digest},
+                            indent=1).encode(), self.record)
 
 
-def compile_objects(build_dir):
-    """Compiles every C source and, when nvcc is found, every CUDA source of
-    the module into build_dir, those that are not up to date only, several
-    at once (one per processor, the longest first); returns the objects to
+def compile_objects(build_dir, cuda_only=False):
+    """Compiles every C source (unless `cuda_only`) and, when nvcc is found,
+    every CUDA source of the module into build_dir, those that are not up to
+    date only, several at once (one per processor); returns the objects to
     link."""
     build_dir = Path(build_dir).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     nvcc = find_nvcc()
     cuda_home = cuda_home_of(nvcc) if nvcc else None
     compiler = os.environ.get("CC", "cc")
-    objects = [_Object(build_dir, source,
-                       lambda source, output: c_command(compiler, source, output, cuda_home))
-               for source in build_info.module_sources(ROOT, ".c")]
+    objects = [] if cuda_only else [
+        _Object(build_dir, source, lambda source, output: c_command(compiler, source, output,
+                                                                    cuda_home))
+        for source in build_info.module_sources(ROOT, ".c")]
     if nvcc:
         objects += [_Object(build_dir, source,
                             lambda source, output: kernel_command(nvcc, source, output))
                     for source in build_info.module_sources(ROOT, ".cu")]
+    for item in objects:
+        _remove_leftovers(item.path)
+        _remove_leftovers(item.record)
     stale = [item for item in objects if not item.up_to_date()]
-    # The biggest sources take the longest: start them first.
-    stale.sort(key=lambda item: -(ROOT / item.source).stat().st_size)
+    # The longest first, so that none is left to finish alone at the end: the
+    # C sources, then the CUDA ones, each the biggest first. nvcc's time
+    # follows a source's size; a C source's need not (lltm_cpu.c, small,
+    # compiles its implementation once a dtype and takes as long as the
+    # biggest kernels).
+    stale.sort(key=lambda item: (item.source.endswith(".cu"),
+                                 -(ROOT / item.source).stat().st_size))
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         for future in [pool.submit(item.compile) for item in stale]:
             future.result()
@@ -275,7 +374,7 @@ def make_ffibuilder(objects=(), for_setuptools=False):
     import cffi
 
     nvcc = find_nvcc()
-    archs = arch_names(cuda_arch()) if nvcc else ""
+    archs = arch_names(cuda_arch(nvcc)) if nvcc else ""
     define_macros = [("LLTM_SOURCE_HASH", '"%s"' % build_info.source_hash(ROOT)),
                      ("LLTM_PACKAGE_VERSION", '"%s"' % build_info.VERSION),
                      ("LLTM_CUDA_ARCHS", '"%s"' % archs)]
@@ -316,6 +415,14 @@ def _sha256(path):
         return None
 
 
+def seal(path):
+    """Appends the seal (lltm_ffi/_module_file.py) to the module cffi linked
+    at `path`, renamed into place whole: pip's build (setup.py), whose
+    module setuptools links; build() seals its own before installing it."""
+    path = Path(path)
+    _install(module_file.sealed(path.read_bytes()), path)
+
+
 def _read_stamp(stamp):
     """What the last build recorded, or {} when nothing readable was."""
     try:
@@ -347,7 +454,7 @@ def _rebuild_reason(installed, recorded, recipe):
     name = installed.relative_to(ROOT)
     if not installed.is_file():
         return f"{name} is missing"
-    damage = module_file.elf_damage(installed)
+    damage = module_file.damage(installed)
     if damage:
         return f"{name} is damaged: {damage}"
     if {key: recorded.get(key) for key in recipe} != recipe:
@@ -357,16 +464,27 @@ def _rebuild_reason(installed, recorded, recipe):
     return None
 
 
+# The scratch folders of build()'s links (tempfile's names).
+_SCRATCH = re.compile(r"tmp[a-z0-9_]{8}")
+
+
 def build(verbose=False):
     """Builds the kernel objects and the module in place, unless the module
     there is the one the last build wrote from these sources and settings.
     One build at a time per tree (build/build.lock); each file is renamed
-    into place whole."""
+    into place whole, and what builds killed outright left is swept first."""
     BUILD.mkdir(exist_ok=True)
     with _build_lock():
-        objects = compile_objects(BUILD / "objects")
         installed = ROOT / "lltm_ffi" / module_file.installed_name()
         stamp = BUILD / f"module-{sys.implementation.cache_tag}.json"
+        # Only a build holds the lock while it links in a scratch folder:
+        # any there now is a killed build's.
+        for scratch in BUILD.iterdir():
+            if scratch.is_dir() and _SCRATCH.fullmatch(scratch.name):
+                shutil.rmtree(scratch, ignore_errors=True)
+        _remove_leftovers(installed)
+        _remove_leftovers(stamp)
+        objects = compile_objects(BUILD / "objects")
         recipe = {"sources": build_info.source_hash(ROOT),
                   "objects": {Path(path).name: _sha256(path) for path in objects}}
         recorded = _read_stamp(stamp)
@@ -378,7 +496,7 @@ def build(verbose=False):
             print(f"{reason}: rebuilding", flush=True)
         with tempfile.TemporaryDirectory(dir=BUILD) as scratch:
             built = make_ffibuilder(objects).compile(tmpdir=scratch, verbose=verbose)
-            data = Path(built).read_bytes()
+            data = module_file.sealed(Path(built).read_bytes())
         _install(data, installed)
         _install(json.dumps(dict(recipe, module_sha256=hashlib.sha256(data).hexdigest()),
                             indent=1).encode(), stamp)
@@ -386,7 +504,23 @@ def build(verbose=False):
                                        "yes" if find_nvcc() else "no"))
 
 
+def compile_cuda(build_dir):
+    """Compiles the CUDA sources alone into build_dir, those not up to date,
+    linking nothing (`make cuda-all`: the kernels for every architecture,
+    beside the module); says so and does nothing where nvcc is not found."""
+    nvcc = find_nvcc()
+    if not nvcc:
+        print("build_ffi.py --cuda: no nvcc (or LLTM_CUDA=0): no CUDA source compiled")
+        return
+    objects = compile_objects(build_dir, cuda_only=True)
+    print(f"{len(objects)} CUDA sources compiled for {arch_names(cuda_arch(nvcc))} "
+          f"in {os.path.relpath(build_dir, ROOT)}")
+
+
 if __name__ == "__main__":
-    build(verbose="-v" in sys.argv[1:])
+    if sys.argv[1:2] == ["--cuda"] and len(sys.argv) == 3:
+        compile_cuda(ROOT / sys.argv[2])
+    else:
+        build(verbose="-v" in sys.argv[1:])
 else:  # setup.py: cffi_modules=["build_ffi.py:ffibuilder"]
     ffibuilder = make_ffibuilder(for_setuptools=True)

@@ -7,8 +7,11 @@ A wheel or an editable install without the compiled module would install
 "successfully" and fail at the first call, so the build refuses instead: it
 stops when cffi is missing (setuptools would ignore cffi_modules, an option
 it does not know without cffi, and build a pure-Python wheel), when
-cffi_modules added no extension, and when the build wrote no module."""
+cffi_modules added no extension, and when the build wrote no module. The
+module is sealed as make seals it (build_ffi.seal), before setuptools
+copies it anywhere, so that the installed package can check it whole."""
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -28,6 +31,7 @@ except ImportError:
              "Without cffi the wheel would have no compiled module.")
 
 
+@functools.cache
 def _load_build_ffi():
     spec = importlib.util.spec_from_file_location("lltm_build_ffi", ROOT / "build_ffi.py")
     module = importlib.util.module_from_spec(spec)
@@ -55,6 +59,13 @@ class BuildExtWithKernels(build_ext):
         # sources compile here rather than when setup.py is read, which pip
         # does several times (metadata, then the build).
         ext.extra_objects += _load_build_ffi().compile_objects(Path(self.build_temp) / "objects")
+
+    def build_extension(self, ext):
+        # Linked into the build folder; an editable install copies it from
+        # there into the package afterwards.
+        super().build_extension(ext)
+        if ext.name == MODULE:
+            _load_build_ffi().seal(self.get_ext_fullpath(ext.name))
 
     def run(self):
         _require_extension(self.distribution)

@@ -1,6 +1,8 @@
 """The one-script check: lltm_ffi against the pure-PyTorch reference, forward
 and backward, on the CPU and (when one is present) the GPU, in float32 and
 float64, plus float64 gradcheck. Prints a summary; exits 1 on any failure.
+Its random inputs are seeded as the pytest suite's are (lltm_ffi.testing):
+the same every run, or LLTM_TEST_SEED's.
 
     python test.py
 """
@@ -11,6 +13,7 @@ import torch
 
 import lltm_ffi
 from lltm_ffi import selfcheck
+from lltm_ffi.testing import seed_for
 
 # (batch, input_features, state_size): the tutorial's size, batch 1, odd sizes,
 # state sizes that are not a multiple of the CUDA block size, large features.
@@ -25,12 +28,15 @@ def devices():
 
 
 def check_agreement(device, dtype):
-    failures = [selfcheck.disagreement(*shape, dtype, device) for shape in SHAPES]
+    failures = [selfcheck.disagreement(*shape, dtype, device,
+                                       seed=seed_for(f"test.py {shape} {dtype} {device}"))
+                for shape in SHAPES]
     return [failure for failure in failures if failure]
 
 
 def check_gradcheck(device):
-    inputs = selfcheck.random_inputs(3, 5, 7, torch.float64, device)
+    generator = torch.Generator().manual_seed(seed_for(f"test.py gradcheck {device}"))
+    inputs = selfcheck.random_inputs(3, 5, 7, torch.float64, device, generator)
     inputs = [tensor.requires_grad_(True) for tensor in inputs]
     try:
         torch.autograd.gradcheck(lltm_ffi.lltm, inputs)

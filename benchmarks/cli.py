@@ -10,7 +10,7 @@ import torch
 import lltm_ffi
 
 from . import (accuracy, compare, cpu_sweep, distributed, harness, kernels, overhead, precision,
-               sequence, tutorial)
+               sequence, sweep, tutorial, word_language_model)
 
 # needs_cuda: why the mode refuses to run without -c (None: it runs on the CPU too).
 Mode = namedtuple("Mode", "help run needs_cuda")
@@ -31,16 +31,25 @@ MODES = {
                      "outputs and gradients under --half or --autocast", accuracy.run, None),
     "distributed": Mode("training steps/s with DDP on 1 and more GPUs (-c), or a gloo smoke run "
                         "on 2 CPU processes", distributed.run, None),
+    "sweep": Mode("lltm_sequence on each of its paths beside nn.GRU and nn.LSTM over a grid of "
+                  "sizes (--states, --batches, --steps, --layers), strict float32 and bf16 "
+                  "autocast, training and inference; a table, its JSON and a chart",
+                  sweep.run, None),
+    "word-language-model": Mode("pytorch/examples' word language model trained with nn.LSTM, "
+                                "nn.GRU and LLTMSequence: ms a batch and losses, at its small "
+                                "and medium sizes", word_language_model.run, None),
     "cpu-sweep": Mode("lltm_sequence, nn.LSTM and nn.GRU on the CPU over states 128 to 1024 and "
                       "batches 1, 16, 64, float32 and bfloat16, training and inference, on 1, 2 "
                       "and all threads (minutes)", cpu_sweep.run, None),
 }
 # The modes that time the CPU alone, whatever -c says.
 CPU_ONLY = {"cpu-sweep": "--cpu-sweep times the CPU passes: run it without -c/--cuda"}
+# The options that pick --sweep's grid.
+SWEEP_OPTIONS = ("states", "batches", "steps", "layers")
 
 
 def chosen(args, name):
-    """Whether the mode `name` (its flag without the dashes) was asked for."""
+    """Whether the mode `name` (a flag's name, dashes and all) was chosen."""
     return getattr(args, name.replace("-", "_"))
 
 
@@ -52,6 +61,11 @@ def positive_int(text):
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def positive_ints(text):
+    """A comma-separated list of positive integers, as a tuple."""
+    return tuple(positive_int(item) for item in text.split(","))
 
 
 def build_parser():
@@ -77,9 +91,27 @@ def build_parser():
                              f"{compare.default_runs_text('cuda')} on CUDA, by size; --kernels: "
                              f"{kernels.KERNEL_REPEATS}; --distributed: steps a round, "
                              f"{distributed.DEFAULT_RUNS['cuda']} on CUDA, "
-                             f"{distributed.DEFAULT_RUNS['cpu']} on CPU; --cpu-sweep: "
+                             f"{distributed.DEFAULT_RUNS['cpu']} on CPU; --sweep: at every "
+                             f"point, default as many as fit in {sweep.POINT_SECONDS} s, "
+                             f"{sweep.MIN_RUNS} to {sweep.MAX_RUNS}; --cpu-sweep: "
                              f"{cpu_sweep.RUNS}, at least {cpu_sweep.MIN_RUNS} where a size "
                              "takes long)")
+    for option, what, gpu, cpu in (
+            ("states", "state sizes (= features)", sweep.GPU_STATES, sweep.CPU_STATES),
+            ("batches", "batch sizes", sweep.GPU_BATCHES, sweep.CPU_BATCHES),
+            ("steps", "sequence lengths", sweep.GPU_STEPS, sweep.CPU_STEPS)):
+        parser.add_argument(f"--{option}", type=positive_ints, metavar="N,N,...",
+                            help=f"--sweep: the {what} (default {','.join(map(str, gpu))} with -c, "
+                                 f"{','.join(map(str, cpu))} on the CPU)")
+    parser.add_argument("--layers", type=positive_int,
+                        help="--sweep: stacked layers (default 1); without --steps, --batches and "
+                             "--layers, -c adds 1024 steps of batch 16 and word_language_model's "
+                             "two-layer shapes")
+    parser.add_argument("--timed-batches", type=positive_int,
+                        help="--word-language-model: timed batches of each model, after "
+                             f"{word_language_model.WARMUP_BATCHES} untimed ones (default "
+                             f"{word_language_model.DEFAULT_BATCHES['cuda']} on CUDA, "
+                             f"{word_language_model.DEFAULT_BATCHES['cpu']} on CPU)")
     reduced = parser.add_mutually_exclusive_group()
     for flag, what in (("half", "the modules and the data in DTYPE"),
                        ("autocast", "float32 modules and data, each forward under "
@@ -91,10 +123,12 @@ def build_parser():
                         help="--sequence: allow TF32 in cuBLAS and cuDNN alike (default strict "
                              "float32)")
     parser.add_argument("-o", "--output", type=Path,
-                        help="--compare's, --sequence's and --cpu-sweep's markdown file, a PNG "
-                             "chart beside it (default bench_out/compare_{cpu,cuda}.md, "
+                        help="--compare's, --sequence's, --sweep's and --cpu-sweep's markdown "
+                             "file, a PNG chart beside it (--sweep: a JSON too) (default "
+                             "bench_out/compare_{cpu,cuda}.md, "
                              "bench_out/sequence_{cpu,cuda,cuda_tf32}.md, with _half_DTYPE or "
-                             "_autocast_DTYPE before .md, bench_out/cpu_sweep.md)")
+                             "_autocast_DTYPE before .md, bench_out/sweep_{cpu,cuda}.md, "
+                             "bench_out/cpu_sweep.md)")
     return parser
 
 
@@ -104,8 +138,16 @@ def check_arguments(parser, args):
                                                                         args.state)):
         parser.error("-b/-f/-s set the size for one implementation; "
                      "--compare and --kernels use their own sizes")
-    if args.output is not None and not (args.compare or args.sequence or args.cpu_sweep):
-        parser.error("-o/--output is for --compare, --sequence and --cpu-sweep only")
+    if args.output is not None and not (args.compare or args.sequence or args.sweep
+                                        or args.cpu_sweep):
+        parser.error("-o/--output is for --compare, --sequence, --sweep and --cpu-sweep only")
+    given = [f"--{option}" for option in SWEEP_OPTIONS if getattr(args, option) is not None]
+    if given and not args.sweep:
+        parser.error(f"{', '.join(given)}: for --sweep only")
+    if args.sweep and args.double:
+        parser.error("--sweep times strict float32 and bf16 autocast: -d/--double goes without it")
+    if args.timed_batches is not None and not args.word_language_model:
+        parser.error("--timed-batches is for --word-language-model only")
     if args.tf32 and not (args.sequence and args.cuda):
         parser.error("--tf32 is for --sequence -c only (TF32 is a CUDA setting)")
     reduced = "--half" if args.half else "--autocast" if args.autocast else None

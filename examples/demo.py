@@ -58,7 +58,10 @@ def run_distributed(parser, args, device):
         parser.error(problem)
     world_size = int(os.environ["WORLD_SIZE"])
     if args.resume and os.path.isfile(args.checkpoint):
-        checkpoint = distributed.load_checkpoint(args.checkpoint)
+        try:
+            checkpoint = distributed.load_checkpoint(args.checkpoint)
+        except distributed.CheckpointError as error:
+            parser.error(str(error))
         problem = distributed.resume_problem(checkpoint, args.checkpoint, args.samples, world_size)
         if problem:
             parser.error(problem)

@@ -10,7 +10,9 @@ process LOCAL_RANK drives cuda:LOCAL_RANK (of the GPUs CUDA_VISIBLE_DEVICES
 shows it) through NCCL, on the CPU the processes talk through gloo. lltm_ffi
 itself knows nothing of this: its operators see one device and one stream,
 and DDP averages the gradients of LLTMSequence's parameters like any others.
-Rank 0 reports, writes the checkpoint and draws the loss curve.
+Rank 0 reports, writes the checkpoint and draws the loss curve. Each process
+torchrun started ends when torchrun does, killed outright too
+(end_with_the_launcher).
 
 A run trains on global batches: step k takes the k-th slice of
 `global_batch` sequences from its epoch's shuffle of the data set, whatever
@@ -21,9 +23,16 @@ divides the global batch) trains on the same batches, and differs from the
 uninterrupted run by the rounding of sums split differently only.
 """
 
+import contextlib
+import fcntl
 import gc
+import glob
 import os
+import secrets
 import signal
+import socket
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +55,12 @@ DATA_SEED = 1
 # torchrun's restarts (--max-restarts) set it.
 CRASH_VARIABLE = "LLTM_DEMO_CRASH_AT_STEP"
 CONFIG_KEYS = ("samples", "global_batch", "state_size")
+# What a checkpoint holds (save_checkpoint), each of its type.
+CHECKPOINT_TYPES = {"step": int, "losses": list, "config": dict, "model": dict, "optimizer": dict}
+# How often a process looks whether torchrun is still there, and how long
+# it gives itself to end on SIGTERM before SIGKILL.
+LAUNCHER_POLL_S = 0.5
+STOP_GRACE_S = 10
 # In torchrun's environment, for restarts (--max-restarts) that rejoin reliably.
 UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
 
@@ -82,12 +97,39 @@ def restarts_share_the_agents_store():
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
 
 
+def end_with_the_launcher():
+    """Ends this process, where torchrun started it, when torchrun is gone.
+    torchrun starts its processes in sessions of their own, where a signal
+    to torchrun's process group does not reach them, and stops them itself
+    when it is stopped; killed outright (SIGKILL), it cannot, and they
+    would train on, holding the checkpoint, with no one to stop them. A
+    thread watches the parent process; when it changes, this process
+    sends itself SIGTERM, what torchrun would have sent, then SIGKILL."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # not torchrun's: its parent may go
+        return
+    launcher = os.getppid()
+
+    def watch():
+        while os.getppid() == launcher:
+            time.sleep(LAUNCHER_POLL_S)
+        with contextlib.suppress(OSError):  # its output may have gone with it
+            print(f"examples.demo: torchrun (pid {launcher}) is gone: ending process "
+                  f"{os.getpid()} (rank {os.environ.get('RANK')})", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="end_with_the_launcher", daemon=True).start()
+
+
 def start(device_type):
     """Joins the process group the environment describes: NCCL on
-    cuda:LOCAL_RANK, or gloo on the CPU. Returns (rank, world_size, device)."""
+    cuda:LOCAL_RANK, or gloo on the CPU, and ends this process with its
+    launcher. Returns (rank, world_size, device)."""
     problem = launch_problem(device_type)
     if problem:
         raise RuntimeError(problem)
+    end_with_the_launcher()
     if device_type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -119,7 +161,8 @@ def fresh_config(samples, world_size):
 
 def resume_problem(checkpoint, path, samples, world_size):
     """Why `world_size` processes cannot go on from `checkpoint` (read from
-    `path`), or None. `samples` is --samples, None where not given."""
+    `path` by load_checkpoint), or None. `samples` is --samples, None where
+    not given."""
     config = checkpoint["config"]
     if sorted(config) != sorted(CONFIG_KEYS) or config["state_size"] != STATE_SIZE:
         return (f"{path} holds a run with the settings {config}, not one of this demo's "
@@ -170,18 +213,102 @@ def batches(sampler, batch_size, first_step):
 
 
 def save_checkpoint(path, model, optimizer, step, losses, config):
-    """Written whole or not at all: a run stopped while saving leaves the
-    previous checkpoint."""
+    """Written whole or not at all: written under a name no other process
+    or call shares (.NAME.RANDOM.partial, beside it), then renamed into
+    place. A run stopped while saving leaves the previous checkpoint, and
+    processes that save one checkpoint at once neither read nor rename
+    each other's files: a reader finds one whole checkpoint or another."""
     state = {"step": step, "losses": losses, "config": config, "model": model.state_dict(),
              "optimizer": optimizer.state_dict()}
-    partial = path.with_name(path.name + ".partial")
-    torch.save(state, partial)
-    os.replace(partial, path)
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(8)}.partial")
+    try:
+        # O_EXCL: never another's file, however unlikely the name's collision.
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666),
+                       "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+class CheckpointError(ValueError):
+    """A file that is not one of the demo's checkpoints, saying why."""
 
 
 def load_checkpoint(path):
-    """The training state at `path`, on the CPU."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """The training state at `path`, on the CPU; CheckpointError, naming
+    the file and what is wrong with it, where it is not one of the demo's
+    checkpoints (cut short, damaged, or another file altogether)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # torch.load's errors for a damaged file are of many kinds
+        # Its first sentence: torch's own can run on for several.
+        reason = str(error).split("\n")[0].split(". ")[0] or type(error).__name__
+        raise CheckpointError(f"--checkpoint {path} is not a checkpoint of this demo: torch "
+                              f"cannot read it ({reason}); it is damaged, cut short or another "
+                              f"kind of file. Start afresh without --resume, or name another "
+                              f"--checkpoint") from error
+    problem = _checkpoint_contents_problem(state)
+    if problem:
+        raise CheckpointError(f"--checkpoint {path} is not a checkpoint of this demo: {problem}. "
+                              f"Start afresh without --resume, or name another --checkpoint")
+    return state
+
+
+def _checkpoint_contents_problem(state):
+    """What in `state` (a file torch read) is not what save_checkpoint
+    writes, or None."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not the demo's dictionary"
+    if set(state) != set(CHECKPOINT_TYPES):
+        return (f"it holds {', '.join(map(str, sorted(state, key=str))) or 'nothing'}, where the "
+                f"demo's hold {', '.join(CHECKPOINT_TYPES)}")
+    for key, kind in CHECKPOINT_TYPES.items():
+        if not isinstance(state[key], kind):
+            return f"its {key} is a {type(state[key]).__name__}, not a {kind.__name__}"
+    return None
+
+
+@contextlib.contextmanager
+def checkpoint_lock(path):
+    """Yields None while this process holds PATH.lock, an flock (which ends
+    with the process, however it ends): only one run writes a checkpoint.
+    Where another process holds it, yields what it wrote there ("pid N on
+    HOST"). Holding it, sweeps the partial files of runs killed while
+    saving. The lock file goes when the run does (a killed run's stays,
+    free)."""
+    lock_path = path.with_name(path.name + ".lock")
+    while True:
+        lock = open(lock_path, "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "a process that has not said which"
+            lock.close()
+            yield holder
+            return
+        # The run before may have removed the file between our open and our
+        # lock: a lock on a name no one else sees. Take the new one.
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock_path).st_ino == os.fstat(lock.fileno()).st_ino:
+                break
+        lock.close()
+    try:
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+        for partial in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
+            partial.unlink(missing_ok=True)
+        yield None
+    finally:
+        lock_path.unlink(missing_ok=True)
+        lock.close()
 
 
 def all_agree(device):
@@ -229,19 +356,30 @@ def model_and_optimizer(device, checkpoint):
 def run(args, config, checkpoint=None):
     """The demo's training run in this process (args: the demo's options;
     config: the run's settings; checkpoint: the state it resumes from).
-    Returns the exit code."""
+    Returns the exit code. Rank 0, the writer, holds the checkpoint's lock
+    while it runs."""
     rank, world_size, device = start(args.device)
-    code = train(args, config, checkpoint, rank, world_size, device)
+    writes = rank == 0 and args.checkpoint
+    with checkpoint_lock(Path(args.checkpoint)) if writes else contextlib.nullcontext() as other:
+        code = train(args, config, checkpoint, rank, world_size, device, other)
     finish()
     return code
 
 
-def train(args, config, checkpoint, rank, world_size, device):
-    """Trains from step 0, or from `checkpoint`'s step, to --steps; returns the exit code."""
+def train(args, config, checkpoint, rank, world_size, device, other_writer=None):
+    """Trains from step 0, or from `checkpoint`'s step, to --steps; returns
+    the exit code. other_writer: who holds the checkpoint's lock (rank 0
+    knows), None where no one else does."""
     say = print if rank == 0 else (lambda *_: None)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     say(f"lltm_ffi {lltm_ffi.__version__} on {world_size} process(es), {device.type} ({name}) through "
         f"{dist.get_backend()}, torch {torch.__version__}")
+    taken = torch.tensor([float(other_writer is not None)], device=device)
+    dist.all_reduce(taken)
+    if taken.item():
+        say(f"another run is writing {args.checkpoint} ({other_writer}); two runs on one "
+            f"checkpoint would overwrite each other's: let it end, or name another --checkpoint")
+        return 1
     failure = all_agree(device)
     say("agreement with the PyTorch reference on every process (16x32x128, float32, outputs "
         "and 5 gradients): " + (f"FAILED: {failure}" if failure else "ok"))

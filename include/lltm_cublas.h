@@ -1,5 +1,5 @@
 /* The sequence layer's matrix products through cuBLAS
- * (src/lltm_cublas.c), found at run time: the libcublas that torch has
+ * (src/cuda/cublas.c), found at run time: the libcublas that torch has
  * already loaded, else one on the library path. Nothing here needs a cuBLAS
  * header or links cuBLAS, so the module builds where there is none; where
  * none can be loaded, lltm_cublas_run says so and the sequence layer runs its

@@ -84,7 +84,7 @@ const char* lltm_package_version(void);
 
 /* 1 where the CPU passes of float16 and bfloat16 may take their products
  * on AMX (the CPU has its bfloat16 tiles and Linux let this process use
- * them; asked once), else 0: lltm_ffi/ops/lltm/lltm_amx.h. */
+ * them; asked once), else 0: src/cpu/lltm_amx.h. */
 int lltm_amx_usable(void);
 
 /* The CPU passes' BLAS (include/lltm_blas.h): the path of the library to

@@ -1,8 +1,8 @@
 """What the compiled module is built from.
 
-The module's sources are found, never listed: every C and CUDA file of the
-framework (src/) and of each op folder (lltm_ffi/ops/<op>/), but an op's C
-tests (test_*.c, which `make asan` builds). build_ffi.py compiles the
+The module's sources are found, never listed: every C and CUDA file under
+src/ (the shim, the LLTM's CPU and CUDA passes, each ported op's
+src/ops/<op>/), but the C checks (test_*.c, which `make asan` builds). build_ffi.py compiles the
 version and the hash of these sources into the module; at import the
 package recomputes them and refuses a module built from other sources.
 This file imports nothing from the package, so build_ffi.py can load it
@@ -15,9 +15,9 @@ from pathlib import Path
 VERSION = "0.1.0"
 
 # The folders whose .c and .cu files make the module, and those that hold
-# the headers they include.
-SOURCE_FOLDERS = ("src", "lltm_ffi/ops/*")
-HEADER_FOLDERS = ("include", "src", "lltm_ffi/ops/*")
+# the headers they include; "**" takes the folder and every folder in it.
+SOURCE_FOLDERS = ("src/**",)
+HEADER_FOLDERS = ("include", "src/**")
 C_TEST_PREFIX = "test_"
 # Everything else that changes the module when it changes.
 BUILD_FILES = ("build_ffi.py",)

@@ -5,10 +5,12 @@ count in a forked child, and handing C the path of the CPU passes' BLAS
 (lltm_ffi/_blas.py finds it). The ops' declarations (lltm_ffi/op.py) check
 their arguments before anything here sees them.
 
-A missing, unloadable or stale module is detected when the package is
-imported, which warns (LLTMBuildWarning); the error itself (LLTMBuildError)
-is raised by the first call that needs the module, so that the reference
-cell, the diagnostics and everything else that does not need it still work.
+A missing, unloadable, damaged or stale module is detected when the package
+is imported, which warns (LLTMBuildWarning); the error itself
+(LLTMBuildError) is raised by the first call that needs the module, so that
+the reference cell, the diagnostics and everything else that does not need
+it still work. A process cannot load a module built after that: it is told
+to restart Python.
 """
 
 import os
@@ -21,17 +23,28 @@ from . import _blas, _build_info, _module_file, _torch_internals
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parent
+
+
+def _file_identity():
+    """(path, inode, size, modification time) of the module file
+    `from . import _lltm_ffi` would load, or None where there is none."""
+    module_file = _module_file.find(PACKAGE)
+    try:
+        status = module_file.stat() if module_file else None
+    except OSError:  # renamed away meanwhile
+        status = None
+    return (module_file, status.st_ino, status.st_size, status.st_mtime_ns) if status else None
 
 
 def _load():
-    package = Path(__file__).resolve().parent
-    module_file = _module_file.find(package)
+    module_file = _module_file.find(PACKAGE)
     if module_file is None:
-        others = sorted(path.name for path in package.glob("_lltm_ffi*.so"))
+        others = sorted(path.name for path in PACKAGE.glob("_lltm_ffi*.so"))
         found = f" (only {', '.join(others)}, built for another Python)" if others else ""
         raise LLTMBuildError(f"lltm_ffi's compiled module is not built: no _lltm_ffi module for "
-                             f"this Python in {package}{found}; build it with `make` in {ROOT}")
-    damage = _module_file.elf_damage(module_file)
+                             f"this Python in {PACKAGE}{found}; build it with `make` in {ROOT}")
+    damage = _module_file.damage(module_file)
     if damage:
         raise LLTMBuildError(f"lltm_ffi's compiled module ({module_file}) is damaged: {damage}; "
                              f"rebuild it with `make` in {ROOT}")
@@ -71,6 +84,9 @@ def _load():
     return ffi, lib, _lltm_ffi.__file__
 
 
+# The module file as the import found it, for require() to tell whether a
+# build replaced it since.
+_FILE_AT_IMPORT = _file_identity()
 try:
     ffi, lib, MODULE_PATH = _load()
     LOAD_ERROR = None
@@ -84,7 +100,7 @@ def _one_thread_after_fork():
     """In a forked child, torch's OpenMP ops wait forever for OpenMP threads
     that stayed in the parent (GNU OpenMP does not survive fork), so that
     lltm_ffi.lltm would hang in its gate product; the C passes guard
-    themselves (src/lltm_cpu.c). The child runs torch on one thread instead,
+    themselves (src/cpu/lltm_cpu.c). The child runs torch on one thread instead,
     as DataLoader's workers do."""
     if torch.get_num_threads() > 1:
         torch.set_num_threads(1)
@@ -107,8 +123,17 @@ def blas_config():
 
 
 def require():
-    """The compiled module's lib, or LLTMBuildError saying what to do."""
+    """The compiled module's lib, or LLTMBuildError saying what to do: what
+    the import found wrong, or, where a module was built since, to restart
+    Python (a process loads its module once, at import, and a stale one it
+    loaded stays loaded)."""
     if lib is None:
+        built_since = _file_identity()
+        if built_since is not None and built_since != _FILE_AT_IMPORT:
+            raise LLTMBuildError(
+                f"lltm_ffi's compiled module ({built_since[0]}) was built after this Python "
+                f"process imported lltm_ffi, which could not use the module there then; a "
+                f"running process cannot load the new one: restart Python") from LOAD_ERROR
         raise LLTMBuildError(str(LOAD_ERROR)) from LOAD_ERROR.__cause__
     return lib
 
@@ -128,7 +153,7 @@ _AMX_USABLE = bool(lib.lltm_amx_usable()) if lib is not None else None
 
 def amx_usable():
     """Whether the CPU passes of float16 and bfloat16 may take their products
-    on AMX here (lltm_ffi/ops/lltm/lltm_amx.h); LLTM_AMX=0 in the
+    on AMX here (src/cpu/lltm_amx.h); LLTM_AMX=0 in the
     environment keeps them on the portable products all the same."""
     if _AMX_USABLE is None:
         require()
@@ -200,8 +225,8 @@ def pass_devices(name):
         return PASSES[name][1]
     require()
     raise LLTMBuildError(
-        f"lltm_ffi's compiled module has no pass {name!r}: no C or CUDA source of an op "
-        f"folder registers it with LLTM_CPU_PASS or LLTM_CUDA_PASS; check the name there, "
+        f"lltm_ffi's compiled module has no pass {name!r}: no C or CUDA source under "
+        f"src/ registers it with LLTM_CPU_PASS or LLTM_CUDA_PASS; check the name there, "
         f"then rebuild with `make` in {ROOT}")
 
 

@@ -81,9 +81,10 @@ def _describe_module(report, extension):
         report.row("module status", f"NOT USABLE: {extension.LOAD_ERROR}")
         report.problem(str(extension.LOAD_ERROR))
         # A stale module still loads: say what it was built with all the same.
-        # A damaged one is not loaded: it could kill the process (SIGBUS).
+        # A damaged one is not loaded: it could kill the process (SIGBUS,
+        # SIGSEGV, SIGILL).
         module_file = _module_file.find(package)
-        if module_file is None or _module_file.elf_damage(module_file):
+        if module_file is None or _module_file.damage(module_file):
             return None
         try:
             from . import _lltm_ffi

@@ -14,17 +14,32 @@ The annotations say what each argument must be: op.Tensor(...) a tensor
 (of the op's floating dtype, unless it names another: one of the dtypes
 the pass's C sources register it for on the call's device, float32 and
 float64, and float16 and bfloat16 where they say so, the same for every
-such argument of a call; with so many dimensions; optional; read through
-its strides; read on the host, a CPU tensor whatever the pass's device),
-int, float or bool. From the one function come:
+such argument of a call; or one of several integer dtypes, converted to
+the one C reads; with so many dimensions; optional; read through its
+strides; read on the host, a CPU tensor whatever the pass's device), int,
+float or bool. A default (`scale: float = 1.0`) makes an argument
+optional in every call, and every argument can be given by keyword.
+From the one function come:
 
-- the checks: a TypeError or ValueError naming the argument, before any
-  address reaches C;
+- the checks: a TypeError or ValueError naming the argument and the
+  function the caller called (the operator, or the op's public function),
+  before any address reaches C: the annotations' (a scalar must be one C
+  can hold, an int64 or a double), then `check=` (shapes and scalars: it
+  also runs on the fake tensors of tracers), then `values=` (what only the
+  tensors' contents can say: indices in range), which runs on real tensors
+  only and which the framework skips where values cannot be read (fake
+  tensors, torch.compile and other tracers, torch.func transforms, CUDA
+  graph capture); both are called with that function's name first;
 - the torch.library operator lltm_ffi::<name>, with those checks, and its
   fake implementation: the same function run with a `c` that calls
   nothing, on fake tensors, so the outputs' shapes are written once;
 - round_forward(input): the checked call, through the operator under
   torch.compile, a tracer or a tensor subclass, else straight into C.
+
+`nondeterministic=("cuda",)` declares a pass whose result varies from run
+to run on that device (a scatter by atomicAdd): under
+torch.use_deterministic_algorithms(True) a call there raises, as torch's
+own such ops do (warns, with warn_only=True).
 
 A differentiable op joins a forward pass and its derivative:
 
@@ -38,7 +53,9 @@ and the device. docs/PORTING.md walks a whole op through this.
 """
 
 import inspect
+import numbers
 import typing
+import warnings
 
 import torch
 
@@ -59,23 +76,44 @@ class Tensor:
     int, a tuple of those allowed, or None for any). dtype: None for the
     op's floating dtype (one the pass takes on the call's device, the same
     for every such argument of a call), else the torch.dtype it must have
-    (torch.int64 for indices, say). optional: None is accepted and reaches
-    C as NULL.
+    (torch.int64 for indices, say), or a tuple of those it may have; with a
+    tuple, c_dtype is the one of them C reads, and an argument of another
+    is converted to it (a copy) before C sees it. optional: None is
+    accepted and reaches C as NULL.
     strided: C reads it through its strides, so it is passed as it is
     (its negative bit resolved); otherwise it is made contiguous first.
     host: C reads it on the host (sizes that a CUDA pass's launches
     depend on, say), so it must be on the CPU whatever the other tensors'
     device; it must not be a pass's first tensor, which gives the device."""
 
-    def __init__(self, dims=None, dtype=None, optional=False, strided=False, host=False):
+    def __init__(self, dims=None, dtype=None, optional=False, strided=False, host=False,
+                 c_dtype=None):
         self.dims = (dims,) if isinstance(dims, int) else dims
+        if isinstance(dtype, tuple) and c_dtype not in dtype:
+            raise TypeError(f"op.Tensor(dtype={dtype}) needs c_dtype=, the one of those dtypes "
+                            "that C reads")
+        if c_dtype is not None and not isinstance(dtype, tuple):
+            raise TypeError("op.Tensor: c_dtype= goes with a tuple of dtypes, dtype=(...)")
         self.dtype = dtype
+        self.c_dtype = c_dtype
         self.optional = optional
         self.strided = strided
         self.host = host
 
     def schema(self):
         return "Tensor?" if self.optional else "Tensor"
+
+    def __repr__(self):
+        given = {"dims": self.dims, "dtype": self.dtype, "optional": self.optional,
+                 "strided": self.strided, "host": self.host, "c_dtype": self.c_dtype}
+        return "op.Tensor(" + ", ".join(f"{name}={value!r}" for name, value in given.items()
+                                        if value) + ")"
+
+    def prepare(self):
+        """How run() hands an argument to C: the dtype it is converted to
+        (then made dense), True to pass it as it is (strided), False to
+        make it dense."""
+        return self.c_dtype if self.c_dtype is not None else self.strided
 
 
 def _no_call(sizes, tensors, scalars=()):
@@ -143,22 +181,26 @@ def autocast_cast(dtype, *arguments):
 
 # The refusals every op shares, worded once.
 
-def _dtype_list(dtypes):
+def _dtype_list(dtypes, conjunction="and"):
     names = [str(dtype) for dtype in dtypes]
-    return " and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]
+    last = f" {conjunction} "
+    return last.join(names) if len(names) < 3 else ", ".join(names[:-1]) + last + names[-1]
 
 
 def check_tensor(op, name, tensor, dtype=None):
     """TypeError naming `name` unless `tensor` is a dense tensor of a
-    floating dtype lltm_ffi knows (or of `dtype`, where given); which of
-    them a pass takes on a device is check_dtype's."""
+    floating dtype lltm_ffi knows (or of `dtype`, where given: a dtype or a
+    tuple of those allowed); which of them a pass takes on a device is
+    check_dtype's."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if dtype is None and tensor.dtype not in DTYPES:
         raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; lltm_ffi takes floating-point "
                         f"tensors ({_dtype_list(DTYPES)}, as each op's passes allow)")
-    if dtype is not None and tensor.dtype != dtype:
-        raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; it must be {dtype}")
+    if dtype is not None and tensor.dtype != dtype and not (
+            isinstance(dtype, tuple) and tensor.dtype in dtype):
+        allowed = _dtype_list(dtype, "or") if isinstance(dtype, tuple) else dtype
+        raise TypeError(f"{op}: {name} has dtype {tensor.dtype}; it must be {allowed}")
     if tensor.is_nested:
         raise TypeError(f"{op}: {name} is a nested tensor (layout {tensor.layout}); lltm_ffi "
                         "takes dense (torch.strided) tensors: pad it with "
@@ -209,12 +251,54 @@ def check_shape(op, name, tensor, expected):
                          f"{tuple(expected)}")
 
 
+def check_sizes(function, **sizes):
+    """The sizes (a module's, say: input_features=4, state_size=8), each as
+    an int; TypeError naming the first that is no integer (a bool is none,
+    nor is a float of integral value), ValueError for one below 1."""
+    checked = []
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(f"{function}: {name} must be an int, got {type(size).__name__} "
+                            f"{_shown(size)}")
+        if size < 1:
+            raise ValueError(f"{function}: {name} must be at least 1, got {size}")
+        checked.append(int(size))
+    return checked
+
+
+def _shown(value):
+    """repr(value), shortened where it is long (an int of many digits)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({len(text)} characters)"
+
+
+_INT64 = (-2**63, 2**63 - 1)
+
+
+def _scalar_problem(kind, value):
+    """Why C cannot hold `value` (of a type the annotation `kind` accepts)
+    as an int64 (sizes=) or a double (scalars=), or None: an int of more
+    than 64 bits, or one beyond the largest finite double (NaN and the
+    infinities are doubles: which values make sense is the op's check's).
+    A tracer's symbolic value is checked where it becomes one."""
+    if kind is bool or isinstance(value, (torch.SymInt, torch.SymFloat)):
+        return None
+    if kind is int:
+        return None if _INT64[0] <= value <= _INT64[1] else "must fit an int64"
+    try:
+        float(value)
+    except OverflowError:
+        return "is beyond the range of a double"
+    return None
+
+
 class Pass:
     """A C pass, declared by the function that runs it (see the module's
     docstring; c_pass is the decorator). Calling it checks the arguments and
     runs the pass, through its operator where use_operator says so."""
 
-    def __init__(self, name, body, check=None, devices=("cpu", "cuda")):
+    def __init__(self, name, body, check=None, devices=("cpu", "cuda"), values=None,
+                 nondeterministic=()):
         if name in PASSES:
             # torch.library would replace the operator: the first op's traced
             # and compiled calls would run the second's.
@@ -227,20 +311,27 @@ class Pass:
         self.label = f"{NAMESPACE}::{name}"
         self.body = body
         self.extra_check = check
+        self.value_check = values
+        self.nondeterministic = nondeterministic
         signature = inspect.signature(body)
         # After `c`, the pass's arguments; keyword-only parameters are options
         # of the direct call (run), which the operator leaves at their defaults.
         parameters = [parameter for parameter in list(signature.parameters.values())[1:]
                       if parameter.kind is not inspect.Parameter.KEYWORD_ONLY]
         self.parameters = [(parameter.name, parameter.annotation) for parameter in parameters]
+        self._names = tuple(name for name, _ in self.parameters)
+        self.defaults = {parameter.name: parameter.default for parameter in parameters
+                         if parameter.default is not inspect.Parameter.empty}
+        # What inspect.signature and help() show for the pass and its op.
+        self.__signature__ = signature.replace(parameters=parameters)
         for name_, kind in self.parameters:
             if not isinstance(kind, Tensor) and kind not in _SCALAR_SCHEMA:
                 raise TypeError(f"{self.label}: the annotation of {name_} must be op.Tensor(...), "
                                 f"int, float or bool, got {kind!r}")
         self.tensor_positions = [index for index, (_, kind) in enumerate(self.parameters)
                                  if isinstance(kind, Tensor)]
-        self._readable = [kind.strided if isinstance(kind, Tensor) else None
-                          for _, kind in self.parameters]
+        self._prepare = [kind.prepare() if isinstance(kind, Tensor) else None
+                         for _, kind in self.parameters]
         self.c = _extension.CPass(name)
         # The dtypes the compiled module registered the pass for on each
         # device, read once, for the checks' valid case: attributes, since
@@ -260,6 +351,7 @@ class Pass:
     def _schema(self, returns):
         arguments = ", ".join(
             f"{kind.schema() if isinstance(kind, Tensor) else _SCALAR_SCHEMA[kind]} {name}"
+            + (f"={self.defaults[name]!r}" if name in self.defaults else "")
             for name, kind in self.parameters)
         if returns is torch.Tensor:
             count = 1
@@ -276,7 +368,8 @@ class Pass:
         """Raises TypeError or ValueError, naming the argument (and `op`,
         the function the caller called: the operator by default), for
         anything the pass cannot take: what the annotations ask, then the
-        pass's own check (the shapes' relations, say)."""
+        pass's own check (the shapes' relations, say), called with `op` and
+        the arguments."""
         op = op or self.label
         if len(args) != len(self.parameters):
             raise TypeError(f"{op} takes {len(self.parameters)} arguments "
@@ -308,12 +401,59 @@ class Pass:
                   or (kind is not bool and isinstance(value, bool))):
                 raise TypeError(f"{op}: {name} must be {kind.__name__}, got "
                                 f"{type(value).__name__}")
+            else:
+                problem = _scalar_problem(kind, value)
+                if problem:
+                    raise ValueError(f"{op}: {name} {problem}, got {_shown(value)}")
         if first is not None:
             self.check_device(op, *first)
+            if first[1].device.type in self.nondeterministic:
+                _alert_nondeterministic(op, first[1].device.type)
         if floating is not None:
             check_dtype(op, *floating, self)
         if self.extra_check is not None:
-            self.extra_check(*args)
+            self.extra_check(op, *args)
+
+    def bind(self, args, keywords, op=None):
+        """The arguments of a call given by position and by keyword (the
+        defaults filling in what neither gives) as the full tuple, by
+        position, that the checks, C and the operator take."""
+        names = self._names
+        if not keywords and len(args) == len(names):
+            return args
+        op = op or self.label
+        takes = ", ".join(f"{name}={self.defaults[name]!r}" if name in self.defaults else name
+                          for name in names)
+        if len(args) > len(names):
+            raise TypeError(f"{op} takes {len(names)} arguments ({takes}), got {len(args)}")
+        for name in keywords:
+            if name not in names:
+                raise TypeError(f"{op}: no argument is named {name} (it takes {takes})")
+            if names.index(name) < len(args):
+                raise TypeError(f"{op}: {name} is given twice, by position and by keyword")
+        bound = list(args)
+        for name in names[len(args):]:
+            if name in keywords:
+                bound.append(keywords[name])
+            elif name in self.defaults:
+                bound.append(self.defaults[name])
+            else:
+                raise TypeError(f"{op}: missing the argument {name} (it takes {takes})")
+        return tuple(bound)
+
+    def check_values(self, args, op=None):
+        """The pass's `values=` check, where the tensors' values can be read:
+        real tensors, outside tracers, torch.func transforms and CUDA graph
+        capture (reading a value there would need a synchronization that
+        capture forbids)."""
+        if self.value_check is None:
+            return
+        tensors = self.tensors_of(args)
+        if (use_operator(*tensors) or _torch_internals.functorch_transforms_active()
+                or (any(tensor.is_cuda for tensor in tensors)
+                    and torch.cuda.is_current_stream_capturing())):
+            return
+        self.value_check(op or self.label, *args)
 
     def check_device(self, op, name, tensor):
         """check_device for the device of `tensor` (the argument `name`), and
@@ -321,7 +461,10 @@ class Pass:
         module."""
         device = tensor.device
         check_device(op, device, f"{name} is")
-        if device.type not in _extension.pass_devices(self.name):
+        # The declared devices first: a module built without CUDA registers
+        # no pass that has kernels only.
+        if device.type not in self.devices or device.type not in _extension.pass_devices(
+                self.name):
             raise ValueError(f"{op}: {name} is on {device}, but {self.label} has no "
                              f"{device.type} version (its op has no "
                              f"{'kernel' if device.type == 'cuda' else 'CPU pass'})")
@@ -330,41 +473,79 @@ class Pass:
         """The body on the arguments as C reads them, with no check: for
         callers that checked the whole call already; `options` are the
         body's keyword-only parameters."""
-        return self.body(self.c, *[
-            argument if readable is None or argument is None
-            else (argument.resolve_neg() if readable else _extension.dense(argument))
-            for readable, argument in zip(self._readable, args)], **options)
+        return self.body(self.c, *self._as_c_reads(args), **options)
+
+    def _as_c_reads(self, args):
+        """Each tensor argument as C reads it: dense (but where strided=),
+        converted to its c_dtype."""
+        return [argument if prepare is None or argument is None
+                else argument.resolve_neg() if prepare is True
+                else _extension.dense(argument if prepare is False else argument.to(prepare))
+                for prepare, argument in zip(self._prepare, args)]
+
+    # The operator's implementations: torch's dispatcher leaves out trailing
+    # arguments equal to their defaults, which bind() puts back.
 
     def _run_operator(self, *args):
+        args = self.bind(args, {})
         self.check(args)
+        self.check_values(args)
         return self.run(*args)
 
     def _fake(self, *args):
+        args = self.bind(args, {})
         self.check(args)
-        return self.body(_no_call, *args)
+        return self.body(_no_call, *self._as_c_reads(args))
 
     def tensors_of(self, args):
         """The tensor arguments among `args` (those given, None left out)."""
         return [args[index] for index in self.tensor_positions
                 if index < len(args) and args[index] is not None]
 
-    def __call__(self, *args):
+    def __call__(self, *args, **keywords):
+        if keywords or len(args) != len(self._names):
+            args = self.bind(args, keywords)
         if use_operator(*self.tensors_of(args)):
             return self.operator(*args)
         self.check(args)
+        if self.value_check is not None:
+            self.check_values(args)
         return self.run(*args)
+
+
+def _alert_nondeterministic(op, device_type):
+    """What torch's own ops do under torch.use_deterministic_algorithms(True)
+    where their kernel on the device is not deterministic: raise (warn with
+    warn_only=True)."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    message = (f"{op} does not have a deterministic implementation on {device_type} (it adds "
+               "with atomics, in an order that varies from run to run), but you set "
+               "'torch.use_deterministic_algorithms(True)'. You can turn off determinism just "
+               "for this operation, or use the 'warn_only=True' option")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, stacklevel=3)
+    else:
+        raise RuntimeError(message)
 
 
 # Every pass declared, by name: what the self-check and the tests go over.
 PASSES = {}
 
 
-def c_pass(name, check=None, devices=("cpu", "cuda")):
-    """Declares the function below as the C pass `name` (a Pass); `check`,
-    where given, is called with the arguments after the checks the
-    annotations ask for; `devices`: the device types its C sources register
-    it for (("cuda",) for an op with a kernel and no CPU pass, say)."""
-    return lambda body: Pass(name, body, check, devices)
+def c_pass(name, check=None, devices=("cpu", "cuda"), values=None, nondeterministic=()):
+    """Declares the function below as the C pass `name` (a Pass). `check`,
+    where given, is called with the name of the function the caller called
+    (for its messages) and the arguments, after the checks the annotations
+    ask for, on real and fake tensors alike: it may read shapes, dtypes and
+    scalars, never a tensor's values. `values`, where given, is called after
+    it the same way, on real tensors only, where their values can be read
+    (Pass.check_values): indices in range, say. `devices`: the device types
+    its C sources register it for (("cuda",) for an op with a kernel and no
+    CPU pass, say). `nondeterministic`: the device types whose version gives
+    results that vary from run to run (a scatter by atomicAdd), refused
+    under torch.use_deterministic_algorithms(True)."""
+    return lambda body: Pass(name, body, check, devices, values, nondeterministic)
 
 
 class Op:
@@ -390,15 +571,37 @@ class Op:
             "generate_vmap_rule": True,
             "__doc__": f"{forward.label} for plain eager calls, with its derivative."})
         self._apply = _torch_internals.plain_apply(self.function)
-        forward.operator.register_autograd(backward, setup_context=setup_context)
+        self.__signature__ = forward.__signature__.replace(
+            return_annotation=inspect.Signature.empty)
+        forward.operator.register_autograd(_with_every_input(backward, len(forward.parameters)),
+                                           setup_context=setup_context)
 
-    def __call__(self, *args):
-        self.forward.check(args, self.name)
-        if use_operator(*self.forward.tensors_of(args)):
-            return self.result(self.forward.operator(*args))
+    def __call__(self, *args, **keywords):
+        forward = self.forward
+        if keywords or len(args) != len(forward._names):
+            args = forward.bind(args, keywords, self.name)
+        forward.check(args, self.name)
+        if use_operator(*forward.tensors_of(args)):
+            return self.result(forward.operator(*args))
+        if forward.value_check is not None:
+            forward.check_values(args, self.name)
         if _untransformed():
             return self.result(self._apply(*args))
         return self.result(self.function.apply(*args))
+
+
+def _with_every_input(backward, count):
+    """`backward` as the operator runs it. The dispatcher leaves out trailing
+    arguments equal to their defaults (torch puts them back for
+    setup_context, not for ctx.needs_input_grad): they are None or scalars,
+    which need no gradient, so needs_input_grad gets False for each, and the
+    backward sees as many inputs as eager calls give it."""
+    def operator_backward(ctx, *grad_outputs):
+        given = ctx.needs_input_grad
+        if len(given) < count:
+            ctx.needs_input_grad = (*given, *[False] * (count - len(given)))
+        return backward(ctx, *grad_outputs)
+    return operator_backward
 
 
 # Every op's self-check, by the op's public name.

@@ -1,8 +1,16 @@
 """What any op's tests use (pytest is needed here only): the fixtures that
-run a test on every device and dtype, fresh random inputs with a seed a
+run a test on every device and dtype, seeded random inputs with the seed a
 failure report names, and the comparison with a float64 reference. An op
 folder's tests find the fixtures through lltm_ffi/ops/conftest.py; the
 suite under tests/ through tests/conftest.py.
+
+Seeds: every test has one, fixed (derived from the test's id), so a run
+draws the same inputs as the last and CI never meets a seed of its own.
+Each test's seed also seeds torch's global generators and Python's
+`random` before it runs, so what a test draws without a generator of its
+own (module parameters, dropout) does not depend on what ran before it.
+LLTM_TEST_SEED=<seed> gives every test that seed (a failure report names
+it); LLTM_TEST_SEED=random gives each a fresh one (`make seed-hunt`).
 
 Markers (registered in pyproject.toml): a test that runs on a GPU is
 marked `gpu` (the cuda case of `device`, and every test that takes
@@ -11,6 +19,8 @@ GPU scripts select by them (`pytest -m gpu`).
 """
 
 import os
+import random
+import zlib
 
 import pytest
 import torch
@@ -54,13 +64,37 @@ def dtype(request):
     return request.param
 
 
+def seed_for(name):
+    """The seed of the test, fixture or child process called `name`: fixed
+    (a CRC-32 of the name) unless $LLTM_TEST_SEED says a seed, or `random`
+    for a fresh one."""
+    setting = os.environ.get(SEED_VARIABLE, "").strip()
+    if setting == "random":
+        return torch.Generator().seed() % 2 ** 63
+    if setting:
+        return int(setting)
+    return zlib.crc32(name.encode())
+
+
+def _seed_of(node):
+    if not hasattr(node, "lltm_seed"):
+        node.lltm_seed = seed_for(node.nodeid)
+    return node.lltm_seed
+
+
+@pytest.fixture(autouse=True)
+def seeded_global_generators(request):
+    """torch's global generators (every device's) and Python's `random`,
+    seeded with the test's seed."""
+    value = _seed_of(request.node)
+    torch.manual_seed(value)
+    random.seed(value)
+
+
 @pytest.fixture
 def seed(request):
-    """A fresh random seed (or $LLTM_TEST_SEED), shown in the report if the test fails."""
-    replay = os.environ.get(SEED_VARIABLE)
-    value = int(replay) if replay else torch.Generator().seed()
-    request.node.lltm_seed = value
-    return value
+    """The test's seed (see the module's docstring), shown in the report if it fails."""
+    return _seed_of(request.node)
 
 
 @pytest.fixture

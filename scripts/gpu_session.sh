@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU, in one call: build, test, benchmark.
 #
-#   scripts/gpu_session.sh [STEP...]   steps: build diag test pytest bench kernels overhead sequence
-#                                      half accuracy demo sanitizers, and the distributed ones:
+#   scripts/gpu_session.sh [STEP...]   steps: build diag test pytest bench kernels overhead sequence sweep
+#                                      half accuracy wordlm demo sanitizers, and the distributed ones:
 #                                      dist-pytest dist-demo dist-multinode dist-bench (default:
 #                                      all but sanitizers and dist-*)
 #
@@ -24,7 +24,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(build diag test pytest bench kernels overhead sequence half accuracy demo)
+[ ${#steps[@]} -eq 0 ] && steps=(build diag test pytest bench kernels overhead sequence half accuracy wordlm demo)
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -46,8 +46,10 @@ command_for() {
     kernels) echo "python3 benchmark.py --kernels -c" ;;
     overhead) echo "python3 benchmark.py --overhead -c" ;;
     sequence) echo "python3 benchmark.py --sequence -c" ;;
+    sweep)   echo "python3 benchmark.py --sweep -c -o $OUT/sweep.md" ;;
     half)    echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --sequence -c \$p; done" ;;
     accuracy) echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --accuracy -c \$p; done" ;;
+    wordlm)  echo "python3 benchmark.py --word-language-model -c" ;;
     sanitizers) echo "make memcheck && make racecheck && make synccheck && make initcheck" ;;
     demo)    echo "python3 -m examples.demo --plot $OUT/demo_loss.png" ;;
     dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider -m multi_gpu" ;;

@@ -1,7 +1,8 @@
 """This checkout (REPO_ROOT) and copies of its sources under tmp_path, built
 with `make CUDA=0` and imported in fresh interpreters whose working
 directory and PYTHONPATH are the copy (test_build, test_refusals,
-test_diagnostics, test_packaging)."""
+test_diagnostics, test_packaging); and the sources those tests edit, each
+named once."""
 
 import os
 import shutil
@@ -17,7 +18,26 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 SOURCES = ("build_ffi.py", "Makefile", "include", "src", "lltm_ffi")
 # What a build leaves in lltm_ffi/, and nothing of the checkout's own build.
-NOT_SOURCES = shutil.ignore_patterns("_lltm_ffi*", "__pycache__", "*.o", "*.so")
+NOT_SOURCES = shutil.ignore_patterns("_lltm_ffi*", "._lltm_ffi*", "__pycache__", "*.o", "*.so")
+
+# The sources the build tests edit or damage, each named once: a test names
+# them through these, and existing() fails a test whose file has moved.
+LLTM_CPU_SOURCE = "src/cpu/lltm_cpu.c"
+LLTM_CPU_HEADER = "src/cpu/lltm_cpu_impl.h"
+ROUND_CPU_SOURCE = "src/ops/round_ste/round_cpu.c"
+SHARED_HEADER = "include/lltm_op.h"
+
+
+def existing(path):
+    """`path`, after failing the test unless it is a file: a test that edits,
+    damages or deletes a file must find the one it means (open(path, "a")
+    on a moved source would create a new file, and the test would check
+    nothing)."""
+    path = Path(path)
+    if not path.is_file():
+        pytest.fail(f"{path} is not a file: the test edits a file that has moved or gone; "
+                    f"name its new place (tests/checkouts.py)")
+    return path
 
 
 def copy_sources(destination):
@@ -38,24 +58,31 @@ def make_cpu_only(directory):
     return result
 
 
-def edit_after_build(directory, path):
-    """Appends a comment to `path` (the build compares contents, not file times)."""
-    with open(path, "a") as source:
-        source.write("/* edited after the build */\n")
+def append_to(path, text="/* edited */\n"):
+    """Appends `text` (by default a C comment: an edit that changes the
+    file's contents, which the build compares, not its time) to the existing
+    file `path`."""
+    with open(existing(path), "a") as source:
+        source.write(text)
 
 
 def _environment(directory):
-    """The environment of an interpreter that finds the copy's lltm_ffi first."""
+    """The environment of an interpreter that finds the copy's lltm_ffi first:
+    the checkout's own directory is left out of PYTHONPATH (a venv or
+    anything else under it stays)."""
     inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                 if path and not path.startswith(str(REPO_ROOT))]
+                 if path and os.path.realpath(path) != str(REPO_ROOT)]
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(directory)] + inherited))
 
 
 def run_python(directory, code):
-    """Runs `code` in a fresh interpreter that can import only the copy's lltm_ffi."""
+    """Runs `code` in a fresh interpreter that can import only the copy's
+    lltm_ffi: the checkout's own directory is taken off sys.path, and
+    nothing else (the README's venv lies inside the checkout)."""
     prelude = textwrap.dedent(f"""\
-        import sys
-        sys.path[:] = [path for path in sys.path if not path.startswith({str(REPO_ROOT)!r})]
+        import os, sys
+        sys.path[:] = [path for path in sys.path
+                       if os.path.realpath(path or os.curdir) != {str(REPO_ROOT)!r}]
     """)
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
                           cwd=directory, env=_environment(directory), capture_output=True,

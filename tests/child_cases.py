@@ -28,7 +28,7 @@ import torch
 # conftest puts the checkout first on sys.path (for the child too, which runs
 # this file as a script from tests/).
 from conftest import (ARGUMENT_NAMES, REPO_ROOT, RESULT_NAMES, SEED_VARIABLE, allowed_error,
-                      outputs_and_gradients)
+                      outputs_and_gradients, seed_for)
 
 import builders  # noqa: E402
 import lltm_ffi  # noqa: E402
@@ -176,10 +176,10 @@ def run_child(script=None, case_ids=None):
     """Runs `case_ids` (every case in CASE_IDS by default) in one child
     process running `script` (this file by default, or another whose main
     calls child_main); what it reported."""
-    replay = os.environ.get(SEED_VARIABLE)
-    seed = int(replay) if replay else torch.Generator().seed() % 2 ** 63
+    script = Path(script or __file__).resolve()
+    seed = seed_for(script.name)
     process = subprocess.run(
-        [sys.executable, str(script or Path(__file__).resolve()), str(seed),
+        [sys.executable, str(script), str(seed),
          *(CASE_IDS if case_ids is None else case_ids)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     results, last_started = {}, None

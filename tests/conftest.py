@@ -4,11 +4,11 @@ CPU-only build and child process. The tensors the tests build are in
 builders.py, the copies of the checkout in checkouts.py, the cases run in a
 child process in child_cases.py.
 
-Every test draws fresh random inputs. Tests that take the `seed` (or
-`generator`) fixture print the seed in their failure report; setting
-LLTM_TEST_SEED to it replays the same inputs. Those fixtures, the devices
-and dtypes and the markers they set come from lltm_ffi.testing, which op
-folders' tests share.
+Every test's random inputs come from a fixed seed of its own, which its
+failure report names; LLTM_TEST_SEED=<seed> replays it, and
+LLTM_TEST_SEED=random draws fresh seeds (`make seed-hunt`). The seeds, the
+devices and dtypes and the markers they set come from lltm_ffi.testing,
+which op folders' tests share.
 """
 
 import re
@@ -27,7 +27,8 @@ import lltm_ffi  # noqa: E402
 from lltm_ffi import reference, selfcheck  # noqa: E402
 from lltm_ffi.testing import (NO_GPU, SEED_VARIABLE, cuda_device, device, dtype,  # noqa: E402,F401
                               generator, pytest_collection_modifyitems,
-                              pytest_runtest_makereport, seed, skip_without_gpu,
+                              pytest_runtest_makereport, seed, seed_for,
+                              seeded_global_generators, skip_without_gpu,
                               skip_without_two_gpus)
 
 ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")

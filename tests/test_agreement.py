@@ -115,7 +115,7 @@ def test_edge_shapes_agree_with_reference(shape, dtype, device, seed):
 
 
 # On a GPU an eager step runs as a sequence of length 1 in lltm_ffi's own
-# kernels (src/step_kernel.cu) while its gate product takes at most
+# kernels (src/cuda/step_kernel.cu) while its gate product takes at most
 # cell.STEP_MULTIPLY_ADDS multiply-adds, in torch's products past that;
 # which kernels a backward pass launches depends on the gradients wanted,
 # and the product kernel's tiles (64 or 32 rows) on the sizes.

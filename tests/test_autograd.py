@@ -199,6 +199,7 @@ def test_compiled_first_order_backward_keeps_the_fused_pass(generator):
 
 
 @pytest.mark.parametrize("cell", CELLS.values(), ids=CELLS.keys())
+@pytest.mark.slow
 def test_compiled_double_backward_is_refused_as_for_the_reference(cell, generator):
     """torch.compile (AOTAutograd) refuses any double backward, the reference's
     too: lltm_ffi must raise the same error, never return a detached gradient.
@@ -215,6 +216,7 @@ def test_compiled_double_backward_is_refused_as_for_the_reference(cell, generato
 
 
 @pytest.mark.parametrize("transform", ["grad", "vmap", "jvp"])
+@pytest.mark.slow
 def test_compiled_func_transforms(transform, generator):
     """torch.compile of a torch.func transform of the cell (its pointwise pass
     then in torch ops: the operators' autograd does not support them)."""
@@ -417,9 +419,11 @@ def test_sequence_gradgradcheck(device, generator):
 
 
 def test_sequence_operator_gradgradcheck(device, generator):
-    arguments = as_leaves(sequence_arguments(generator, (3, 2, 3, 4), device=device))
+    inputs, *arguments = sequence_arguments(generator, (3, 2, 3, 4), device=device)
+    # A dense sequence's rows (steps * batch, features), batch_sizes None.
+    arguments = as_leaves([inputs.reshape(6, 3), *arguments])
     assert torch.autograd.gradgradcheck(
-        lambda *leaves: torch.ops.lltm_ffi.sequence_forward(*leaves)[:2], arguments)
+        lambda *leaves: torch.ops.lltm_ffi.packed_forward(*leaves, None, False)[:2], arguments)
 
 
 @pytest.mark.parametrize("transform", ["grad", "vmap", "jvp", "forward_ad"])

@@ -1,5 +1,5 @@
 """The cluster kernels of lltm_sequence's recurrence (compute capability 9.0
-and newer, lltm_ffi/ops/lltm/cluster_kernel.cu): the sequence on a GPU
+and newer, src/cuda/recurrence/cluster_kernel.cu): the sequence on a GPU
 against the CPU pass in float64, forward and every gradient, at sizes they
 take, either direction, with them and without them (LLTM_CLUSTER=0: the
 persistent kernels or the step loops, as before 9.0); that they run where

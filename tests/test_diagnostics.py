@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import lltm_ffi
-from checkouts import REPO_ROOT, copy_sources, edit_after_build, make_cpu_only
+from checkouts import (REPO_ROOT, ROUND_CPU_SOURCE, append_to, copy_sources, existing,
+                       make_cpu_only)
 from lltm_ffi import _extension
 from lltm_ffi.diagnostics import covering_arch
 
@@ -49,7 +50,10 @@ def test_report_on_this_build():
     if lltm_ffi.CUDA_COMPILED:
         assert report["CUDA compiled in"] == "yes"
         archs = ffi.string(lib.lltm_cuda_archs()).decode()
-        assert report["CUDA architectures"] == archs and "sm_90" in archs.split()
+        assert report["CUDA architectures"] == archs, report
+        assert all(re.fullmatch(r"(sm|compute)_\d+[af]?", name) for name in archs.split()), archs
+        for index in range(torch.cuda.device_count()):
+            assert covering_arch(archs, *torch.cuda.get_device_capability(index)), archs
         version = lib.lltm_cuda_runtime_version()
         assert version >= 12000
         assert report["CUDA runtime (built)"] == f"{version // 1000}.{version % 1000 // 10}"
@@ -98,7 +102,7 @@ def test_report_without_a_built_module(tmp_path):
 def test_report_on_a_stale_module(tmp_path):
     directory = copy_sources(tmp_path / "lltm")
     make_cpu_only(directory)
-    edit_after_build(directory, directory / "lltm_ffi" / "ops" / "round_ste" / "round_cpu.c")
+    append_to(directory / ROUND_CPU_SOURCE)
     result = run_diagnostics(directory)
     assert_reports_environment_and_problem(result, "stale", "`make`")
     # What the stale module was built with is still shown.
@@ -110,10 +114,9 @@ def test_report_on_a_pass_registered_twice(tmp_path):
     registry keeps the first, so the module is refused (rather than have
     one op run another's pass)."""
     directory = copy_sources(tmp_path / "lltm")
-    source = directory / "lltm_ffi" / "ops" / "round_ste" / "round_cpu.c"
-    with open(source, "a") as file:
-        file.write("LLTM_CPU_PASS(forward_pass, round_forward, args->sizes[0], "
-                   "args->tensors[0], args->tensors[1])\n")
+    append_to(directory / ROUND_CPU_SOURCE,
+                     "LLTM_CPU_PASS(forward_pass, round_forward, args->sizes[0], "
+                     "args->tensors[0], args->tensors[1])\n")
     make_cpu_only(directory)
     assert_reports_environment_and_problem(
         run_diagnostics(directory), "refused a pass registration", "'forward_pass'", "`make`")
@@ -121,7 +124,7 @@ def test_report_on_a_pass_registered_twice(tmp_path):
 
 def test_report_on_a_declared_pass_that_no_source_registers(tmp_path):
     directory = copy_sources(tmp_path / "lltm")
-    source = directory / "lltm_ffi" / "ops" / "round_ste" / "round_cpu.c"
+    source = existing(directory / ROUND_CPU_SOURCE)
     text, renamed = re.subn(r"\b(LLTM_CPU_PASS\w*)\(round_forward,", r"\1(round_forwards,",
                             source.read_text())
     assert renamed == 1, "round_cpu.c no longer registers round_forward as this test expects"

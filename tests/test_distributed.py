@@ -16,15 +16,18 @@ NCCL on cuda:0 and cuda:1 (NVLink multicast off: NCCL_NVLS_ENABLE=0). All the
 cases of a device run in one torchrun launch (tests/distributed_cases.py);
 every launch runs under a timeout, so that a hang fails the tests. torchrun
 --standalone finds a free port itself, scripts/multinode_demo.sh one for its
-rendezvous. The launches of the demo are marked slow, their NCCL cases
-multi_gpu.
+rendezvous. Every test that launches processes is marked slow, the NCCL
+cases multi_gpu.
 """
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +35,8 @@ import pytest
 import torch
 
 import distributed_cases as cases
-from checkouts import output_within
-from conftest import REPO_ROOT, SEED_VARIABLE
+from checkouts import STOP_GRACE_S, output_within
+from conftest import REPO_ROOT, SEED_VARIABLE, seed_for
 from examples import demo, distributed
 
 PROCESSES = 2
@@ -68,18 +71,24 @@ def child_environment(**variables):
                             if path]), **variables)
 
 
-def torchrun(arguments, device_type, timeout, processes=PROCESSES, options=(), **variables):
-    """(return code, output) of `torchrun --standalone` with `processes`
-    processes and torchrun's `options`, in a process group of its own that
-    is killed past `timeout`; `variables` join the environment."""
+def start_torchrun(arguments, device_type, processes=PROCESSES, options=(), **variables):
+    """`torchrun --standalone` with `processes` processes and torchrun's
+    `options`, started in a process group of its own, its output (stdout
+    and stderr) piped; `variables` join the environment."""
     environment = child_environment(**variables)
     if device_type == "cuda":
         environment.update(NVLINK_MULTICAST_OFF)
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc-per-node={processes}", *options, *arguments],
         cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True)
+
+
+def torchrun(arguments, device_type, timeout, processes=PROCESSES, options=(), **variables):
+    """(return code, output) of start_torchrun's launch, whose process group
+    is killed past `timeout`."""
+    process = start_torchrun(arguments, device_type, processes, options, **variables)
     return output_within(process, timeout, f"torchrun {' '.join(arguments)}")
 
 
@@ -105,7 +114,7 @@ def launch(request, tmp_path_factory):
     """Every case of distributed_cases.py, run once a device by one torchrun launch."""
     device_type = request.param
     skip_without_two_gpus(device_type)
-    seed = int(os.environ.get(SEED_VARIABLE) or torch.Generator().seed() % 2 ** 31)
+    seed = seed_for(f"distributed_cases.py {device_type}") % 2 ** 31
     directory = tmp_path_factory.mktemp(f"distributed_{device_type}")
     code, output = torchrun(["tests/distributed_cases.py", str(directory), device_type,
                              str(seed), *DDP_CASES, *COMPILE_CASES, *FSDP_CASES],
@@ -139,6 +148,7 @@ def sample_magnitudes(kind, initial, device, sequences, targets):
 
 
 @pytest.mark.parametrize("case", DDP_CASES + COMPILE_CASES)
+@pytest.mark.slow
 def test_ddp_and_compiled_ddp_equal_one_process_on_the_whole_batch(launch, case):
     """DDP averages each process's gradients of its share's mean loss: with
     equal shares, the gradients of the whole batch's mean loss. Each process
@@ -165,7 +175,7 @@ def test_ddp_and_compiled_ddp_equal_one_process_on_the_whole_batch(launch, case)
     for rank, result in enumerate(results):
         assert result["world_size"] == PROCESSES
         if case in COMPILE_CASES:
-            operator = "lltm_ffi.forward_pass" if kind == "cell" else "lltm_ffi.sequence_forward"
+            operator = "lltm_ffi.forward_pass" if kind == "cell" else "lltm_ffi.packed_forward"
             assert f"{operator}.default" in result["compiled_operators"], (
                 f"{launch.note(case)}, rank {rank}: no {operator} in the compiled graphs "
                 f"{sorted(result['compiled_operators'])}")
@@ -180,6 +190,7 @@ def test_ddp_and_compiled_ddp_equal_one_process_on_the_whole_batch(launch, case)
 
 
 @pytest.mark.parametrize("case", FSDP_CASES)
+@pytest.mark.slow
 def test_fsdp2_trains_to_the_parameters_one_process_reaches(launch, case):
     """fully_shard of the LLTM layer and of the model; Adam on the shards.
     Each step's mean of the processes' losses is one process's loss on the
@@ -224,15 +235,18 @@ def demo_device(request):
     return request.param
 
 
+def demo_arguments(device_type, checkpoint, steps, *arguments):
+    """The demo's --distributed run on DEMO_SAMPLES sequences, checkpointing to `checkpoint`."""
+    return ["-m", "examples.demo", "--distributed", "--device", device_type, "--samples",
+            str(DEMO_SAMPLES), "--steps", str(steps), "--checkpoint", str(checkpoint),
+            "--plot", str(checkpoint.with_suffix(".png")), *arguments]
+
+
 def run_demo(device_type, checkpoint, steps, *arguments, processes=PROCESSES, options=(),
              **variables):
-    """The demo's --distributed run on DEMO_SAMPLES sequences, checkpointing
-    to `checkpoint`: its output, after asserting it succeeded."""
-    code, output = torchrun(
-        ["-m", "examples.demo", "--distributed", "--device", device_type, "--samples",
-         str(DEMO_SAMPLES), "--steps", str(steps), "--checkpoint", str(checkpoint),
-         "--plot", str(checkpoint.with_suffix(".png")), *arguments],
-        device_type, DEMO_TIMEOUT_S, processes, options, **variables)
+    """The output of the demo's run of demo_arguments, after asserting it succeeded."""
+    code, output = torchrun(demo_arguments(device_type, checkpoint, steps, *arguments),
+                            device_type, DEMO_TIMEOUT_S, processes, options, **variables)
     assert code == 0, f"exit status {code}:\n{output}"
     return output
 
@@ -521,6 +535,7 @@ print("freed" if alive() is None else "alive")
 """
 
 
+@pytest.mark.slow
 def test_finish_frees_a_model_in_a_reference_cycle_before_leaving_the_group():
     """finish() collects the DDP model (its reducer holds the group's gloo
     threads) while the group still stands: left to interpreter exit, a gloo
@@ -534,3 +549,228 @@ def test_finish_frees_a_model_in_a_reference_cycle_before_leaving_the_group():
                             env=environment, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["freed"]
+
+
+# --- Checkpoints that are damaged, shared or orphaned ------------------------------------
+
+def _damaged_checkpoints():
+    """How a file at --checkpoint can fail to be the demo's checkpoint: each
+    takes the bytes of a whole one and returns the file's."""
+    def torch_file(value):
+        def write(_):
+            import io
+            buffer = io.BytesIO()
+            torch.save(value, buffer)
+            return buffer.getvalue()
+        return write
+
+    return {
+        "empty": lambda whole: b"",
+        "cut_to_100_bytes": lambda whole: whole[:100],
+        "cut_in_half": lambda whole: whole[:len(whole) // 2],
+        "one_byte_short": lambda whole: whole[:-1],
+        "text": lambda whole: b"step 100, loss 0.01\n",
+        "a_tensor": torch_file(torch.ones(3)),
+        "other_keys": torch_file({"weights": torch.ones(3), "epoch": 2}),
+        "config_not_a_dict": torch_file({"step": 4, "losses": [], "config": [1, 2],
+                                         "model": {}, "optimizer": {}}),
+    }
+
+
+DAMAGED_CHECKPOINTS = _damaged_checkpoints()
+
+
+@pytest.mark.parametrize("damage", DAMAGED_CHECKPOINTS)
+def test_demo_refuses_to_resume_from_a_file_that_is_not_its_checkpoint(damage, tmp_path,
+                                                                       monkeypatch, capsys):
+    """A damaged or foreign file at --checkpoint is refused (status 2) with
+    the demo's own message, naming the file and what is wrong with it, and
+    left as it was."""
+    path = saved_checkpoint(tmp_path / "state.pt", distributed.fresh_config(DEMO_SAMPLES, 2))
+    path.write_bytes(DAMAGED_CHECKPOINTS[damage](path.read_bytes()))
+    before = path.read_bytes()
+    launched_as(monkeypatch, 0, 2)
+    error = refusal(["--distributed", "--resume", "--checkpoint", str(path)], capsys)
+    assert f"--checkpoint {path} is not a checkpoint of this demo" in error, error
+    assert "Start afresh without --resume" in error, error
+    assert path.read_bytes() == before
+
+
+# Writes checkpoints to argv[1] until the file argv[3] exists, each with its
+# own step, from argv[2] on, as every one of its losses and parameters (a few
+# MB, so that writes take a while); then says how many it wrote.
+WRITER_SCRIPT = """
+import sys
+import torch
+from pathlib import Path
+from examples import demo, distributed
+path, first, stop = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+model = demo.SequenceRegressor(8, 512)
+optimizer = torch.optim.Adam(model.parameters())
+written = 0
+while not stop.exists() and written < 5000:
+    step = first + written
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(step)
+    distributed.save_checkpoint(path, model, optimizer, step, [float(step)] * 10,
+                                distributed.fresh_config(300, 2))
+    written += 1
+print("wrote", written)
+"""
+
+
+def _mixed(state):
+    """What in a checkpoint WRITER_SCRIPT wrote is not its step's, or None."""
+    step = state["step"]
+    if state["losses"] != [float(step)] * 10:
+        return "losses"
+    return next((name for name, tensor in state["model"].items()
+                 if not torch.all(tensor == step)), None)
+
+
+@pytest.mark.slow
+def test_concurrent_checkpoint_writers_never_expose_a_partial_checkpoint(tmp_path):
+    """Two processes write one checkpoint over and over while this one reads
+    it: every read is one whole checkpoint of one writer, and neither writer
+    fails on the other's files."""
+    path, stop = tmp_path / "run.pt", tmp_path / "stop"
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(path), str(first),
+                                 str(stop)], cwd=REPO_ROOT, env=child_environment(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for first in (0, 1_000_000)]
+    reads, writers_read, problems = 0, set(), []
+    deadline = time.monotonic() + 300
+    try:
+        while (reads < 200 or len(writers_read) < 2) and time.monotonic() < deadline:
+            if any(writer.poll() is not None for writer in writers):
+                break
+            if not path.exists():
+                time.sleep(0.01)
+                continue
+            reads += 1
+            try:
+                state = distributed.load_checkpoint(path)
+            except Exception as error:  # the read of a partial file: the failure sought
+                problems.append(f"read {reads}: {type(error).__name__}: {error}")
+                continue
+            if _mixed(state):
+                problems.append(f"read {reads}: step {state['step']} with another's "
+                                f"{_mixed(state)}")
+            writers_read.add(state["step"] >= 1_000_000)
+    finally:
+        stop.touch()
+        outputs = [output_within(writer, 120, "a checkpoint writer") for writer in writers]
+    for code, output in outputs:
+        assert code == 0 and output.startswith("wrote "), output
+    assert not problems, f"{len(problems)} of {reads} reads failed: {problems[:5]}"
+    assert len(writers_read) == 2, "the reads never found both writers' checkpoints"
+    leftovers = sorted(file.name for file in tmp_path.iterdir() if file.name not in ("run.pt",
+                                                                                     "stop"))
+    assert not leftovers, leftovers
+
+
+class LiveLaunch:
+    """A torchrun launch of the demo that runs on until stopped; its output
+    gathered by a thread, so that the test can wait for a line."""
+
+    def __init__(self, arguments, processes=1):
+        self.process = start_torchrun(arguments, "cpu", processes)
+        self.lines = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def output(self):
+        return "".join(self.lines)
+
+    def wait_for(self, text, timeout=DEMO_TIMEOUT_S):
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"no {text!r} from the launch:\n{self.output()}")
+            time.sleep(0.1)
+
+    def workers(self):
+        """The pids of the processes torchrun started."""
+        pids = []
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            pids += [int(pid) for pid in (task / "children").read_text().split()]
+        return pids
+
+    def stop(self, workers=()):
+        """Kills torchrun's group and any of `workers` still there."""
+        for pid in workers:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=STOP_GRACE_S)
+        self.reader.join(timeout=STOP_GRACE_S)
+
+
+def running(pid):
+    """Whether the process `pid` is there and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+# Long enough never to end by itself while a test watches it.
+ENDLESS_STEPS = 10**6
+TRAINING_STARTED = "synthetic sequences of 20 steps"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_demo_processes_end_when_torchrun_is_killed(tmp_path):
+    """torchrun starts its processes in sessions of their own, so a SIGKILL
+    to torchrun's process group reaches torchrun alone: the demo's processes
+    notice it is gone and end, rather than train on and hold the checkpoint."""
+    launch = LiveLaunch(demo_arguments("cpu", tmp_path / "run.pt", ENDLESS_STEPS,
+                                       "--checkpoint-every", "5"), processes=2)
+    workers = []
+    try:
+        launch.wait_for(TRAINING_STARTED)
+        workers = launch.workers()
+        assert len(workers) == 2, workers
+        os.killpg(launch.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(map(running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(running, workers)), (
+            f"the demo's processes {[pid for pid in workers if running(pid)]} outlived torchrun "
+            f"by 30 s:\n{launch.output()}")
+    finally:
+        launch.stop(workers)
+    assert "torchrun (pid" in launch.output() and "is gone" in launch.output(), launch.output()
+
+
+@pytest.mark.slow
+def test_a_second_run_on_a_checkpoint_being_written_refuses_saying_so(tmp_path):
+    """Two runs never write one checkpoint: the second, while the first
+    trains, exits 1 naming the checkpoint and the run that writes it, and
+    leaves the checkpoint to it."""
+    path = tmp_path / "run.pt"
+    first = LiveLaunch(demo_arguments("cpu", path, ENDLESS_STEPS, "--checkpoint-every", "1"))
+    try:
+        first.wait_for(TRAINING_STARTED)
+        deadline = time.monotonic() + DEMO_TIMEOUT_S
+        while not path.exists() and first.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert path.exists(), first.output()
+        code, output = torchrun(demo_arguments("cpu", path, 3, "--resume"), "cpu",
+                                DEMO_TIMEOUT_S, processes=1)
+        assert code == 1, output
+        assert f"another run is writing {path}" in output, output
+        assert "pid" in output, output
+        # The first run writes on.
+        assert first.process.poll() is None, first.output()
+        assert distributed.load_checkpoint(path)["step"] >= 1
+    finally:
+        first.stop()

@@ -2,7 +2,7 @@
 
 A fenced block whose info string names a repository file after the language,
 
-    ```c src/round_cpu.c
+    ```c src/ops/round_ste/round_cpu.c
 
 is a copy of that file's text. A line holding only `...` (at any indentation)
 marks lines left out: every piece between such lines must stand in the file
@@ -11,7 +11,7 @@ indentation (a block inside a list item) and trailing spaces are ignored.
 Blocks with a language alone (legacy code, shell commands) are not copies and
 are not checked.
 
-Every repository path in single backticks (`src/lltm_shim.c`, `src/*.cu`)
+Every repository path in single backticks (`src/shim.c`, `src/ops/*/*.cu`)
 must name something that exists, unless .gitignore says it is a build output.
 """
 
@@ -279,6 +279,21 @@ def test_path_check_refuses_a_missing_file(tmp_path):
     assert path_problem("src/round_cpu.c", tmp_path) is None
     assert "does not exist" in path_problem("src/round_kernel.h", tmp_path)
     assert "nothing matches" in path_problem("src/*.cu", tmp_path)
+
+
+def test_the_examples_above_name_files_that_exist():
+    """This file's docstring shows both kinds of mention on real files."""
+    named = re.findall(r"```\w+ (\S+)", __doc__) + [
+        span for span in INLINE_CODE.findall(__doc__) if "/" in span and PATH.match(span)]
+    assert len(named) == 3, named
+    problems = [problem for problem in map(path_problem, named) if problem]
+    assert not problems, problems
+
+
+def test_the_readme_stays_short():
+    """The README is the first page a newcomer reads; details go to docs/."""
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines < 300, f"README.md has {lines} lines"
 
 
 def test_the_readme_names_every_registered_op():

@@ -279,6 +279,7 @@ def test_dropout_with_one_layer_warns_as_nn_gru_does():
 
 # Compilers, graphs, streams ----------------------------------------------------------
 
+@pytest.mark.slow
 def test_compile_fullgraph_matches_eager(device, generator):
     torch._dynamo.reset()
     module = lltm_ffi.LLTMSequence(4, 8, num_layers=2, bidirectional=True, batch_first=True,
@@ -426,12 +427,15 @@ def test_a_stacked_module_does_not_load_an_lltm_state_dict():
 # Refusals ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("keywords, exception, fragments", [
-    ({"num_layers": 0}, ValueError, ("num_layers must be an int of at least 1", "0")),
-    ({"num_layers": 1.5}, ValueError, ("num_layers",)),
-    ({"num_layers": True}, ValueError, ("num_layers",)),
+    ({"num_layers": 0}, ValueError, ("num_layers must be at least 1", "0")),
+    ({"num_layers": -3}, ValueError, ("num_layers must be at least 1", "-3")),
+    ({"num_layers": 1.5}, TypeError, ("num_layers must be an int", "float")),
+    ({"num_layers": True}, TypeError, ("num_layers must be an int", "bool")),
     ({"dropout": -0.1}, ValueError, ("dropout must be a number from 0 to 1",)),
     ({"dropout": 1.5}, ValueError, ("dropout", "1.5")),
-    ({"dropout": "half"}, ValueError, ("dropout",)),
+    ({"dropout": float("nan")}, ValueError, ("dropout", "nan")),
+    ({"dropout": "half"}, TypeError, ("dropout must be a number", "str")),
+    ({"dropout": True}, TypeError, ("dropout must be a number", "bool")),
 ])
 def test_construction_refuses_naming_the_argument(keywords, exception, fragments):
     with raises_with(exception, "LLTMSequence", *fragments):
@@ -450,9 +454,12 @@ def bad_calls():
         ((good, (state, state[:, :2])), ValueError, ("state c0 has shape (4, 2, 6)",)),
         ((good, (state, state[..., :5])), ValueError, ("state c0", "(4, 3, 6)")),
         ((good, (state, state.float())), TypeError, ("state c0 has dtype torch.float32",)),
-        ((good, state), TypeError, ("state must be a pair (h0, c0)",)),
+        ((good, (state, state, state)), TypeError,
+         ("state must be a pair (h0, c0), a lone h0 tensor or None", "a tuple of 3")),
+        ((good, "h0"), TypeError, ("state must be a pair (h0, c0)", "got str")),
         ((good[:, 0], (state, state)), ValueError, ("state h0", "unbatched", "(4, 6)")),
-        ((good, (state, None)), TypeError, ("state c0 must be a torch.Tensor",)),
+        ((good, (state, 0)), TypeError, ("state c0 must be a torch.Tensor",)),
+        ((good, state[:2]), ValueError, ("state h0 has shape (2, 3, 6)",)),
     ]
 
 

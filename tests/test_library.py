@@ -85,6 +85,7 @@ def run_and_collect(model, sequence):
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.slow
 def test_compile_fullgraph_matches_eager(device, generator, mode):
     if mode == "reduce-overhead" and device.type != "cuda":
         pytest.skip("reduce-overhead (CUDA graphs) is a CUDA mode")

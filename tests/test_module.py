@@ -8,6 +8,7 @@ import torch
 
 import lltm_ffi
 from builders import random_like
+from conftest import raises_with
 
 
 def _state(batch_size, rnn, generator):
@@ -60,9 +61,8 @@ def test_construction_does_not_reseed_the_global_generator():
     assert not torch.equal(first.bias, second.bias)
 
 
-def test_manual_seed_before_construction_reproduces_the_parameters():
+def test_manual_seed_before_construction_reproduces_the_parameters(seed):
     with torch.random.fork_rng(devices=[]):
-        seed = torch.Generator().seed()
         torch.manual_seed(seed)
         first = lltm_ffi.LLTM(3, 4)
         after_first = torch.rand(3)
@@ -147,3 +147,36 @@ def test_gradients_through_an_unrolled_sequence_match_reference(generator):
         h.backward(grad_h)
         gradients.append([rnn.weights.grad, rnn.bias.grad] + [leaf.grad for leaf in leaves])
     torch.testing.assert_close(gradients[0], gradients[1])
+
+
+# Sizes that cannot work are refused at construction, as nn.GRU refuses them:
+# (input_features, state_size, exception, what the message names).
+BAD_SIZES = [
+    (-1, 5, ValueError, ("input_features must be at least 1", "-1")),
+    (4, -2, ValueError, ("state_size must be at least 1", "-2")),
+    (0, 5, ValueError, ("input_features must be at least 1", "0")),
+    (4, 0, ValueError, ("state_size must be at least 1", "0")),
+    (4.0, 5, TypeError, ("input_features must be an int", "float")),
+    (4, 2.5, TypeError, ("state_size must be an int", "float")),
+    (True, 5, TypeError, ("input_features must be an int", "bool")),
+    (4, False, TypeError, ("state_size must be an int", "bool")),
+    ("4", 5, TypeError, ("input_features must be an int", "str")),
+    (4, None, TypeError, ("state_size must be an int", "NoneType")),
+]
+
+
+@pytest.mark.parametrize("module", ["LLTM", "LLTMSequence"])
+@pytest.mark.parametrize("input_features, state_size, exception, fragments", BAD_SIZES,
+                         ids=[f"{features!r}-{size!r}" for features, size, *_ in BAD_SIZES])
+def test_construction_refuses_sizes_that_cannot_work(module, input_features, state_size,
+                                                     exception, fragments):
+    with raises_with(exception, f"{module}: ", *fragments):
+        getattr(lltm_ffi, module)(input_features, state_size)
+
+
+@pytest.mark.parametrize("module", ["LLTM", "LLTMSequence"])
+def test_construction_takes_any_integral_size_as_an_int(module):
+    import numpy
+    rnn = getattr(lltm_ffi, module)(numpy.int64(3), torch.tensor(4).item())
+    assert type(rnn.input_features) is int and type(rnn.state_size) is int
+    assert (rnn.input_features, rnn.state_size) == (3, 4)

@@ -1,5 +1,6 @@
-"""The pip path beside make: one list of CUDA architectures and one nvcc
-command for both, the architecture names the module reports, and every
+"""The pip path beside make: one choice of CUDA architectures (the GPUs
+here, PTX without one, or all) and one nvcc command for both, the
+architecture names the module reports, and (marked slow) every
 install path docs/BUILDING.md documents, each from a fresh `git clone`:
 `pip install .`, `pip install -e .` (which passes the stale-build check after
 its build, fails it after a source edit, and passes again after a second
@@ -20,6 +21,7 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -30,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
+from checkouts import ROUND_CPU_SOURCE, append_to
 from conftest import REPO_ROOT
-
-pytestmark = pytest.mark.slow
+from lltm_ffi.diagnostics import covering_arch
 
 
 def load(name, path):
@@ -48,13 +50,47 @@ MODULE_FILE = "_lltm_ffi" + importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def test_kernel_command_takes_the_flags_and_the_chosen_architectures(monkeypatch):
-    monkeypatch.delenv("LLTM_CUDA_ARCH", raising=False)
-    command = shlex.join(build_ffi.kernel_command("nvcc", "src/round_kernel.cu", "out.o"))
+    monkeypatch.setenv("LLTM_CUDA_ARCH", "all")
+    command = shlex.join(build_ffi.kernel_command("nvcc", "round_kernel.cu", "out.o"))
     assert command.startswith(shlex.join(["nvcc", *build_ffi.NVCC_FLAGS, *shlex.split(
-        build_ffi.DEFAULT_CUDA_ARCH)]))
+        build_ffi.ALL_ARCHS)]))
     monkeypatch.setenv("LLTM_CUDA_ARCH", "-gencode arch=compute_90,code=sm_90")
-    command = build_ffi.kernel_command("nvcc", "src/round_kernel.cu", "out.o")
+    command = build_ffi.kernel_command("nvcc", "round_kernel.cu", "out.o")
     assert "arch=compute_90,code=sm_90" in command and "arch=compute_75,code=sm_75" not in command
+
+
+NVCC_13_MACHINE_CODE = {"sm_75", "sm_80", "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100",
+                        "sm_103", "sm_110", "sm_120", "sm_121"}
+
+
+@pytest.mark.parametrize("capabilities, flags", [
+    ([], build_ffi.PTX_ARCHS),
+    (["90"], "-gencode arch=compute_90,code=sm_90"),
+    (["86", "90"], "-gencode arch=compute_86,code=sm_86 -gencode arch=compute_90,code=sm_90"),
+    # A GPU this nvcc cannot build machine code for: PTX, which the driver compiles.
+    (["90", "130"], build_ffi.PTX_ARCHS),
+    (["70"], build_ffi.PTX_ARCHS),
+], ids=["no-gpu", "one", "two-kinds", "newer-than-nvcc", "older-than-nvcc"])
+def test_the_default_architectures_are_those_of_the_gpus_here(capabilities, flags, monkeypatch):
+    monkeypatch.delenv("LLTM_CUDA_ARCH", raising=False)
+    monkeypatch.setattr(build_ffi, "gpu_capabilities", lambda: capabilities)
+    monkeypatch.setattr(build_ffi, "_machine_code_nvcc_builds", lambda nvcc: NVCC_13_MACHINE_CODE)
+    assert build_ffi.cuda_arch("nvcc") == flags
+
+
+def test_without_a_gpu_every_generation_has_ptx():
+    """The PTX-only default still serves every GPU the full build does: for
+    each GPU, PTX of the newest virtual architecture the full build compiles
+    for it (so no kernel loses the code for its generation)."""
+    full, ptx = build_ffi.arch_names(build_ffi.ALL_ARCHS), build_ffi.arch_names(build_ffi.PTX_ARCHS)
+    virtual = sorted(set(re.findall(r"arch=(compute_\d+)", build_ffi.ALL_ARCHS)))
+    assert ptx.split() == virtual
+    for major, minor in ((7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0), (13, 0)):
+        served = covering_arch(full, major, minor)
+        assert served is not None
+        generation = max((name for name in virtual if int(name[8:]) <= major * 10 + minor),
+                         key=lambda name: int(name[8:]))
+        assert covering_arch(ptx, major, minor).startswith(generation + " (PTX")
 
 
 def test_the_makefile_leaves_nvcc_and_its_flags_to_build_ffi():
@@ -65,14 +101,15 @@ def test_the_makefile_leaves_nvcc_and_its_flags_to_build_ffi():
 
 
 @pytest.mark.parametrize("flags, names", [
-    (None, "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_90"),
+    (build_ffi.ALL_ARCHS, "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_90"),
+    (build_ffi.PTX_ARCHS, "compute_75 compute_80 compute_90"),
     ("-gencode arch=compute_90,code=sm_90", "sm_90"),
     ("-gencode arch=compute_90,code=[sm_90,compute_90]", "sm_90 compute_90"),
     ("-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90a,code=sm_90a", "sm_90a"),
     ("-arch=sm_86", "sm_86"),
 ])
 def test_arch_names(flags, names):
-    assert build_ffi.arch_names(flags or build_ffi.DEFAULT_CUDA_ARCH) == names
+    assert build_ffi.arch_names(flags) == names
 
 
 def clone_head(destination):
@@ -144,6 +181,7 @@ def site_packages(environment):
             / "site-packages")
 
 
+@pytest.mark.slow
 def test_pip_install_from_a_clone(tmp_path):
     clone = clone_head(tmp_path / "clone")
     python = make_venv(tmp_path / "venv")
@@ -151,6 +189,7 @@ def test_pip_install_from_a_clone(tmp_path):
     assert_works_from(site_packages(tmp_path / "venv"), import_and_check(python, tmp_path / "away"))
 
 
+@pytest.mark.slow
 def test_pip_install_from_a_git_url(tmp_path):
     clone = clone_head(tmp_path / "clone")
     python = make_venv(tmp_path / "venv")
@@ -171,6 +210,7 @@ def assert_holds_the_module(wheel):
     assert f"lltm_ffi/{MODULE_FILE}" in names, names
 
 
+@pytest.mark.slow
 def test_pip_wheel_holds_the_compiled_module(tmp_path):
     clone = clone_head(tmp_path / "clone")
     python = make_venv(tmp_path / "venv")
@@ -195,6 +235,7 @@ def venv_without_cffi(environment):
     return python
 
 
+@pytest.mark.slow
 def test_a_wheel_build_without_cffi_fails_loudly(tmp_path):
     clone = clone_head(tmp_path / "clone")
     python = venv_without_cffi(tmp_path / "venv")
@@ -211,14 +252,14 @@ def test_a_wheel_build_without_cffi_fails_loudly(tmp_path):
     assert not list((tmp_path / "dist").glob("*.whl"))
 
 
+@pytest.mark.slow
 def test_editable_install_passes_the_stale_check_until_a_source_changes(tmp_path):
     clone = clone_head(tmp_path / "clone")
     python = make_venv(tmp_path / "venv")
     pip(python, "install", "-q", *OFFLINE, "-e", ".", cwd=clone)
     assert_works_from(clone, import_and_check(python, tmp_path / "away"))
 
-    with open(clone / "src" / "round_cpu.c", "a") as source:
-        source.write("/* edited after the install */\n")
+    append_to(clone / ROUND_CPU_SOURCE, "/* edited after the install */\n")
     output = import_and_check(python, tmp_path / "away")
     assert "stale" in output and "rebuild" in output, output
 
@@ -227,6 +268,7 @@ def test_editable_install_passes_the_stale_check_until_a_source_changes(tmp_path
     assert_works_from(clone, import_and_check(python, tmp_path / "away"))
 
 
+@pytest.mark.slow
 def test_pip_wheel_with_build_isolation_installs_and_runs(tmp_path):
     """docs/BUILDING.md's `pip wheel --no-deps .`, with build isolation: pip
     installs setuptools and cffi into an isolated build environment from the

@@ -258,6 +258,7 @@ def test_operators_pass_opcheck(lengths, reverse, device, generator):
              torch.randn_like(outputs), None, torch.randn_like(h_n), torch.randn_like(c_n)))
 
 
+@pytest.mark.slow
 def test_compile_matches_eager(device, generator):
     torch._dynamo.reset()
     module = lltm_ffi.LLTMSequence(3, 5, num_layers=2, bidirectional=True, device=device)

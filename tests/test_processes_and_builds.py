@@ -1,8 +1,9 @@
 """lltm_ffi across processes: its exceptions reach a multiprocessing parent
 whole (spawn and fork), forked children compute after the parent has used
 OpenMP's threads (os.fork, a fork Pool, DataLoader workers), and the odd
-arguments that used to fail inside: LLTM with state size 0, nested tensors,
-sparse and mkldnn layouts.
+arguments that used to fail inside: nested tensors, sparse and mkldnn
+layouts. (LLTM with state size 0 is refused when it is made:
+test_module.py.)
 
 Everything that can hang runs under a timeout, so that a regression fails
 instead of stopping the suite. The fork scenarios run in a fresh interpreter
@@ -356,26 +357,6 @@ def test_forked_child_runs_torch_on_one_thread():
 
 # ---------------------------------------------------------------------------
 # Arguments that used to fail inside
-
-def test_lltm_module_with_state_size_0_gives_empty_outputs():
-    rnn = lltm_ffi.LLTM(4, 0)
-    assert rnn.weights.shape == (0, 4) and rnn.bias.shape == (0,)
-    input = torch.randn(3, 4, requires_grad=True)
-    state = (torch.randn(3, 0), torch.randn(3, 0))
-    new_h, new_cell = rnn(input, state)
-    expected = lltm_ffi.lltm(input, rnn.weights, rnn.bias, *state)
-    assert new_h.shape == new_cell.shape == (3, 0)
-    assert [tensor.shape for tensor in expected] == [(3, 0), (3, 0)]
-    (new_h.sum() + new_cell.sum()).backward()
-    assert torch.equal(input.grad, torch.zeros(3, 4))
-    assert rnn.weights.grad.shape == (0, 4) and rnn.bias.grad.shape == (0,)
-
-
-def test_lltm_module_with_state_size_0_leaves_the_generator_alone():
-    before = torch.get_rng_state()
-    lltm_ffi.LLTM(4, 0).reset_parameters()
-    assert torch.equal(torch.get_rng_state(), before)
-
 
 def _nested(tensor, layout):
     rows = list(tensor) if tensor.dim() > 1 else [tensor]

@@ -281,6 +281,7 @@ def test_module_call_with_wrong_state_shape_is_a_value_error(generator):
         rnn(_random(generator, B, F), (old_h, old_cell))
 
 
+@pytest.mark.slow
 def test_cpu_only_build_refuses_cuda_through_the_c_shim(cpu_only_build):
     """Every pass the module registers, and every pass an op declares (none
     missing), answers a CUDA device with LLTM_ERROR_NO_CUDA."""
@@ -309,7 +310,9 @@ def test_cpu_only_build_refuses_cuda_through_the_c_shim(cpu_only_build):
     assert result.stdout.strip() == f"ok {len(on_cpu)}"
 
 
-def test_cpu_only_build_given_cuda_tensors_raises_lltm_error(cpu_only_build, cuda_device):
+# cuda_device first: without a GPU the test skips before the build.
+@pytest.mark.slow
+def test_cpu_only_build_given_cuda_tensors_raises_lltm_error(cuda_device, cpu_only_build):
     result = run_python(cpu_only_build, """
         import torch
         import lltm_ffi
@@ -326,3 +329,149 @@ def test_cpu_only_build_given_cuda_tensors_raises_lltm_error(cpu_only_build, cud
     """)
     assert_succeeded(result)
     assert result.stdout.strip() == "ok"
+
+
+# The sequence, the layers and the operators: every refusal names the argument
+# and the function or operator it came through ------------------------------------
+
+T = 4  # steps
+
+
+def _sequence_arguments(generator):
+    inputs = torch.randn(T, B, F, generator=generator)
+    return [inputs, _random(generator, 3 * S, S + F), _random(generator, 3 * S),
+            _random(generator, B, S), _random(generator, B, S)]
+
+
+# (argument replaced, its shape, what the message names): shapes that do not
+# fit the others, for a sequence with and without a bias.
+SEQUENCE_MISFITS = [
+    ("weights", (3 * S + 1, S + F), ("weights has shape (22, 12)", f"{(3 * S, S + F)}")),
+    ("weights", (3 * S, S + F + 1), ("weights has shape (21, 13)",)),
+    ("c0", (B, S + 1), (f"c0 has shape {(B, S + 1)}", f"h0 has shape {(B, S)}")),
+    ("h0", (B, S + 1), (f"c0 has shape {(B, S)}", f"h0 has shape {(B, S + 1)}")),
+]
+SEQUENCE_NAMES = ("inputs", "weights", "bias", "h0", "c0")
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("name, shape, fragments", SEQUENCE_MISFITS,
+                         ids=[f"{name}-{'x'.join(map(str, shape))}"
+                              for name, shape, _ in SEQUENCE_MISFITS])
+def test_sequence_refuses_shapes_that_do_not_fit_naming_the_argument(name, shape, fragments,
+                                                                     bias, reverse, generator):
+    """With bias None too (no bias), and in either direction: the diagnosis
+    leaves the missing bias out of its checks, not out of the arguments it
+    relates."""
+    arguments = _sequence_arguments(generator)
+    arguments[SEQUENCE_NAMES.index(name)] = _random(generator, *shape)
+    if not bias:
+        arguments[2] = None
+    with raises_with(ValueError, "lltm_sequence: ", *fragments):
+        lltm_ffi.lltm_sequence(*arguments, reverse=reverse)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_layers_refuse_a_weight_or_bias_of_the_wrong_shape_naming_it(bias, generator):
+    """lltm_layers names the list element, whatever layer and direction it is."""
+    module = lltm_ffi.LLTMSequence(F, S, num_layers=2, bidirectional=True, bias=bias)
+    weights = [getattr(module, name).detach() for name in module._weight_names]
+    biases = [getattr(module, name).detach() for name in module._bias_names] or None
+    inputs, state = torch.randn(T, B, F, generator=generator), torch.zeros(4, B, S)
+    for index in range(4):
+        wrong = list(weights)
+        wrong[index] = _random(generator, 3 * S + 1, wrong[index].shape[1])
+        with raises_with(ValueError, f"lltm_layers: weights[{index}] has shape "
+                                     f"{(3 * S + 1, wrong[index].shape[1])}"):
+            lltm_ffi.lltm_layers(inputs, wrong, biases, state, state, bidirectional=True)
+    if bias:
+        wrong = list(biases)
+        wrong[3] = _random(generator, 3 * S - 1)
+        with raises_with(ValueError, f"lltm_layers: biases[3] has shape {(3 * S - 1,)}"):
+            lltm_ffi.lltm_layers(inputs, weights, wrong, state, state, bidirectional=True)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_sequence_module_with_a_replaced_parameter_of_the_wrong_shape_names_it(bias, generator):
+    module = lltm_ffi.LLTMSequence(F, S, bias=bias)
+    module.weights_l0 = torch.nn.Parameter(_random(generator, 3 * S + 3, S + F))
+    with raises_with(ValueError, "weights[0] has shape (24, 12)"):
+        module(torch.randn(T, B, F, generator=generator))
+
+
+def _packed_rows(generator, weights_rows=3 * S):
+    inputs, weights, bias, h0, c0 = _sequence_arguments(generator)
+    return (inputs.reshape(T * B, F), _random(generator, weights_rows, S + F), bias, h0, c0)
+
+
+def _packed_backward_arguments(generator):
+    rows, weights, bias, h0, _ = _packed_rows(generator, 3 * S + 1)
+    saved = [torch.zeros(T * B, size) for size in (S, S, 3 * S)]
+    return (rows, weights, bias, h0, None, False, *saved, None, None, None, None)
+
+
+# (what is called, the name its refusal must start with): each operator named
+# as itself when called directly, the public function when called through it.
+OPERATOR_CALLS = {
+    "packed_forward": (lambda g: torch.ops.lltm_ffi.packed_forward(*_packed_rows(g, 3 * S + 1),
+                                                                   None, False),
+                       "lltm_ffi::packed_forward: weights has shape"),
+    "packed_backward": (lambda g: torch.ops.lltm_ffi.packed_backward(*_packed_backward_arguments(g)),
+                        "lltm_ffi::packed_backward: weights has shape"),
+    "embed_forward": (lambda g: torch.ops.lltm_ffi.embed_forward(
+        torch.tensor([0, 3]), torch.randn(3, 2), None),
+        "lltm_ffi::embed_forward: indices at (1,) is 3"),
+    "embed": (lambda g: lltm_ffi.embed(torch.tensor([0, 3]), torch.randn(3, 2)),
+              "embed: indices at (1,) is 3"),
+    "lltm_sequence_packed": (lambda g: lltm_ffi.lltm_sequence(
+        *_packed_rows(g, 3 * S + 1), batch_sizes=torch.full((T,), B)),
+        "lltm_sequence: weights has shape"),
+    "roi_pool_forward": (lambda g: torch.ops.lltm_ffi.roi_pool_forward(
+        torch.randn(1, 2, 5, 5), torch.zeros(1, 4), 2, 2, 1.0),
+        "lltm_ffi::roi_pool_forward: rois has shape (1, 4)"),
+    "roi_pool": (lambda g: lltm_ffi.roi_pool(torch.randn(1, 2, 5, 5), torch.zeros(1, 4), 2, 2, 1.0),
+                 "roi_pool: rois has shape (1, 4)"),
+    "roi_pool_backward": (lambda g: torch.ops.lltm_ffi.roi_pool_backward(
+        torch.randn(1, 2, 2, 2), torch.zeros(1, 5), torch.zeros(1, 2, 2, 2, dtype=torch.int64),
+        1, 5, 5, -1.0), "lltm_ffi::roi_pool_backward: spatial_scale must be positive"),
+}
+
+
+@pytest.mark.parametrize("call", OPERATOR_CALLS)
+def test_a_refusal_names_the_operator_it_came_through(call, generator):
+    function, start = OPERATOR_CALLS[call]
+    with pytest.raises(ValueError) as raised:
+        function(generator)
+    assert str(raised.value).startswith(start), str(raised.value)
+
+
+def test_a_pass_without_a_cpu_version_refuses_cpu_tensors_naming_the_operator(generator):
+    """step_forward has kernels only: on CPU tensors its operator says so,
+    whether or not the module was built with CUDA."""
+    arguments = random_inputs(generator, SHAPE, torch.float32)
+    with raises_with(ValueError, "lltm_ffi::step_forward: input is on cpu",
+                     "no cpu version"):
+        torch.ops.lltm_ffi.step_forward(*arguments)
+
+
+# Scalars C cannot hold: an int beyond int64, a float beyond a double, or not finite.
+UNREPRESENTABLE_SCALARS = [
+    ("spatial_scale", 10**400, "roi_pool: spatial_scale"),
+    ("spatial_scale", -10**400, "roi_pool: spatial_scale"),
+    ("pooled_height", 2**63, "roi_pool: pooled_height"),
+    ("pooled_width", -2**70, "roi_pool: pooled_width"),
+]
+
+
+@pytest.mark.parametrize("name, value, start", UNREPRESENTABLE_SCALARS,
+                         ids=[f"{name}-{'neg' if value < 0 else 'pos'}{len(str(abs(value)))}digits"
+                              for name, value, _ in UNREPRESENTABLE_SCALARS])
+def test_a_scalar_c_cannot_hold_is_a_value_error_naming_it(name, value, start):
+    arguments = {"pooled_height": 2, "pooled_width": 2, "spatial_scale": 1.0, name: value}
+    with pytest.raises(ValueError) as raised:
+        lltm_ffi.roi_pool(torch.randn(1, 2, 5, 5), torch.tensor([[0.0, 0, 0, 3, 3]]),
+                          *arguments.values())
+    assert str(raised.value).startswith(start), str(raised.value)
+    assert len(str(raised.value)) < 300, "the message should not print hundreds of digits"
+

@@ -20,13 +20,14 @@ from conftest import raises_with, reference_sequence, skip_without_gpu
 
 # (steps, batch, input_features, state_size): one step, batch 1, odd sizes,
 # a state size that is not a multiple of the 16-wide tiles, a long sequence;
-# on a GPU the persistent kernels take all but the last two: 130 x 130 is past
-# their batch x state limit, and 1100 state columns need more blocks than a
+# on a GPU the persistent kernels take all but the last two (a state of 650
+# among them: rows of 2,600 bytes, staged in 8-byte copies): 130 x 130 is
+# past their batch x state limit, and 1100 state columns need more blocks than a
 # GPU of up to 137 multiprocessors holds at once, so the step-by-step kernels
 # run those. On compute capability 9.0 and newer the cluster kernels take
 # most of them instead (test_cluster.py runs both with and without them).
 SHAPES = [(1, 1, 3, 5), (1, 16, 32, 128), (5, 3, 4, 7), (37, 2, 5, 17), (7, 1, 9, 33),
-          (4, 19, 6, 40), (6, 300, 3, 24), (2, 130, 4, 130), (3, 2, 5, 1100)]
+          (4, 19, 6, 40), (6, 300, 3, 24), (6, 16, 9, 650), (2, 130, 4, 130), (3, 2, 5, 1100)]
 # Past the persistent kernels: cuBLAS's products on a GPU, or with
 # LLTM_CUBLAS=0 the step-by-step kernels.
 BY_STEP_SHAPES = [(2, 130, 4, 130), (3, 2, 5, 1100), (5, 33, 7, 520)]
@@ -135,9 +136,9 @@ def test_backward_of_several_steps_needs_the_state_gradients(device):
     extension = lltm_ffi._extension
     lib = extension.lib
     stream = torch.cuda.current_stream().cuda_stream if device.type == "cuda" else 0
-    code = lib.lltm_run(extension.PASSES["sequence_backward"][0], lib.LLTM_FLOAT32,
+    code = lib.lltm_run(extension.PASSES["packed_backward"][0], lib.LLTM_FLOAT32,
                         lib.LLTM_CPU if device.type == "cpu" else torch.cuda.current_device(),
-                        stream, [2, 1, 1, 1, 0, 0] + [0] * 6, [], [0] * 14)
+                        stream, [2, 2, 1, 1, 1, 0, 0, 0] + [0] * 4, [], [0] * 17)
     assert code == lib.LLTM_ERROR_ARGUMENTS
     assert "cannot take" in extension.error_message(code)
 
@@ -197,13 +198,17 @@ def test_output_gradients_are_read_in_any_layout(layout, shape, kernels, dtype, 
                                       grads_of(python_loop)):
         error = ((value - reference).norm() / reference.norm()).item()
         assert error <= TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
-    # The backward operator takes both gradients as they come: the same
-    # results as from dense copies of them.
+    # The backward operator takes both gradients as they come, as rows
+    # (steps * batch, state): the same results as from dense copies of them.
     inputs, weights, bias, h0, c0 = arguments
-    saved = torch.ops.lltm_ffi.sequence_forward(inputs, weights, bias, h0, c0)
-    got = torch.ops.lltm_ffi.sequence_backward(inputs, weights, bias, h0, *saved, *grads)
-    expected = torch.ops.lltm_ffi.sequence_backward(
-        inputs, weights, bias, h0, *saved, *(grad.resolve_neg().contiguous() for grad in grads))
+    inputs = inputs.reshape(steps * batch_size, -1)
+    outputs, cells, gates, _, _ = torch.ops.lltm_ffi.packed_forward(
+        inputs, weights, bias, h0, c0, None, False)
+    rows = [grad.reshape(steps * batch_size, state_size) for grad in grads]
+    saved = (inputs, weights, bias, h0, None, False, outputs, cells, gates)
+    got = torch.ops.lltm_ffi.packed_backward(*saved, *rows, None, None)
+    expected = torch.ops.lltm_ffi.packed_backward(
+        *saved, *(grad.resolve_neg().contiguous() for grad in rows), None, None)
     for name, value, reference in zip(NAMES[3:], got, expected):
         error = ((value - reference).norm() / reference.norm()).item()
         assert error <= TOLERANCES[dtype], f"{name}: relative error {error:.3g}"
@@ -246,15 +251,21 @@ def test_zero_steps_give_empty_outputs_and_the_initial_state(device, generator):
 @pytest.mark.parametrize("shape", [(3, 2, 4, 5), (2, 3, 0, 4)], ids=shape_id)
 def test_operators_pass_opcheck(shape, device, generator):
     arguments = random_arguments(shape, torch.float64, device, generator)
-    opcheck(torch.ops.lltm_ffi.sequence_forward.default,
-            [argument.requires_grad_(True) for argument in arguments])
-    inputs, weights, bias, h0, c0 = (argument.detach() for argument in arguments)
-    outputs, cells, gates = torch.ops.lltm_ffi.sequence_forward(inputs, weights, bias, h0, c0)
-    opcheck(torch.ops.lltm_ffi.sequence_backward.default,
-            (inputs, weights, bias, h0, outputs, cells, gates, torch.randn_like(outputs),
-             torch.randn_like(cells)))
+    # A dense sequence's rows (steps * batch, features), batch_sizes None.
+    rows = arguments[0].reshape(shape[0] * shape[1], shape[2])
+    opcheck(torch.ops.lltm_ffi.packed_forward.default,
+            [argument.requires_grad_(True) for argument in (rows, *arguments[1:])]
+            + [None, False])
+    inputs, weights, bias, h0, c0 = (argument.detach() for argument in (rows, *arguments[1:]))
+    outputs, cells, gates, _, _ = torch.ops.lltm_ffi.packed_forward(inputs, weights, bias, h0, c0,
+                                                                    None, False)
+    opcheck(torch.ops.lltm_ffi.packed_backward.default,
+            (inputs, weights, bias, h0, None, False, outputs, cells, gates,
+             torch.randn_like(outputs), torch.randn_like(cells), torch.randn_like(h0),
+             torch.randn_like(c0)))
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_matches_eager(device, generator):
     arguments = random_arguments((6, 3, 4, 8), torch.float32, device, generator)
     module = lltm_ffi.LLTMSequence(4, 8).to(device)
@@ -438,5 +449,5 @@ def test_capture_before_any_call_on_the_device_is_refused_clearly(cuda_device):
     """)
     result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
                             timeout=300, cwd=REPO_ROOT)
-    assert "refused: sequence_forward failed" in result.stdout and "before capturing" in result.stdout, (
+    assert "refused: packed_forward failed" in result.stdout and "before capturing" in result.stdout, (
         result.stdout + result.stderr)

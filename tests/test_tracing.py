@@ -234,7 +234,7 @@ def test_plain_tensors_and_parameters_take_the_eager_path(monkeypatch, device, g
         raise AssertionError("a plain call went through the operators")
 
     monkeypatch.setattr(lltm_cell, "_traced_lltm", refuse)
-    monkeypatch.setattr(sequence.sequence_forward, "operator", refuse)
+    monkeypatch.setattr(sequence.packed_forward, "operator", refuse)
     cell = lltm_ffi.LLTM(5, 7, device=device, dtype=torch.float64)
     input, _, _, h, c = random_inputs(generator, SHAPE, torch.float64, device)
     expected = reference.lltm(input, cell.weights, cell.bias, h, c)

@@ -1,7 +1,8 @@
 /* The C checks that `make asan` and `make valgrind` run under the
- * sanitizers: each op folder's test_*.c registers its checks with
- * LLTM_CHECK, and tests/c/run_checks.c runs them all, then fails for any
- * CPU pass in the registry (include/lltm_op.h) that no check called. */
+ * sanitizers: each test_*.c (the LLTM's in tests/c/, each ported op's in
+ * src/ops/<op>/) registers its checks with LLTM_CHECK, and
+ * tests/c/run_checks.c runs them all, then fails for any CPU pass in the
+ * registry (include/lltm_op.h) that no check called. */
 #ifndef LLTM_CHECK_H
 #define LLTM_CHECK_H
 

@@ -1,5 +1,5 @@
-/* The driver of `make asan` and `make valgrind`: runs every C check the op
- * folders register (tests/c/lltm_check.h), then fails for any CPU pass in
+/* The driver of `make asan` and `make valgrind`: runs every C check the
+ * test_*.c files register (tests/c/lltm_check.h), then fails for any CPU pass in
  * the registry that no check called. With LLTM_BLAS_LIBRARY in the
  * environment (`make asan` sets it where lltm_ffi/_blas.py finds one), the
  * CPU passes load that BLAS, and the checks run its products too.

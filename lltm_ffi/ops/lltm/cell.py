@@ -56,14 +56,15 @@ def arguments_fit(input, input_dims, weights, bias, h, c, forward, optional_bias
         return False
 
 
-def check_arguments(input, weights, bias, old_h, old_cell):
-    """Raises TypeError or ValueError, naming the argument, for anything the C
+def check_arguments(function, input, weights, bias, old_h, old_cell):
+    """Raises TypeError or ValueError, naming the argument and `function`
+    (the one the caller called: lltm, or an operator), for anything the C
     passes cannot take (LLTMError for a CUDA device the module was built
     without); returns nothing when all five are usable together. The
     common, valid case costs one expression; the diagnosis runs only when
     it fails."""
     if not arguments_fit(input, 2, weights, bias, old_h, old_cell, forward_pass):
-        diagnose("lltm", _ARGUMENT_NAMES, 2, (input, weights, bias, old_h, old_cell),
+        diagnose(function, _ARGUMENT_NAMES, 2, (input, weights, bias, old_h, old_cell),
                  forward_pass)
 
 
@@ -75,19 +76,21 @@ def diagnose(function, names, input_dims, tensors, forward, optional_bias=False)
     pass `forward`; a bias of None is no bias where optional_bias."""
     input_name, _, _, h_name, c_name = names
     input, weights, bias, h, c = tensors
-    if bias is None and optional_bias:
-        names, tensors = names[:2] + names[3:], tensors[:2] + tensors[3:]
-    for name, tensor in zip(names, tensors):
+    # The tensors given: all five, or four without a bias; the relations
+    # below take all five, bias None for none.
+    given = [(name, tensor) for index, (name, tensor) in enumerate(zip(names, tensors))
+             if not (index == 2 and bias is None and optional_bias)]
+    for name, tensor in given:
         op.check_tensor(function, name, tensor)
-    for name, tensor in zip(names[1:], tensors[1:]):
-        op.check_matches(function, name, tensor, input_name, tensors[0])
+    for name, tensor in given[1:]:
+        op.check_matches(function, name, tensor, input_name, input)
     op.check_device(function, input.device)
     op.check_dtype(function, input_name, input, forward)
     if input.dim() != input_dims:
         layout = "(steps, batch, input_features)" if input_dims == 3 else "(batch, input_features)"
         raise ValueError(f"{function}: {input_name} must have {input_dims} dimensions {layout}, "
                          f"got shape {_shape(input)}")
-    for name, tensor in zip(names[1:], tensors[1:]):
+    for name, tensor in given[1:]:
         if tensor.dim() != 2 and not (tensor is bias and tensor.dim() == 1):
             expected = "1 or 2 dimensions" if tensor is bias else "2 dimensions"
             raise ValueError(f"{function}: {name} must have {expected}, got shape "
@@ -123,9 +126,9 @@ def check_relations(function, names, tensors):
 
 # The fused pointwise passes ---------------------------------------------------
 
-def _check_forward_pass(gates, old_cell):
+def _check_forward_pass(function, gates, old_cell):
     batch_size, state_size = old_cell.shape
-    op.check_shape("lltm_ffi::forward_pass", "gates", gates, (batch_size, 3 * state_size))
+    op.check_shape(function, "gates", gates, (batch_size, 3 * state_size))
 
 
 @op.c_pass("forward_pass", check=_check_forward_pass)
@@ -139,11 +142,11 @@ def forward_pass(c, gates: op.Tensor(dims=2), old_cell: op.Tensor(dims=2)) -> tu
     return new_h, new_cell
 
 
-def _check_backward_pass(grad_h, grad_cell, new_cell, gates):
+def _check_backward_pass(function, grad_h, grad_cell, new_cell, gates):
     batch_size, state_size = new_cell.shape
     for name, tensor in (("grad_h", grad_h), ("grad_cell", grad_cell)):
-        op.check_shape("lltm_ffi::backward_pass", name, tensor, (batch_size, state_size))
-    op.check_shape("lltm_ffi::backward_pass", "gates", gates, (batch_size, 3 * state_size))
+        op.check_shape(function, name, tensor, (batch_size, state_size))
+    op.check_shape(function, "gates", gates, (batch_size, 3 * state_size))
 
 
 @op.c_pass("backward_pass", check=_check_backward_pass)
@@ -225,9 +228,10 @@ def step_forward(c, input: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     return new_h, new_cell, gates
 
 
-def _check_step_backward(input, weights, bias, old_h, new_cell, gates, grad_h, grad_cell):
-    check_arguments(input, weights, bias, old_h, new_cell)
-    _check_backward_pass(grad_h, grad_cell, new_cell, gates)
+def _check_step_backward(function, input, weights, bias, old_h, new_cell, gates, grad_h,
+                         grad_cell):
+    check_arguments(function, input, weights, bias, old_h, new_cell)
+    _check_backward_pass(function, grad_h, grad_cell, new_cell, gates)
 
 
 @op.c_pass("step_backward", check=_check_step_backward, devices=("cuda",))
@@ -322,7 +326,7 @@ class LLTMFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
-        check_arguments(input, weights, bias, old_h, old_cell)
+        check_arguments("lltm", input, weights, bias, old_h, old_cell)
         if input.is_cuda and uses_step_kernels(*input.shape, old_h.shape[1], input.dtype):
             X = None  # C reads old_h and input where they are
             new_h, new_cell, gates = step_forward.run(input, weights, bias, old_h, old_cell)
@@ -358,7 +362,7 @@ class _TransformableCell(torch.autograd.Function):
 
     @staticmethod
     def forward(input, weights, bias, old_h, old_cell):
-        check_arguments(input, weights, bias, old_h, old_cell)
+        check_arguments("lltm", input, weights, bias, old_h, old_cell)
         X = torch.cat((old_h, input), dim=1)
         gates = gate_product(X, weights, bias)
         new_h, new_cell = forward_pass.run(gates, old_cell)
@@ -458,7 +462,7 @@ def lltm(input, weights, bias, old_h, old_cell):
         with torch.autocast(input.device.type, enabled=False):
             return lltm(*op.autocast_cast(autocast, input, weights, bias, old_h, old_cell))
     if op.use_operator(input, weights, bias, old_h, old_cell):
-        check_arguments(input, weights, bias, old_h, old_cell)
+        check_arguments("lltm", input, weights, bias, old_h, old_cell)
         return _traced_lltm(input, weights, bias, old_h, old_cell)
     if (_torch_internals.functorch_transforms_active()
             or _torch_internals.forward_ad_active()):

@@ -24,10 +24,37 @@ def _side_stream(device):
 
 
 def check_dropout(function, dropout):
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not (
-            0 <= dropout <= 1):
+    """TypeError unless dropout is a number (a bool is none), ValueError
+    unless it is from 0 to 1."""
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+        raise TypeError(f"{function}: dropout must be a number, the probability of zeroing an "
+                        f"element, got {type(dropout).__name__} {dropout!r}")
+    if not 0 <= dropout <= 1:
         raise ValueError(f"{function}: dropout must be a number from 0 to 1, the probability of "
                          f"zeroing an element, got {dropout!r}")
+
+
+def check_parameters(function, weights, biases, input_features, directions):
+    """TypeError or ValueError naming the list element (weights[k],
+    biases[k]) unless every layer's weights are (3 * state_size, state_size
+    + features), features input_features for the first layer and
+    directions * state_size above, and every bias (3 * state_size,) or
+    (1, 3 * state_size) or None; state_size is weights[0]'s. Returns
+    state_size."""
+    op.check_tensor(function, "weights[0]", weights[0])
+    state_size = weights[0].shape[0] // 3 if weights[0].dim() else 0
+    for index, (weight, bias) in enumerate(zip(weights, biases)):
+        features = input_features if index < directions else directions * state_size
+        op.check_tensor(function, f"weights[{index}]", weight)
+        op.check_shape(function, f"weights[{index}]", weight,
+                       (3 * state_size, state_size + features))
+        if bias is not None:
+            op.check_tensor(function, f"biases[{index}]", bias)
+            if tuple(bias.shape) not in ((3 * state_size,), (1, 3 * state_size)):
+                raise ValueError(f"{function}: biases[{index}] has shape {tuple(bias.shape)}, "
+                                 f"expected ({3 * state_size},) or (1, {3 * state_size}) for "
+                                 f"weights[{index}] of shape {tuple(weight.shape)}")
+    return state_size
 
 
 def check_state(function, name, tensor, layers, batch, state_size):
@@ -40,6 +67,13 @@ def check_state(function, name, tensor, layers, batch, state_size):
         expected = f"({layers}, {'batch' if batch is None else batch}, {state_size})"
         raise ValueError(f"{function}: {name} has shape {shape} but must be (num_layers * "
                          f"num_directions, batch, state_size) = {expected}")
+
+
+def _on_this_stream(tensor):
+    """A view of `tensor`, where it requires grad, made on the current
+    stream: its node takes the gradient from a node of another stream and
+    hands it on from this one."""
+    return tensor.view_as(tensor) if tensor is not None and tensor.requires_grad else tensor
 
 
 def _directions(inputs, weights, biases, h0, c0, batch_sizes):
@@ -60,10 +94,20 @@ def _directions(inputs, weights, biases, h0, c0, batch_sizes):
         return [run(direction) for direction in range(len(weights))]
     current = torch.cuda.current_stream(inputs.device)
     side = _side_stream(inputs.device)
+    # The reverse direction's backward runs on the side stream. It takes its
+    # arguments as views made here, before the forward direction's node, so
+    # that its gradients reach the parameters (and inputs) through nodes of
+    # the current stream: their AccumulateGrad nodes, made on this stream,
+    # then get gradients from a node of their own stream (torch warns of a
+    # mismatch otherwise); and, made first, these hand-overs run last
+    # (autograd runs the latest-made of the ready nodes first), once the
+    # forward direction's backward is queued, so the two still overlap.
+    handed_over = [_on_this_stream(tensor) for tensor in (inputs, weights[1], biases[1], h0[1],
+                                                          c0[1])]
     side.wait_stream(current)
     forward = run(0)
     with torch.cuda.stream(side):
-        reverse = run(1)
+        reverse = lltm_sequence(*handed_over, batch_sizes=batch_sizes, reverse=True)
     current.wait_stream(side)
     # Made on the side stream and used on the current one: their memory
     # must not be reused before the current stream is done with them.
@@ -123,8 +167,11 @@ def lltm_layers(inputs, weights, biases, h0, c0, *, bidirectional=False, dropout
             return lltm_layers(inputs, parameters[:len(weights)], parameters[len(weights):], h0,
                                c0, bidirectional=bidirectional, dropout=dropout,
                                training=training, batch_sizes=batch_sizes)
-    op.check_tensor("lltm_layers", "weights[0]", weights[0])
-    state_size = weights[0].shape[0] // 3
+    if isinstance(inputs, torch.Tensor) and inputs.dim():
+        state_size = check_parameters("lltm_layers", weights, biases, inputs.shape[-1],
+                                      directions)
+    else:  # lltm_sequence refuses it, naming it
+        state_size = weights[0].shape[0] // 3
     batch = (inputs.shape[1] if batch_sizes is None and isinstance(inputs, torch.Tensor)
              and inputs.dim() == 3 else None)
     for name, state in (("h0", h0), ("c0", c0)):

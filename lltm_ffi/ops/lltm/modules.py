@@ -1,6 +1,6 @@
 """The LLTM as nn.Modules: the cell, with the tutorial's parameters and call,
 and whole sequences through stacked, optionally bidirectional layers, called
-like nn.GRU."""
+and constructed like nn.LSTM."""
 
 import math
 import warnings
@@ -30,6 +30,8 @@ class LLTM(torch.nn.Module):
 
     def __init__(self, input_features, state_size, device=None, dtype=None):
         super().__init__()
+        input_features, state_size = op.check_sizes("LLTM", input_features=input_features,
+                                                    state_size=state_size)
         self.input_features = input_features
         self.state_size = state_size
         # Rows: input gate, output gate, candidate cell. Columns: [old_h, input].
@@ -68,37 +70,66 @@ class LLTM(torch.nn.Module):
         return f"input_features={self.input_features}, state_size={self.state_size}"
 
 
+def _one_of(name, value, alias, alias_value):
+    """The value given under `name` or under nn.LSTM's `alias` for it;
+    TypeError for neither or both."""
+    if value is None and alias_value is None:
+        raise TypeError(f"LLTMSequence() missing its argument {name} (or nn.LSTM's name for it, "
+                        f"{alias})")
+    if value is not None and alias_value is not None:
+        raise TypeError(f"LLTMSequence() got both {name}={value!r} and {alias}={alias_value!r}, "
+                        f"two names of one argument; give one")
+    return value if value is not None else alias_value
+
+
 class LLTMSequence(torch.nn.Module):
     """The cell over whole sequences, in stacked layers, each in one or two
-    directions, called like nn.GRU:
+    directions, constructed and called like nn.LSTM:
 
         rnn = LLTMSequence(input_features, state_size, num_layers=1, bias=True,
                            batch_first=False, dropout=0.0, bidirectional=False)
         output, (h_n, c_n) = rnn(input, state=None)
 
-    input (steps, batch, input_features), (batch, steps, input_features)
-    with batch_first=True, (steps, input_features) unbatched, or a
-    PackedSequence (sorted or not); output (steps, batch, D * state_size)
-    likewise (D = 2 where bidirectional), or a PackedSequence. state (h0,
-    c0), each (num_layers * D, batch, state_size) ((num_layers * D,
-    state_size) unbatched) in nn.LSTM's order, layer by layer, the forward
-    direction first; zeros when None. h_n and c_n likewise: each sequence's
-    state after its own last element (the reverse direction's: after its
-    first). dropout: the probability of zeroing each output of every layer
-    but the last, in training mode only.
+    The first seven arguments are nn.LSTM's, in its order; input_size= and
+    hidden_size= are accepted for input_features and state_size, and
+    proj_size=0 (the LLTM has no projection). input (steps, batch,
+    input_features), (batch, steps, input_features) with batch_first=True,
+    (steps, input_features) unbatched, or a PackedSequence (sorted or not);
+    output (steps, batch, D * state_size) likewise (D = 2 where
+    bidirectional), or a PackedSequence. state (nn.LSTM's hx, a keyword
+    too): the pair (h0, c0), each (num_layers * D, batch, state_size)
+    ((num_layers * D, state_size) unbatched) in nn.LSTM's order, layer by
+    layer, the forward direction first; or h0 alone, c0 then zeros (the
+    state nn.GRU takes); None in either place, or for the whole, is zeros.
+    h_n and c_n as h0 and c0: each sequence's state after its own last
+    element (the reverse direction's: after its first); always the pair,
+    as nn.LSTM returns it. dropout: the probability of zeroing each output
+    of every layer but the last, in training mode only.
 
-    Parameters: weights_l{k} (3 * state_size, state_size + F_k), columns
-    [h, x], F_0 = input_features and F_k = D * state_size above, and
-    bias_l{k} (3 * state_size,), none where bias=False; the reverse
-    direction's weights_l{k}_reverse and bias_l{k}_reverse. A one-layer,
-    one-direction module loads an LLTM's state_dict, and LLTM its."""
+    Parameters: weights_l{k} (3 * state_size, state_size + F_k), rows input
+    gate, output gate, candidate cell, columns [h, x] (the parts nn.LSTM
+    keeps apart as weight_hh_l{k} and weight_ih_l{k}), F_0 = input_features
+    and F_k = D * state_size above, and bias_l{k} (3 * state_size,), none
+    where bias=False; the reverse direction's weights_l{k}_reverse and
+    bias_l{k}_reverse. all_weights lists them as nn.LSTM's does. A
+    one-layer, one-direction module loads an LLTM's state_dict, and LLTM
+    its. nn.LSTM's checkpoints do not convert: its cell has four gates."""
 
-    def __init__(self, input_features, state_size, num_layers=1, bias=True, batch_first=False,
-                 dropout=0.0, bidirectional=False, device=None, dtype=None):
+    # nn.LSTM's attribute: the LLTM's hidden state has no projection.
+    proj_size = 0
+
+    def __init__(self, input_features=None, state_size=None, num_layers=1, bias=True,
+                 batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None, *,
+                 input_size=None, hidden_size=None, proj_size=0):
         super().__init__()
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"LLTMSequence: num_layers must be an int of at least 1, got "
-                             f"{num_layers!r}")
+        input_features = _one_of("input_features", input_features, "input_size", input_size)
+        state_size = _one_of("state_size", state_size, "hidden_size", hidden_size)
+        if proj_size != 0:
+            raise ValueError(f"LLTMSequence: proj_size must be 0, got {proj_size!r}: the LLTM has "
+                             "no projection of its hidden state")
+        input_features, state_size, num_layers = op.check_sizes(
+            "LLTMSequence", input_features=input_features, state_size=state_size,
+            num_layers=num_layers)
         check_dropout("LLTMSequence", dropout)
         if dropout > 0 and num_layers == 1:
             warnings.warn("LLTMSequence: dropout applies to the outputs of every layer but the "
@@ -133,6 +164,28 @@ class LLTMSequence(torch.nn.Module):
     def num_directions(self):
         return 2 if self.bidirectional else 1
 
+    # nn.LSTM's names for the sizes.
+    @property
+    def input_size(self):
+        return self.input_features
+
+    @property
+    def hidden_size(self):
+        return self.state_size
+
+    @property
+    def all_weights(self):
+        """nn.LSTM's all_weights: for each layer and direction, in nn.LSTM's
+        order, the list of its parameters, [weights] or [weights, bias]."""
+        biases = self._bias_names or [None] * len(self._weight_names)
+        return [[getattr(self, name) for name in names if name is not None]
+                for names in zip(self._weight_names, biases)]
+
+    def flatten_parameters(self):
+        """Does nothing, and is there for the scripts that call nn.LSTM's
+        (after .to(), or under DataParallel): lltm_ffi's passes read each
+        parameter in place, so there is no single buffer to gather them in."""
+
     def _check_input(self, input):
         """TypeError or ValueError naming input for what the layers cannot
         take, before anything reaches C."""
@@ -158,7 +211,12 @@ class LLTMSequence(torch.nn.Module):
                              f"dimension, shape {tuple(data.shape)}) but the module was built "
                              f"for input_features={self.input_features}")
 
-    def forward(self, input, state=None):
+    def forward(self, input, state=None, *, hx=None):
+        if hx is not None:
+            if state is not None:
+                raise TypeError("LLTMSequence: got both state and hx, two names of the initial "
+                                "state; give one")
+            state = hx
         self._check_input(input)
         packed = isinstance(input, PackedSequence)
         unbatched = not packed and input.dim() == 2
@@ -168,11 +226,7 @@ class LLTMSequence(torch.nn.Module):
             input = input.transpose(0, 1)
         batch = int(input.batch_sizes[0]) if packed else input.shape[1]
         layers = self.num_layers * self.num_directions
-        if state is None:
-            zeros = self.weights_l0.new_zeros(layers, batch, self.state_size)
-            state = (zeros, zeros)
-        else:
-            state = self._checked_state(state, layers, batch, unbatched)
+        state = self._checked_state(state, layers, batch, unbatched)
         weights = [getattr(self, name) for name in self._weight_names]
         biases = [getattr(self, name) for name in self._bias_names] or None
         output, (h_n, c_n) = lltm_layers(input, weights, biases, *state,
@@ -185,13 +239,21 @@ class LLTMSequence(torch.nn.Module):
         return output, (h_n, c_n)
 
     def _checked_state(self, state, layers, batch, unbatched):
-        """(h0, c0) as the layers take them, refused naming the one that does
+        """(h0, c0) as the layers take them, from the pair (h0, c0), a lone h0
+        or None (None in the pair: zeros), refused naming the one that does
         not fit the module and the input."""
+        if state is None or isinstance(state, torch.Tensor):
+            state = (state, None)
         if not isinstance(state, (tuple, list)) or len(state) != 2:
-            raise TypeError(f"LLTMSequence: state must be a pair (h0, c0) or None, got "
-                            f"{type(state).__name__}")
+            what = (f"a {type(state).__name__} of {len(state)}"
+                    if isinstance(state, (tuple, list)) else type(state).__name__)
+            raise TypeError(f"LLTMSequence: state must be a pair (h0, c0), a lone h0 tensor or "
+                            f"None, got {what}")
         checked = []
         for name, tensor in zip(("h0", "c0"), state):
+            if tensor is None:
+                checked.append(None)
+                continue
             op.check_tensor("LLTMSequence", f"state {name}", tensor)
             if unbatched and tensor.dim() == 2:
                 tensor = tensor.unsqueeze(1)
@@ -207,7 +269,10 @@ class LLTMSequence(torch.nn.Module):
                                 f"{tensor.device} but the module's parameters have "
                                 f"{weights.dtype} on {weights.device}")
             checked.append(tensor)
-        return checked
+        given = next((tensor for tensor in checked if tensor is not None), None)
+        zeros = (self.weights_l0.new_zeros(layers, batch, self.state_size) if given is None
+                 else torch.zeros_like(given))
+        return [zeros if tensor is None else tensor for tensor in checked]
 
     def _load_from_state_dict(self, state_dict, prefix, *args):
         if self.num_layers == 1 and not self.bidirectional:

@@ -1,7 +1,8 @@
 """The LLTM over whole sequences, the time loop in C: lltm_sequence and its
-passes, sequence_forward and sequence_backward (dense steps, forward in
-time) and packed_forward and packed_backward (dense or packed steps, either
-direction, the final states computed in C).
+one pair of passes, packed_forward and packed_backward (packed steps, or
+without batch_sizes dense ones, either direction, bias optional, the final
+states computed in C). A dense sequence (steps, batch, features) is their
+rows (steps * batch, features), one step after another.
 
 Each pass is one C call: the forward pass computes every step's input part
 of the gates, then runs the recurrence; the backward pass runs the
@@ -50,16 +51,15 @@ _ARGUMENT_NAMES = ("inputs", "weights", "bias", "h0", "c0")
 _shape = cell._shape
 
 
-def check_arguments(inputs, weights, bias, h0, c0, optional_bias=False, forward=None):
-    """TypeError or ValueError, naming the argument, for anything the C loop
-    of the pass `forward` (sequence_forward by default) cannot take (bias
-    None too, where optional_bias; LLTMError for a CUDA device the module
-    was built without). The common, valid case costs one expression; the
-    diagnosis runs only when it fails."""
-    forward = forward or sequence_forward
-    if not cell.arguments_fit(inputs, 3, weights, bias, h0, c0, forward, optional_bias):
+def check_dense(inputs, weights, bias, h0, c0):
+    """TypeError or ValueError, naming the argument, for anything the packed
+    passes cannot take as dense steps, inputs (steps, batch, features), bias
+    None or not (LLTMError for a CUDA device the module was built without).
+    The common, valid case costs one expression; the diagnosis runs only
+    when it fails."""
+    if not cell.arguments_fit(inputs, 3, weights, bias, h0, c0, packed_forward, True):
         cell.diagnose("lltm_sequence", _ARGUMENT_NAMES, 3, (inputs, weights, bias, h0, c0),
-                      forward, optional_bias)
+                      packed_forward, True)
 
 
 def _options():
@@ -78,108 +78,6 @@ def _options():
     return (int(torch.backends.cuda.matmul.allow_tf32),
             int(own_kernels) | int(no_cluster) << 1 | int(amx == "0") << 2 | int(amx == "1") << 3
             | int(blas == "0") << 4 | int(blas == "1") << 5)
-
-
-@op.c_pass("sequence_forward", check=check_arguments)
-def sequence_forward(c, inputs: op.Tensor(dims=3), weights: op.Tensor(dims=2),
-                     bias: op.Tensor(dims=(1, 2)), h0: op.Tensor(dims=2),
-                     c0: op.Tensor(dims=2)) -> tuple[Tensor, Tensor, Tensor]:
-    """(outputs, cells, gates) of every step, from the arguments of
-    lltm_sequence: every step's new_h and new_cell (steps, batch, state) and
-    its pre-activation gates (steps, batch, 3 * state)."""
-    steps, batch_size, input_features = inputs.shape
-    state_size = h0.shape[1]
-    outputs = h0.new_empty(steps, batch_size, state_size)
-    cells = torch.empty_like(outputs)
-    gates = h0.new_empty(steps, batch_size, 3 * state_size)
-    if outputs.numel():
-        c(sizes=(steps, batch_size, input_features, state_size, *_options()),
-          tensors=(inputs, weights, bias, h0, c0, outputs, cells, gates))
-    return outputs, cells, gates
-
-
-def _check_backward(inputs, weights, bias, h0, outputs, cells, gates, grad_outputs, grad_cells):
-    check_arguments(inputs, weights, bias, h0, h0)
-    steps, batch_size, _ = inputs.shape
-    state_size = h0.shape[1]
-    for name, tensor in (("outputs", outputs), ("cells", cells), ("grad_outputs", grad_outputs),
-                         ("grad_cells", grad_cells)):
-        if tensor is not None:
-            op.check_shape("lltm_ffi::sequence_backward", name, tensor,
-                           (steps, batch_size, state_size))
-    op.check_shape("lltm_ffi::sequence_backward", "gates", gates,
-                   (steps, batch_size, 3 * state_size))
-
-
-@op.c_pass("sequence_backward", check=_check_backward)
-def sequence_backward(c, inputs: op.Tensor(dims=3), weights: op.Tensor(dims=2),
-                      bias: op.Tensor(dims=(1, 2)), h0: op.Tensor(dims=2),
-                      outputs: op.Tensor(dims=3), cells: op.Tensor(dims=3),
-                      gates: op.Tensor(dims=3),
-                      grad_outputs: op.Tensor(dims=3, optional=True, strided=True),
-                      grad_cells: op.Tensor(dims=3, optional=True, strided=True),
-                      *, wanted=(True,) * 5) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of lltm_sequence's five arguments (d_inputs, d_weights,
-    d_bias, d_h0, d_c0; of bias only the shape is read) from those of every
-    step's outputs and cells (None: zeros) and what the forward pass read
-    and saved; each is None unless `wanted` (five booleans) says so."""
-    steps, batch_size, input_features = inputs.shape
-    state_size = h0.shape[1]
-    computed = cells.numel() > 0
-    # With no element to compute, every gradient is zeros (or empty).
-    new = h0.new_empty if computed else h0.new_zeros
-    wants_h0, wants_c0 = wanted[3:]
-    d_inputs, d_weights, d_bias = (new(shape) if want else None for shape, want in
-                                   zip((inputs.shape, weights.shape, bias.shape), wanted))
-    # Past one step d_h0 and d_c0 carry the gradients between steps: C needs them.
-    d_h0, d_c0 = (new(h0.shape) if want or steps > 1 else None for want in (wants_h0, wants_c0))
-    if computed:
-        c(sizes=(steps, batch_size, input_features, state_size, *_options(),
-                 *cell._strides(grad_outputs), *cell._strides(grad_cells)),
-          tensors=(inputs, weights, h0, outputs, cells, gates, grad_outputs, grad_cells,
-                   torch.empty_like(gates), d_inputs, d_weights, d_bias, d_h0, d_c0))
-    return d_inputs, d_weights, d_bias, d_h0 if wants_h0 else None, d_c0 if wants_c0 else None
-
-
-def _sequence_in_torch(inputs, weights, bias, h0, c0):
-    """(outputs, cells) of every step, as sequence_forward, in torch ops: what
-    autograd differentiates where it records the backward (create_graph=True),
-    for which the C passes have no derivative."""
-    state_size = h0.shape[1]
-    projected = F.linear(inputs, weights[:, state_size:], bias.reshape(-1))
-    hidden_weights = weights[:, :state_size]
-    h, c, outputs, cells = h0, c0, [], []
-    for step in projected:
-        h, c = derivatives.forward_pass(step + h.mm(hidden_weights.t()), c)
-        outputs.append(h)
-        cells.append(c)
-    return torch.stack(outputs), torch.stack(cells)
-
-
-def _save_for_backward(ctx, inputs, output):
-    # The arguments as given, so that a backward recorded in torch ops
-    # reaches their history.
-    ctx.save_for_backward(*inputs, *output)
-    ctx.set_materialize_grads(False)
-
-
-def _sequence_backward(ctx, grad_outputs, grad_cells, _=None):
-    """The one backward of the sequence: torch ops while autograd records it
-    (create_graph=True), which it can differentiate again; else the C pass
-    (its operator under a tracer)."""
-    inputs, weights, bias, h0, c0, outputs, cells, gates = ctx.saved_tensors
-    if derivatives.in_torch_ops(grad_outputs, grad_cells):
-        return derivatives.recorded_grads(
-            _sequence_in_torch, (inputs, weights, bias, h0, c0), ctx.needs_input_grad,
-            (derivatives.or_zeros(grad_outputs, outputs), derivatives.or_zeros(grad_cells, cells)))
-    arguments = (inputs, weights, bias, h0, outputs, cells, gates, grad_outputs, grad_cells)
-    if op.use_operator(*sequence_backward.tensors_of(arguments)):
-        return sequence_backward.operator(*arguments)
-    return sequence_backward.run(*arguments, wanted=ctx.needs_input_grad)
-
-
-sequence = op.Op(sequence_forward, _sequence_backward, _save_for_backward,
-                 result=lambda output: output[:2])
 
 
 # Packed steps, either direction ------------------------------------------------
@@ -229,8 +127,8 @@ def check_packed(function, inputs, weights, bias, h0, c0, batch_sizes):
                          f"the {batch_size} sequences of h0")
 
 
-def _check_packed_forward(inputs, weights, bias, h0, c0, batch_sizes, reverse):
-    check_packed("lltm_sequence", inputs, weights, bias, h0, c0, batch_sizes)
+def _check_packed_forward(function, inputs, weights, bias, h0, c0, batch_sizes, reverse):
+    check_packed(function, inputs, weights, bias, h0, c0, batch_sizes)
 
 
 @op.c_pass("packed_forward", check=_check_packed_forward)
@@ -265,10 +163,9 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     return (outputs, cells, gates, h_n, c_n) if saved else (outputs, None, None, h_n, c_n)
 
 
-def _check_packed_backward(inputs, weights, bias, h0, batch_sizes, reverse, outputs, cells,
-                           gates, grad_outputs, grad_cells, grad_h_n, grad_c_n):
-    function = "lltm_ffi::packed_backward"
-    check_packed("lltm_sequence", inputs, weights, bias, h0, h0, batch_sizes)
+def _check_packed_backward(function, inputs, weights, bias, h0, batch_sizes, reverse, outputs,
+                           cells, gates, grad_outputs, grad_cells, grad_h_n, grad_c_n):
+    check_packed(function, inputs, weights, bias, h0, h0, batch_sizes)
     rows, state_size = inputs.shape[0], h0.shape[1]
     for name, tensor, shape in (("outputs", outputs, (rows, state_size)),
                                 ("cells", cells, (rows, state_size)),
@@ -355,8 +252,10 @@ def _save_packed(ctx, inputs, output):
 
 
 def _packed_backward(ctx, grad_outputs, grad_cells, _, grad_h_n, grad_c_n):
-    """The packed passes' backward, as _sequence_backward; the gradients of
-    batch_sizes and reverse are None."""
+    """The one backward of the sequence: torch ops while autograd records it
+    (create_graph=True), which it can differentiate again; else the C pass
+    (its operator under a tracer). The gradients of batch_sizes and reverse
+    are None."""
     inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates = ctx.saved_tensors
     if derivatives.in_torch_ops(grad_outputs, grad_cells, grad_h_n, grad_c_n):
         grads = derivatives.recorded_grads(
@@ -409,7 +308,7 @@ def _forward_alone(inputs, weights, bias, h0, c0, batch_sizes, reverse):
 
 
 def _forward(differentiable, arguments, plain):
-    """The forward pass of `differentiable` (sequence or packed) on checked
+    """The forward pass of `differentiable` (packed) on checked
     arguments, by the path the call takes: straight into C for plain eager
     calls; the operator under tracers and subclasses; refused under forward
     mode and torch.func's transforms."""
@@ -468,25 +367,21 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
             return _forward_alone(*arguments)
         outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
         return outputs, (h_n, c_n)
-    loop = packed_forward if reverse or bias is None else sequence_forward
-    check_arguments(inputs, weights, bias, h0, c0, optional_bias=True, forward=loop)
+    check_dense(inputs, weights, bias, h0, c0)
     steps, batch_size, input_features = inputs.shape
     if steps == 0:
         return inputs.new_empty(0, *h0.shape), (h0, c0)
-    if plain and steps == 1 and inputs.is_cuda and loop is sequence_forward and (
-            cell.uses_step_kernels(batch_size, input_features, h0.shape[1], inputs.dtype)):
+    if (plain and steps == 1 and not reverse and bias is not None and inputs.is_cuda
+            and cell.uses_step_kernels(batch_size, input_features, h0.shape[1], inputs.dtype)):
         # One step is a call of the cell, in its step kernels.
         new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
         return new_h.unsqueeze(0), (new_h, new_cell)
     if plain and not _records_backward(*tensors):
         return _forward_alone(inputs, weights, bias, h0, c0, None, reverse)
-    if loop is packed_forward:
-        outputs, _, _, h_n, c_n = _forward(
-            packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0,
-                     None, bool(reverse)), plain)
-        return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
-    outputs, cells = _forward(sequence, (inputs, weights, bias, h0, c0), plain)[:2]
-    return outputs, (outputs[-1], cells[-1])
+    outputs, _, _, h_n, c_n = _forward(
+        packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0, None,
+                 bool(reverse)), plain)
+    return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
 
 
 def _in_packed_order(name, state, data, sorted_indices):

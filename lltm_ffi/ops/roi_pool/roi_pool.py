@@ -28,15 +28,15 @@ from torch import Tensor
 from ... import op
 
 
-def _check_forward(input, rois, pooled_height, pooled_width, spatial_scale):
+def _check_forward(function, input, rois, pooled_height, pooled_width, spatial_scale):
     if rois.shape[1] != 5:
-        raise ValueError(f"roi_pool: rois has shape {tuple(rois.shape)}; it must be (R, 5), "
+        raise ValueError(f"{function}: rois has shape {tuple(rois.shape)}; it must be (R, 5), "
                          "each row [batch_index, x1, y1, x2, y2]")
     for name, size in (("pooled_height", pooled_height), ("pooled_width", pooled_width)):
         if not 0 < size < 2**31:
-            raise ValueError(f"roi_pool: {name} must be from 1 to 2**31 - 1, got {size}")
+            raise ValueError(f"{function}: {name} must be from 1 to 2**31 - 1, got {size}")
     if not 0 < spatial_scale < math.inf:
-        raise ValueError(f"roi_pool: spatial_scale must be positive and finite, got "
+        raise ValueError(f"{function}: spatial_scale must be positive and finite, got "
                          f"{spatial_scale}")
 
 
@@ -55,10 +55,11 @@ def roi_pool_forward(c, input: op.Tensor(dims=4), rois: op.Tensor(dims=2), poole
     return output, argmax
 
 
-def _check_backward(grad_output, rois, argmax, batch_size, height, width, spatial_scale):
-    op.check_shape("lltm_ffi::roi_pool_backward", "argmax", argmax, grad_output.shape)
-    op.check_shape("lltm_ffi::roi_pool_backward", "rois", rois, (grad_output.shape[0], 5))
-    _check_forward(grad_output, rois, *grad_output.shape[2:], spatial_scale)
+def _check_backward(function, grad_output, rois, argmax, batch_size, height, width,
+                    spatial_scale):
+    op.check_shape(function, "argmax", argmax, grad_output.shape)
+    op.check_shape(function, "rois", rois, (grad_output.shape[0], 5))
+    _check_forward(function, grad_output, rois, *grad_output.shape[2:], spatial_scale)
 
 
 @op.c_pass("roi_pool_backward", check=_check_backward)

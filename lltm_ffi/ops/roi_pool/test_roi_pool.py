@@ -327,6 +327,7 @@ def test_opcheck(dtype, device, generator):
     torch.library.opcheck(roi_pool_backward.operator, (grad_output, rois, argmax, 2, 5, 6, 0.5))
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph(device, generator):
     """Under torch.compile roi_pool is the operator lltm_ffi::roi_pool_forward,
     its backward lltm_ffi::roi_pool_backward."""

@@ -97,6 +97,7 @@ def test_empty_input_gives_empty_output_without_a_launch(dtype, device, monkeypa
     assert x.grad.shape == (0, 3)
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph_forward_and_backward(device, generator):
     """Under torch.compile round_ste is the operator lltm_ffi::round_forward."""
     def step(x):

@@ -1,5 +1,5 @@
 // What the cluster kernels (cluster_kernel.cu) and the tensor-core
-// persistent kernels' shared staging (sequence_kernel.cu) share of a
+// persistent kernels' shared staging (lltm_persistent.cuh) share of a
 // thread-block cluster: this block's rank in it, its size, the cluster's
 // barrier, and an mbarrier's address, set-up, arming and wait; and, on the
 // host, the configuration of a launch in clusters. Compute capability 9.0

@@ -1,5 +1,5 @@
 /* The LLTM's passes on the CPU, the cell's and the whole sequence's: the
- * same math, layout and arguments as the CUDA passes of cell_kernel.cu and
+ * same math, layout and arguments as the CUDA passes of lltm_kernel.cu and
  * sequence_kernel.cu, in plain C (the passes themselves: lltm_cpu_impl.h).
  *
  * float uses the branch-free exp/expm1/tanh below (Cephes' polynomials, within
@@ -151,16 +151,6 @@ LLTM_CPU_PASS_WITH_HALF(forward_pass, forward, args->sizes[0], args->sizes[1], a
 LLTM_CPU_PASS_WITH_HALF(backward_pass, backward, args->sizes[0], args->sizes[1],
                         args->sizes + 2, args->tensors[0], args->tensors[1], args->tensors[2],
                         args->tensors[3], args->tensors[4], args->tensors[5])
-LLTM_CPU_PASS_WITH_HALF(sequence_forward, sequence_forward, args->sizes[0], args->sizes[1],
-                        args->sizes[2], args->sizes[3], args->sizes[5], args->tensors[0],
-                        args->tensors[1], args->tensors[2], args->tensors[3], args->tensors[4],
-                        args->tensors[5], args->tensors[6], args->tensors[7])
-LLTM_CPU_PASS_WITH_HALF(sequence_backward, sequence_backward, args->sizes[0], args->sizes[1],
-                        args->sizes[2], args->sizes[3], args->sizes[5], args->sizes + 6,
-                        args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
-                        args->tensors[4], args->tensors[5], args->tensors[6], args->tensors[7],
-                        args->tensors[8], args->tensors[9], args->tensors[10], args->tensors[11],
-                        args->tensors[12], args->tensors[13])
 LLTM_CPU_PASS_WITH_HALF(packed_forward, packed_forward, args->sizes, args->tensors[5],
                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
                         args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],

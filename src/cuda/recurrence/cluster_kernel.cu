@@ -3,7 +3,7 @@
 // launchers of lltm_cluster.h; sequence_kernel.cu's plan_recurrence decides
 // when it runs.
 //
-// Why clusters. The persistent kernels (sequence_kernel.cu) synchronise the
+// Why clusters. The persistent kernels (persistent_kernel.cu) synchronise the
 // whole grid once a step (about 1.1 us on an H200) and stage the whole
 // state from global memory every step; and two cooperative launches on two
 // streams are serialised by the driver, so the two directions of a

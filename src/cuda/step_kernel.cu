@@ -3,9 +3,10 @@
 // GPU while its gate product is small (cell.py's uses_step_kernels). There
 // a step's time is the host's launches more than the GPU's arithmetic, so
 // the forward pass is one kernel (the gate product, the cell its epilogue)
-// and the backward pass two (the cell's backward, sequence_kernel.cu's, then
-// one product here for the gradients of the weights and the bias), three
-// where the gradients of old_h or the input are wanted (one more product).
+// and the backward pass two (the cell's backward, cublas_loop_kernel.cu's,
+// then one product here for the gradients of the weights and the bias),
+// three where the gradients of old_h or the input are wanted (one more
+// product).
 // Computing the gate gradients inside the product instead, to save the
 // first launch, measured no faster on an H100 (each tile of columns
 // recomputes them).
@@ -320,7 +321,7 @@ static cudaError_t launch_step_forward(int batch_size, int input_features, int s
 }
 
 // A step's argument gradients from its gate gradients (d_gates, which
-// sequence_kernel.cu's cell backward pass wrote): one product for those of
+// cublas_loop_kernel.cu's cell backward pass wrote): one product for those of
 // the weights and the bias (the ones column of StepInputs), one for those
 // of old_h and the input, each where wanted.
 template <typename Dtype>

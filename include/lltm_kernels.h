@@ -1,6 +1,6 @@
 // What the LLTM's CUDA sources share beyond the cell's math (lltm_cell.h):
 // the sequence's options, and the one step's backward pass that
-// step_kernel.cu borrows from sequence_kernel.cu.
+// step_kernel.cu borrows from cublas_loop_kernel.cu.
 #ifndef LLTM_KERNELS_H
 #define LLTM_KERNELS_H
 
@@ -22,7 +22,7 @@ enum {
   LLTM_SEQUENCE_NO_CLUSTER = 4
 };
 
-// One step's cell backward pass (sequence_kernel.cu): d_gates (batch,
+// One step's cell backward pass (cublas_loop_kernel.cu): d_gates (batch,
 // 3 * state) and, where d_old_cell is not NULL, d_old_cell (batch, state)
 // from the output gradients grad_h and grad_cell, read through their (row,
 // column) strides (grad_strides[1], [2] and [4], [5]; [0] and [3], the step

@@ -257,7 +257,7 @@ static void check_cell(int dtype, int64_t batch, int64_t state, int layout) {
  * error; each result is compared as a whole, by its relative norm. */
 struct sequence_shape {
   int64_t steps, batch, input_features, state;
-  int strided_grads; /* grad_outputs every other element, transposed rows; no grad_cells */
+  int strided_grads; /* grad_outputs read transposed from rows twice as long; no grad_cells */
   int state_grads;   /* whether d_h0 and d_c0 are asked for (always past one step) */
 };
 
@@ -467,9 +467,49 @@ static void compare_sum(const char* what, int dtype, int64_t index, double got, 
   ++failures;
 }
 
-/* tensors: those of sequence_forward (inputs, weights, bias, h0, c0,
- * outputs, cells, gates), then sequence_backward's d_gates, d_inputs,
- * d_weights, d_bias and d_h0, all of `dtype`. */
+/* The packed passes over dense steps (batch_sizes NULL) in the forward
+ * direction, as lltm_sequence runs a (steps, batch, features) sequence:
+ * arguments (inputs, weights, bias, h0, c0, grad_outputs, grad_cells),
+ * grad_outputs read through grad_strides (its step, row and column
+ * strides; the step's that of batch rows), grad_cells dense; results
+ * (outputs, cells, gates, d_gates, d_inputs, d_weights, d_bias, d_h0,
+ * d_c0). Each step's final state must be the last step's outputs and
+ * cells. LLTM_SUCCESS or the first pass's error. */
+static int run_dense_passes(struct sequence_shape shape, int dtype, int64_t option,
+                            const int64_t* grad_strides, void* const* arguments,
+                            void* const* results) {
+  const int64_t T = shape.steps, B = shape.batch, S = shape.state, step = B * S;
+  const size_t size = element_size(dtype);
+  const int64_t sizes[12] = {T * B, T, B, shape.input_features, S, 0, 0, option,
+                             grad_strides[1], grad_strides[2], S, 1};
+  void* h_n = allocate(step, size);
+  void* c_n = allocate(step, size);
+  void* const forward_tensors[11] = {arguments[0], arguments[1], arguments[2], arguments[3],
+                                     arguments[4], NULL, results[0], results[1], results[2],
+                                     h_n, c_n};
+  void* const backward_tensors[17] = {arguments[0], arguments[1], arguments[3], NULL,
+                                      results[0], results[1], results[2], arguments[5],
+                                      arguments[6], NULL, NULL, results[3], results[4],
+                                      results[5], results[6], results[7], results[8]};
+  int code = lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors);
+  if (code == LLTM_SUCCESS) {
+    code = lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors);
+  }
+  if (code == LLTM_SUCCESS && T > 0 &&
+      (memcmp(h_n, (char*)results[0] + (T - 1) * step * size, step * size) ||
+       memcmp(c_n, (char*)results[1] + (T - 1) * step * size, step * size))) {
+    fprintf(stderr, "MISMATCH %s: the final states of dense steps are not the last step's\n",
+            dtype_names[dtype]);
+    ++failures;
+  }
+  free(h_n);
+  free(c_n);
+  return code;
+}
+
+/* tensors: those of packed_forward over dense steps (inputs, weights,
+ * bias, h0, c0, outputs, cells, gates), then packed_backward's d_gates,
+ * d_inputs, d_weights, d_bias and d_h0, all of `dtype`. */
 static void check_own_products(struct sequence_shape shape, int dtype, void* const* tensors) {
   const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
   const int64_t columns = S + F, rows = T * B;
@@ -564,10 +604,11 @@ static void check_sequence(struct sequence_shape shape, int dtype) {
   double* bias = round_values(dtype, uniform_values(3 * S, 0.5), 3 * S);
   double* h0 = round_values(dtype, uniform_values(step, 1.0), step);
   double* c0 = round_values(dtype, uniform_values(step, 1.0), step);
-  /* Strided: (step, row, column) strides of a (T, S, 2 B) buffer read transposed. */
-  const int64_t grad_strides[6] = {shape.strided_grads ? 2 * step : step,
-                                   shape.strided_grads ? 2 : S,
-                                   shape.strided_grads ? 2 * B : 1,
+  /* Strided: (step, row, column) strides of a (S, 2 T B) buffer read
+   * transposed, whose rows are twice as long as the steps' rows. */
+  const int64_t grad_strides[6] = {shape.strided_grads ? B : step,
+                                   shape.strided_grads ? 1 : S,
+                                   shape.strided_grads ? 2 * T * B : 1,
                                    step, S, 1};
   const int64_t grad_count = shape.strided_grads ? 2 * T * step : T * step;
   double* grad_outputs = round_values(dtype, uniform_values(grad_count, 1.0), grad_count);
@@ -588,17 +629,10 @@ static void check_sequence(struct sequence_shape shape, int dtype) {
   void* d_bias = allocate(3 * S, size);
   void* d_h0 = shape.state_grads ? allocate(step, size) : NULL;
   void* d_c0 = shape.state_grads ? allocate(step, size) : NULL;
-  const int64_t sizes[12] = {T, B, F, S, 0, products_option, grad_strides[0], grad_strides[1],
-                             grad_strides[2], grad_strides[3], grad_strides[4], grad_strides[5]};
-  void* const forward_tensors[8] = {arguments[0], arguments[1], arguments[2], arguments[3],
-                                    arguments[4], outputs, cells, gates};
-  void* const backward_tensors[14] = {arguments[0], arguments[1], arguments[3], outputs,
-                                      cells, gates, arguments[5], arguments[6], d_gates,
-                                      d_inputs, d_weights, d_bias, d_h0, d_c0};
-  if (lltm_check_pass("sequence_forward", dtype, sizes, NULL, forward_tensors) !=
-          LLTM_SUCCESS ||
-      lltm_check_pass("sequence_backward", dtype, sizes, NULL, backward_tensors) !=
-          LLTM_SUCCESS) {
+  void* const results[9] = {outputs, cells, gates, d_gates, d_inputs, d_weights, d_bias, d_h0,
+                            d_c0};
+  if (run_dense_passes(shape, dtype, products_option, grad_strides, arguments, results) !=
+      LLTM_SUCCESS) {
     fprintf(stderr, "a sequence pass (%s) returned an error\n", dtype_names[dtype]);
     ++failures;
   }
@@ -619,7 +653,6 @@ static void check_sequence(struct sequence_shape shape, int dtype) {
     free(arguments[a]);
     free((void*)sources[a]);
   }
-  void* results[9] = {outputs, cells, gates, d_gates, d_inputs, d_weights, d_bias, d_h0, d_c0};
   for (int a = 0; a < 9; ++a) free(results[a]);
 }
 
@@ -1031,7 +1064,7 @@ static void path_results(struct sequence_shape shape, int dtype, int64_t option,
   const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
   const size_t size = element_size(dtype);
   const int64_t step = B * S;
-  const int64_t sizes[12] = {T, B, F, S, 0, option, step, S, 1, step, S, 1};
+  const int64_t grad_strides[6] = {step, S, 1, step, S, 1};
   void* outputs[PATH_RESULTS] = {allocate(T * step, size), allocate(T * step, size),
                                  allocate(T * B * F, size), allocate(3 * S * (S + F), size),
                                  allocate(3 * S, size), allocate(step, size), allocate(step, size)};
@@ -1039,14 +1072,10 @@ static void path_results(struct sequence_shape shape, int dtype, int64_t option,
                                                3 * S, step, step};
   void* gates = allocate(T * 3 * step, size);
   void* d_gates = allocate(T * 3 * step, size);
-  void* const forward_tensors[8] = {arguments[0], arguments[1], arguments[2], arguments[3],
-                                    arguments[4], outputs[0], outputs[1], gates};
-  void* const backward_tensors[14] = {arguments[0], arguments[1], arguments[3], outputs[0],
-                                      outputs[1], gates, arguments[5], arguments[6], d_gates,
-                                      outputs[2], outputs[3], outputs[4], outputs[5], outputs[6]};
-  if (lltm_check_pass("sequence_forward", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS ||
-      lltm_check_pass("sequence_backward", dtype, sizes, NULL, backward_tensors) !=
-          LLTM_SUCCESS) {
+  void* const results_in_order[9] = {outputs[0], outputs[1], gates, d_gates, outputs[2],
+                                     outputs[3], outputs[4], outputs[5], outputs[6]};
+  if (run_dense_passes(shape, dtype, option, grad_strides, arguments, results_in_order) !=
+      LLTM_SUCCESS) {
     fprintf(stderr, "a sequence pass (%s, products option %lld) returned an error\n",
             dtype_names[dtype], (long long)option);
     ++failures;

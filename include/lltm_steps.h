@@ -1,6 +1,6 @@
 /* The steps of one direction of a sequence layer, in the order its
  * recurrence visits them: for the CPU passes (lltm_cpu_impl.h) and the CUDA
- * launchers (sequence_kernel.cu) alike, on the host.
+ * launchers (src/cuda/recurrence/) alike, on the host.
  *
  * Every tensor of a pass holds its steps' rows one step after another. Step
  * t has batch_sizes[t] rows, or batch_size rows each where batch_sizes is

@@ -1,7 +1,7 @@
 // The cluster-resident recurrence (cluster_kernel.cu) as the sequence's
 // launchers (sequence_kernel.cu) see it: a plan, and a launcher each way on
 // raw pointers and a stream. Dense steps only, either direction; the
-// contracts are those of sequence_kernel.cu's persistent kernels.
+// contracts are those of persistent_kernel.cu's persistent kernels.
 #ifndef LLTM_CLUSTER_H
 #define LLTM_CLUSTER_H
 
@@ -22,7 +22,7 @@ typedef struct {
 
 // The plan of the forward (backward 0) or backward recurrence of `steps`
 // dense steps of batch_size rows and state_size columns, elements of the
-// lltm_dtype `dtype` (float32 or float64), on the current device; no plan
+// lltm_dtype `dtype` (any of the four), on the current device; no plan
 // where the device is older than compute capability 9.0, the module holds
 // no sm_90 code for the kernels, the sizes are past what they take, or the
 // clusters would not all be resident at once. A failed query gives no plan

@@ -680,7 +680,7 @@ static void LLTM_NAME(end_recurrent_amx_)(struct LLTM_NAME(recurrent_amx_) * amx
 }
 
 /* The whole-sequence layer's passes, step by step as the step-by-step
- * kernels of sequence_kernel.cu, over the steps of one direction as
+ * kernels of step_by_step_kernel.cu, over the steps of one direction as
  * lltm_steps.h walks them; lltm_ffi.h describes the arguments. Each step is
  * cut into tiles of its rows by states, each tile doing the recurrent
  * product for its states' three gates and then the cell's math on them, so
@@ -1459,44 +1459,9 @@ static struct lltm_products LLTM_NAME(products_plan_)(int64_t kernels, int64_t r
   return products;
 }
 
-/* The registered passes (lltm_cpu.c): sequence_forward and
- * sequence_backward over dense steps in the forward direction, each step's
- * cell gradients given, no final state; packed_forward and packed_backward
- * over dense or packed steps in either direction, with the final states. */
-static int LLTM_NAME(sequence_forward_)(int64_t steps, int64_t batch_size,
-                                        int64_t input_features, int64_t state_size,
-                                        int64_t kernels, const STORAGE* inputs, const STORAGE* weights,
-                                        const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
-                                        STORAGE* outputs, STORAGE* cells, STORAGE* gates) {
-  lltm_walk walk;
-  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
-  return LLTM_NAME(recurrence_forward_)(
-      LLTM_NAME(products_plan_)(kernels, walk.rows, batch_size, input_features, state_size),
-      &walk, input_features, state_size, inputs, weights, bias, h0, c0, outputs, cells, gates,
-      NULL, NULL);
-}
-
-static int LLTM_NAME(sequence_backward_)(
-    int64_t steps, int64_t batch_size, int64_t input_features, int64_t state_size,
-    int64_t kernels, const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
-    const STORAGE* outputs, const STORAGE* cells, const STORAGE* gates, const STORAGE* grad_outputs,
-    const STORAGE* grad_cells, STORAGE* d_gates, STORAGE* d_inputs, STORAGE* d_weights,
-    STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0) {
-  lltm_walk walk;
-  if (!lltm_make_walk(NULL, steps, batch_size, steps * batch_size, 0, &walk)) {
-    return LLTM_ERROR_ARGUMENTS;
-  }
-  return LLTM_NAME(recurrence_backward_)(
-      LLTM_NAME(products_plan_)(kernels, walk.rows, batch_size, input_features, state_size),
-                                         &walk, input_features, state_size, grad_strides, inputs,
-                                         weights, h0, outputs, cells, gates, grad_outputs,
-                                         grad_cells, NULL, NULL, d_gates, d_inputs, d_weights,
-                                         d_bias, d_h0, d_c0);
-}
-
-/* sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
+/* The registered passes (lltm_cpu.c), packed_forward and packed_backward:
+ * packed steps, or where batch_sizes is NULL dense ones, in either
+ * direction, with the final states. sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
  * CUDA only), kernels. */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
                                       const STORAGE* inputs, const STORAGE* weights,
@@ -1506,9 +1471,9 @@ static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
   return LLTM_NAME(recurrence_forward_)(
-      LLTM_NAME(products_plan_)(sizes[7], walk.rows, sizes[2], sizes[3], sizes[4]),
-                                        &walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
-                                        outputs, cells, gates, final_h, final_cell);
+      LLTM_NAME(products_plan_)(sizes[7], walk.rows, sizes[2], sizes[3], sizes[4]), &walk,
+      sizes[3], sizes[4], inputs, weights, bias, h0, c0, outputs, cells, gates, final_h,
+      final_cell);
 }
 
 /* sizes as packed_forward's, then grad_outputs' and grad_cells' row and
@@ -1525,11 +1490,10 @@ static int LLTM_NAME(packed_backward_)(
   const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
                                    sizes[2] * row_strides[2], row_strides[2], row_strides[3]};
   return LLTM_NAME(recurrence_backward_)(
-      LLTM_NAME(products_plan_)(sizes[7], walk.rows, sizes[2], sizes[3], sizes[4]),
-                                         &walk, sizes[3], sizes[4], grad_strides, inputs, weights,
-                                         h0, outputs, cells, gates, grad_outputs, grad_cells,
-                                         grad_final_h, grad_final_cell, d_gates, d_inputs,
-                                         d_weights, d_bias, d_h0, d_c0);
+      LLTM_NAME(products_plan_)(sizes[7], walk.rows, sizes[2], sizes[3], sizes[4]), &walk,
+      sizes[3], sizes[4], grad_strides, inputs, weights, h0, outputs, cells, gates, grad_outputs,
+      grad_cells, grad_final_h, grad_final_cell, d_gates, d_inputs, d_weights, d_bias, d_h0,
+      d_c0);
 }
 
 #undef SCALAR

@@ -1,5 +1,5 @@
 // CUDA device code, for .cu files only: what the cell's kernels
-// (cell_kernel.cu, step_kernel.cu) and the sequence's (sequence_kernel.cu)
+// (lltm_kernel.cu, step_kernel.cu) and the sequence's (src/cuda/recurrence/)
 // share, the activations in each math type's precision (lltm_math.cuh:
 // float for float, __half and __nv_bfloat16, double for double) and one
 // element of the cell, forward and backward. Callers convert at their loads

@@ -1,0 +1,460 @@
+"""--sweep: lltm_sequence on each of its paths beside nn.GRU and nn.LSTM over
+a grid of sizes, in strict float32 and under bfloat16 autocast, training and
+inference: the measurements that place each path, and the cliffs at states
+off the 128-wide tiles.
+
+Each size's points are timed once: every implementation takes turns, run
+by run, a few runs (as many as fit in POINT_SECONDS, MIN_RUNS to MAX_RUNS)
+after WARMUP_CALLS untimed ones, by CUDA events on a GPU; the medians, per
+time step. lltm_sequence's paths are forced by the environment variables
+its passes read at each call, set around each call and restored after. The
+markdown table and a JSON of every figure are rewritten after each point,
+so that a run cut short keeps what it measured; the chart is drawn at the
+end. Each state off a multiple of 128 brings that multiple into the sweep,
+for its cliff ratio."""
+
+import contextlib
+import json
+import math
+import os
+import re
+import statistics
+import time
+from collections import namedtuple
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+import lltm_ffi
+
+from . import harness, precision as precisions, sequence
+
+# lltm_sequence's variants: the environment each call runs in.
+VARIANTS = {
+    "default": {},
+    "LLTM_CLUSTER=0": {"LLTM_CLUSTER": "0"},
+    "LLTM_CUBLAS=0": {"LLTM_CUBLAS": "0"},
+    "LLTM_CLUSTER=0 LLTM_CUBLAS=0": {"LLTM_CLUSTER": "0", "LLTM_CUBLAS": "0"},
+}
+# Only the GPU passes read them: on the CPU the default alone is timed.
+CPU_VARIANTS = ("default",)
+PEERS = ("nn.GRU", "nn.LSTM")
+PRECISIONS = (precisions.Precision.full(torch.float32),
+              precisions.Precision("autocast", torch.float32, torch.bfloat16))
+MODES = ("training", "inference")
+
+TILE = 128
+GPU_STATES = (100, 200, 256, 300, 500, 512, 650, 768, 1000, 1024, 1500)
+GPU_BATCHES = (1, 16, 64)
+GPU_STEPS = (64,)
+CPU_STATES = (32, 100)
+CPU_BATCHES = (1, 8)
+CPU_STEPS = (16,)
+# Series the GPU's default grid adds, (steps, batch, layers) with the states
+# they take (None: every state of the sweep): long sequences, and
+# pytorch/examples' word_language_model (35 steps of 20 rows, two layers,
+# its small and medium sizes).
+GPU_EXTRA_SERIES = (((1024, 16, 1), None), ((35, 20, 2), (200, 650)))
+# The series the chart draws, where the sweep has it.
+CHART_SERIES = (64, 16, 1)
+
+# A pass through cuBLAS is recorded as a CUDA graph on its second call and
+# replayed from the third, the first timed.
+WARMUP_CALLS = 2
+POINT_SECONDS = 0.25
+MIN_RUNS = 3
+MAX_RUNS = 20
+# An implementation whose last warm-up call took longer is not timed at that
+# point: at 1024 steps that is several times cuDNN's time at any size swept.
+SLOW_CALL_SECONDS = 1.0
+
+# A recurrence kernel's name says its direction and path (docs/ARCHITECTURE.md).
+KERNEL = re.compile(r"lltm_sequence_(gates_)?(forward|backward)_(cluster_|persistent_)?kernel\b")
+PATH_NAMES = {"cluster_": "cluster", "persistent_": "persistent", "gates_": "cuBLAS", "": "steps"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """`steps` of `batch` rows, features = state, `layers` stacked."""
+    steps: int
+    batch: int
+    layers: int
+    state: int
+
+    def __str__(self):
+        return f"{self.steps}x{self.batch}x{self.state}x{self.state}"
+
+
+@dataclass
+class Point:
+    """One shape in one precision and mode: microseconds per time step
+    (median) by implementation, the path each lltm variant ran, and why any
+    implementation was not timed."""
+    shape: Shape
+    precision: str
+    mode: str
+    runs: int = 0
+    times: dict = field(default_factory=dict)
+    paths: dict = field(default_factory=dict)
+    failures: dict = field(default_factory=dict)
+
+    def label(self):
+        layers = f", {self.shape.layers} layers" if self.shape.layers > 1 else ""
+        return f"{self.shape}{layers} {self.precision} {self.mode}"
+
+    @property
+    def series(self):
+        return self.shape.steps, self.shape.batch, self.shape.layers, self.precision, self.mode
+
+    def fastest(self):
+        """(variant, us) of the fastest lltm variant; (None, nan) if none ran."""
+        timed = [(us, name) for name, us in self.times.items() if name in VARIANTS]
+        if not timed:
+            return None, math.nan
+        us, name = min(timed)
+        return name, us
+
+    def over_peers(self):
+        """The fastest lltm variant's time over the lesser of nn.GRU's and nn.LSTM's."""
+        peers = [self.times[name] for name in PEERS if name in self.times]
+        return self.fastest()[1] / min(peers) if peers else math.nan
+
+
+def next_tile(state):
+    return -(-state // TILE) * TILE
+
+
+def grid(args, device):
+    """The shapes to time, series by series, states ascending: the product of
+    --steps, --batches and --states at --layers layers (each the device's
+    default where not given; the GPU's default grid adds GPU_EXTRA_SERIES),
+    each state off a multiple of 128 with that multiple."""
+    cuda = device.type == "cuda"
+    states = args.states or (GPU_STATES if cuda else CPU_STATES)
+    series = {(steps, batch, args.layers or 1): states
+              for steps in args.steps or (GPU_STEPS if cuda else CPU_STEPS)
+              for batch in args.batches or (GPU_BATCHES if cuda else CPU_BATCHES)}
+    if cuda and not (args.steps or args.batches or args.layers):
+        for key, chosen in GPU_EXTRA_SERIES:
+            taken = [state for state in states if chosen is None or state in chosen]
+            if taken:
+                series.setdefault(key, taken)
+    return [Shape(steps, batch, layers, state)
+            for (steps, batch, layers), chosen in series.items()
+            for state in sorted(set(chosen) | {next_tile(state) for state in chosen})]
+
+
+def cliff_ratios(points):
+    """{index in points: the fastest lltm time over that of the next multiple
+    of 128 in the same series}, for each point whose state is off the tiles
+    and whose multiple was measured."""
+    fastest = {(point.series, point.shape.state): point.fastest()[1] for point in points}
+    ratios = {}
+    for index, point in enumerate(points):
+        state = point.shape.state
+        tiled = fastest.get((point.series, next_tile(state)))
+        if state % TILE and tiled is not None:
+            ratios[index] = point.fastest()[1] / tiled
+    return ratios
+
+
+@contextlib.contextmanager
+def environment(settings):
+    """LLTM_CLUSTER and LLTM_CUBLAS as `settings` has them (absent: unset),
+    restored after; settings None leaves the environment alone."""
+    names = {name for variant in VARIANTS.values() for name in variant}
+    saved = {name: os.environ.get(name) for name in names}
+    if settings is not None:
+        for name in names:
+            os.environ.pop(name, None)
+        os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+Candidate = namedtuple("Candidate", "settings function")
+
+
+def step_function(model, inputs, precision, device, mode):
+    """One call of `model` on `inputs`: a training step (sequence.training_step)
+    or a forward under torch.inference_mode()."""
+    if mode == "training":
+        return sequence.training_step(lambda: model(inputs)[0], precision, device)
+
+    def infer():
+        with torch.inference_mode(), precision.forward(device):
+            model(inputs)
+    return infer
+
+
+def recurrence_paths(function):
+    """{direction: path} of the recurrence kernels one call of `function`
+    launches, by torch.profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        function()
+        torch.cuda.synchronize()
+    paths = {}
+    for event in profiler.events():
+        found = KERNEL.search(event.name)
+        if found and event.device_type == torch.autograd.DeviceType.CUDA:
+            kind = PATH_NAMES[found.group(1) or found.group(3) or ""]
+            paths.setdefault(found.group(2), set()).add(kind)
+    return {direction: "+".join(sorted(kinds)) for direction, kinds in paths.items()}
+
+
+def path_text(paths, mode):
+    """forward/backward for training (one name where they agree), the forward for inference."""
+    forward, backward = paths.get("forward", "?"), paths.get("backward", "?")
+    return forward if mode == "inference" or forward == backward else f"{forward}/{backward}"
+
+
+def measurer(device):
+    """measure(candidate): a call of it in its environment, returning a
+    function that gives its microseconds once the device is synchronised."""
+    def on_gpu(candidate):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        with environment(candidate.settings):
+            start.record()
+            candidate.function()
+            end.record()
+        return lambda: start.elapsed_time(end) * 1e3
+
+    def on_cpu(candidate):
+        with environment(candidate.settings):
+            seconds = harness.wall_clock(candidate.function, lambda: None)[1]
+        return lambda: harness.microseconds(seconds)
+    return on_gpu if device.type == "cuda" else on_cpu
+
+
+class TooSlow(Exception):
+    pass
+
+
+def failure_text(error):
+    """'kind: why' of an implementation left out of a point."""
+    if isinstance(error, TooSlow):
+        return f"too slow: {error}"
+    kind = "out of memory" if isinstance(error, torch.cuda.OutOfMemoryError) else "failed"
+    return f"{kind}: {type(error).__name__}: {str(error).splitlines()[0]}"
+
+
+def time_point(point, candidates, device, runs, paths):
+    """Fills point: each candidate warmed up (a failure recorded, that one
+    left out), on a GPU each lltm variant's paths profiled once a shape and
+    precision (its training step, into `paths`, which its inference point
+    reuses), then the runs, interleaved."""
+    synchronize = harness.synchronizer(device)
+    working, seconds = {}, {}
+    for name, candidate in candidates.items():
+        try:
+            with environment(candidate.settings):
+                for _ in range(WARMUP_CALLS):
+                    seconds[name] = harness.wall_clock(candidate.function, synchronize)[1]
+                if seconds[name] > SLOW_CALL_SECONDS:
+                    raise TooSlow(f"{seconds[name]:.1f} s a call, past the sweep's "
+                                  f"{SLOW_CALL_SECONDS} s")
+                if device.type == "cuda" and name in VARIANTS and name not in paths:
+                    paths[name] = recurrence_paths(candidate.function)
+        except Exception as error:  # an implementation that cannot run this point is skipped
+            seconds.pop(name, None)
+            point.failures[name] = failure_text(error)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        working[name] = candidate
+    point.runs = runs or min(MAX_RUNS, max(MIN_RUNS, int(POINT_SECONDS / max(sum(seconds.values()),
+                                                                              1e-9))))
+    results = harness.interleaved(working, point.runs, measurer(device))
+    synchronize()
+    for name, measured in results.items():
+        point.times[name] = statistics.median(elapsed() for elapsed in measured) / point.shape.steps
+        if name in paths:
+            point.paths[name] = path_text(paths[name], point.mode)
+
+
+def models_of(shape, device):
+    """{name: model} of one shape, float32, and its inputs."""
+    configuration = {"num_layers": shape.layers, "device": device}
+    models = {"lltm": lltm_ffi.LLTMSequence(shape.state, shape.state, **configuration),
+              "nn.GRU": torch.nn.GRU(shape.state, shape.state, **configuration),
+              "nn.LSTM": torch.nn.LSTM(shape.state, shape.state, **configuration)}
+    return models, torch.randn(shape.steps, shape.batch, shape.state, device=device)
+
+
+def run(args, device, dtype):
+    """The sweep in strict float32 (TF32 off; the caller's settings come back
+    after) and under bfloat16 autocast."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        return _run(args, device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _run(args, device):
+    torch.manual_seed(0)
+    shapes = grid(args, device)
+    variants = (VARIANTS if device.type == "cuda"
+                else {name: VARIANTS[name] for name in CPU_VARIANTS})
+    output = args.output or Path("bench_out") / f"sweep_{device.type}.md"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    total = len(shapes) * len(PRECISIONS) * len(MODES)
+    harness.note(f"sweep: {total} points ({len(shapes)} shapes x {len(PRECISIONS)} precisions x "
+                 f"{len(MODES)} modes); {output} and its JSON rewritten after each")
+    points, started = [], time.perf_counter()
+    for shape in shapes:
+        models, inputs = models_of(shape, device)
+        for precision in PRECISIONS:
+            paths = {}
+            for mode in MODES:
+                candidates = {name: Candidate(settings, step_function(
+                                  models["lltm"], inputs, precision, device, mode))
+                              for name, settings in variants.items()}
+                candidates.update({name: Candidate(None, step_function(
+                                       models[name], inputs, precision, device, mode))
+                                   for name in PEERS})
+                point = Point(shape, precision.name, mode)
+                time_point(point, candidates, device, args.runs, paths)
+                points.append(point)
+                elapsed = time.perf_counter() - started
+                write(output, points, total, variants, device, elapsed)
+                name, fastest = point.fastest()
+                peers = ", ".join(f"{peer} {point.times.get(peer, math.nan):.1f}" for peer in PEERS)
+                harness.note(f"[{len(points)}/{total}] {point.label()}: lltm {fastest:.1f} "
+                             f"us/step ({name}), {peers}; "
+                             f"{point.runs} runs; {elapsed:.0f} s")
+        del models, inputs
+    chart = output.with_suffix(".png")
+    if not draw(chart, points, variants, device):
+        chart = False
+        harness.note("matplotlib is not importable: no chart drawn")
+    text = write(output, points, total, variants, device, time.perf_counter() - started, chart)
+    print(text)
+    harness.note(f"wrote {output}, {output.with_suffix('.json')}"
+                 + (f" and {chart}" if chart else ""))
+
+
+def write(output, points, total, variants, device, seconds, chart=None):
+    """The report (and its JSON beside it) of the points so far; its text.
+    chart: the picture's path once drawn, False where it could not be."""
+    cliffs = cliff_ratios(points)
+    notes = [f"- points: {len(points)} of {total}, in {seconds:.0f} s"]
+    if chart is False:
+        notes.append("- chart: none drawn, matplotlib is not importable")
+    paragraphs = [describe(device),
+                  harness.markdown_table(
+                      ["T x B x F x S", "layers", "precision", "mode", *variants, *PEERS,
+                       "fastest lltm", "lltm / best peer", "cliff"],
+                      [row(point, variants, cliffs.get(index))
+                       for index, point in enumerate(points)], text_columns=4)]
+    if chart:  # a Path once drawn
+        paragraphs.append(f"![microseconds per time step against the state]({chart.name})")
+    text = harness.report("lltm_sequence's paths, nn.GRU and nn.LSTM over a sweep of sizes",
+                          device, "float32 (strict) and bfloat16 autocast", *paragraphs,
+                          notes=notes + failure_notes(points))
+    output.write_text(text + "\n")
+    record = {"device": harness.device_description(device), "torch": torch.__version__,
+              "lltm_ffi": lltm_ffi.__version__, "command": harness.command_line(),
+              "unit": "microseconds per time step, median", "variants": variants,
+              "complete": len(points) == total, "seconds": round(seconds, 1),
+              "points": [{**asdict(point), "fastest": point.fastest()[0],
+                          "lltm_over_peers": finite(point.over_peers()),
+                          "cliff": cliffs.get(index)}
+                         for index, point in enumerate(points)]}
+    output.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    return text
+
+
+def row(point, variants, cliff):
+    """The table's row of `point`: each time with its path, or why there is none."""
+    cells = []
+    for name in (*variants, *PEERS):
+        if name in point.times:
+            path = point.paths.get(name)
+            cells.append(f"{point.times[name]:.1f}" + (f" {path}" if path else ""))
+        else:
+            cells.append(point.failures.get(name, "–").split(":")[0])
+    return [str(point.shape), str(point.shape.layers), point.precision, point.mode, *cells,
+            point.fastest()[0] or "–", ratio_text(point.over_peers()), ratio_text(cliff)]
+
+
+def failure_notes(points):
+    """A line for each implementation and reason that left it out of points."""
+    failed = {}
+    for point in points:
+        for name, failure in point.failures.items():
+            failed.setdefault((name, failure), []).append(point.label())
+    notes = []
+    for (name, failure), labels in failed.items():
+        kind, why = failure.split(": ", 1)
+        more = f" and {len(labels) - 3} more" if len(labels) > 3 else ""
+        notes.append(f"- {name} {kind} at {len(labels)} point{'s' if len(labels) > 1 else ''} "
+                     f"({', '.join(labels[:3])}{more}): {why}")
+    return notes
+
+
+def finite(value):
+    """value, or None for NaN (which JSON has no word for)."""
+    return None if value is None or math.isnan(value) else value
+
+
+def ratio_text(value):
+    return "–" if finite(value) is None else f"{value:.2f}"
+
+
+def describe(device):
+    """The report's first paragraph: what each figure is."""
+    cuda = device.type == "cuda"
+    timer = ("CUDA events around each call" if cuda
+             else "the wall clock around each call")
+    forced = ("; LLTM_CLUSTER=0: no thread-block clusters for the recurrence; LLTM_CUBLAS=0: "
+              "lltm_ffi's own kernels for every product; both" if cuda else "")
+    paths = (" Beside each lltm time, the path its recurrence took (by torch.profiler's kernel "
+             "names; training: forward/backward where they differ): cluster (the cluster "
+             "kernels), persistent (the persistent kernels), cuBLAS (the cuBLAS loop) or steps "
+             "(the step-by-step kernels)." if cuda else "")
+    return (
+        f"Microseconds per time step, the median of a few interleaved runs ({timer}, after "
+        f"{WARMUP_CALLS} untimed ones): lltm_sequence (LLTMSequence) on each path the "
+        f"environment forces at each call (default: its own choice{forced}), beside "
+        f"{'cuDNN' if cuda else 'PyTorch'}'s nn.GRU and nn.LSTM of the same size: features = "
+        "state, T steps of B rows. training: the forward and the backward of the sum of every "
+        "step's output; inference: the forward under torch.inference_mode(). float32 is strict "
+        f"(TF32 off for cuBLAS and cuDNN); bfloat16 autocast: {PRECISIONS[1].describe()}."
+        f"{paths} fastest lltm: the variant of the least time; lltm / best peer: its time over "
+        "the lesser of nn.GRU's and nn.LSTM's; cliff: for a state off the multiples of 128, the "
+        "fastest lltm time over that at the next multiple (T, B, precision and mode alike).")
+
+
+def draw(path, points, variants, device):
+    """Time per step against the state, one panel per precision and mode, at
+    CHART_SERIES (or the sweep's first series without it); False without
+    matplotlib."""
+    series = {point.series[:3] for point in points}
+    chosen = CHART_SERIES if CHART_SERIES in series else points[0].series[:3]
+    states = sorted({point.shape.state for point in points if point.series[:3] == chosen})
+    panels = {}
+    for precision in PRECISIONS:
+        for mode in MODES:
+            at = {point.shape.state: point for point in points
+                  if point.series == (*chosen, precision.name, mode)}
+            lines = {"lltm_ffi (default)": [at[state].times.get("default", math.nan)
+                                            for state in states]}
+            if len(variants) > 1:
+                lines["lltm_ffi (fastest path)"] = [at[state].fastest()[1] for state in states]
+            for peer in PEERS:
+                lines[peer] = [at[state].times.get(peer, math.nan) for state in states]
+            panels[f"{precision.name}, {mode}"] = lines
+    steps, batch, layers = chosen
+    return harness.write_bar_chart(
+        path, f"T={steps}, B={batch}, {layers} layer{'s' if layers > 1 else ''}, "
+              f"{harness.device_description(device)}",
+        [str(state) for state in states], panels, "state = features", "median us per time step")

@@ -1,0 +1,356 @@
+// The whole-sequence layer's passes, Caffe style behind extern "C" launchers
+// whose loop over the time steps runs in C, on the caller's stream. Layout:
+// every step's tensors are dense (rows, state) or, for the gates, (rows, 3 *
+// state), the steps one after another; a step's rows are the whole batch, or a
+// packed sequence's batch size at that step, and the steps are visited forwards
+// or backwards (lltm_steps.h walks them).
+//
+// A pass is its recurrence and, around it, the products that are not on the
+// recurrent path: before the forward loop every step's input part of its gates,
+// after the backward loop the gradients of the inputs and the weights (by
+// cuBLAS, or lltm_ffi's own kernel where cuBLAS cannot be loaded:
+// products_kernel.cu) and of the bias. Four paths for the recurrence, each in a
+// file of its own, chosen per pass here (plan_recurrence for the first two,
+// then sequence_forward_steps and sequence_backward_steps by whether cuBLAS
+// runs): on compute capability 9.0 and newer the cluster kernels
+// (cluster_kernel.cu), one ordinary launch a pass, for dense steps of a state
+// up to 256; the persistent kernels (persistent_kernel.cu), one cooperative
+// launch a pass, for small batch x state and dense steps (the 16-bit types on
+// tensor cores, from compute capability 8.0); otherwise each step's recurrent
+// product by cuBLAS and a pointwise kernel for its gate math
+// (cublas_loop_kernel.cu); and, without cuBLAS or for packed steps of a small
+// batch x state, a step-by-step kernel that does both (step_by_step_kernel.cu).
+// lltm_recurrence.cuh holds what they share.
+//
+// Every element type: tensors hold it, the arithmetic runs in its math type
+// (lltm_math.cuh: float for __half and __nv_bfloat16), converting at each load
+// and store. The state a step hands the next (h, the cell, and going back their
+// gradients) passes through the tensors that hold it, in the element type, on
+// every path alike.
+//
+// A call comes in at the bottom of this file (the LLTM_CUDA_PASS lines) and
+// goes up: the launchers, run_pass (the CUDA graphs of cublas.c), the forward
+// or backward pass, plan_recurrence.
+
+#include "lltm_cluster.h"
+#include "lltm_cublas.h"
+#include "lltm_kernels.h"
+#include "lltm_recurrence.cuh"
+
+// Packed steps of a small batch x state (what the persistent kernels would
+// take were the steps dense) run the step-by-step kernels, one fused launch
+// a step each way, also where cuBLAS runs: cuBLAS's product and a gate
+// kernel a step cost more there.
+static bool fused_steps_serve(const lltm_walk& walk, int64_t state_size) {
+  return walk.batch_sizes && walk.batch_size * state_size <= kPersistentElements;
+}
+
+// The path of a pass's recurrence: the cluster kernels where lltm_plan_cluster
+// lays them out (dense steps, compute capability 9.0 and newer, a state of at
+// most 256, every cluster resident at once; its thresholds are in
+// cluster_kernel.cu) and the options allow them (not LLTM_SEQUENCE_NO_CLUSTER);
+// else the persistent kernels where plan_persistent lays them out; else
+// (neither plan set) the cuBLAS loop where cuBLAS runs and fused_steps_serve
+// does not hold (sequence_forward_steps, sequence_backward_steps), or the step-
+// by-step kernels.
+struct RecurrencePlan {
+  lltm_cluster_plan cluster;
+  PersistentPlan persistent;
+};
+
+template <typename Dtype>
+static RecurrencePlan plan_recurrence(bool backward, const lltm_walk& walk, int64_t state_size,
+                                      int options) {
+  RecurrencePlan plan = {{NULL, 0, 0, 0, 0}, {NULL, 0, 0, 1}};
+  if (walk.batch_sizes) return plan;
+  if (!(options & LLTM_SEQUENCE_NO_CLUSTER)) {
+    plan.cluster = lltm_plan_cluster(lltm_dtype_of<Dtype>(), backward, walk.steps,
+                                     walk.batch_size, state_size);
+    if (plan.cluster.kernel) return plan;
+  }
+  plan.persistent = plan_persistent<Dtype>(backward, walk.steps, walk.batch_size, state_size,
+                                           !(options & LLTM_SEQUENCE_NO_CLUSTER));
+  return plan;
+}
+
+static int64_t address(const void* pointer) { return (int64_t)(uintptr_t)pointer; }
+
+// The options a pass's graph depends on, for its key: TF32 changes the
+// products, no-cluster the recurrence's kernels (own kernels record no graph).
+static int64_t key_options(int options) {
+  return options & (LLTM_SEQUENCE_TF32 | LLTM_SEQUENCE_NO_CLUSTER);
+}
+
+// Runs steps(cublas, stream), a pass's launches, through lltm_cublas_run
+// (cublas true) where the options allow and cuBLAS can be loaded, else
+// directly (cublas false).
+template <typename Steps>
+static int call_steps(void* steps, cudaStream_t stream) {
+  return (*static_cast<Steps*>(steps))(true, stream);
+}
+
+template <typename Steps>
+static int run_pass(const lltm_pass_key& key, int dtype, cudaStream_t stream, int options,
+                    Steps steps) {
+  if (!(options & LLTM_SEQUENCE_OWN_KERNELS)) {
+    const int code = lltm_cublas_run(&key, dtype, stream, options & LLTM_SEQUENCE_TF32,
+                                     call_steps<Steps>, &steps);
+    if (code != LLTM_ERROR_NO_CUBLAS) return code;
+  }
+  return steps(false, stream);
+}
+
+// The forward pass: every step's input part of its gates, then the
+// recurrence by the path plan_recurrence gives. final_h NULL: no final
+// state kept.
+template <typename Dtype>
+static int sequence_forward_steps(bool cublas, cudaStream_t stream, int options,
+                                  const lltm_walk& walk, int64_t input_features,
+                                  int64_t state_size,
+                                  const Dtype* inputs, const Dtype* weights, const Dtype* bias,
+                                  const Dtype* h0, const Dtype* c0, Dtype* outputs, Dtype* cells,
+                                  Dtype* gates, Dtype* final_h, Dtype* final_cell) {
+  int64_t columns = state_size + input_features;  // the weights' row stride
+  const int code = product<Dtype>(cublas, stream, walk.rows, 3 * state_size, input_features,
+                                  inputs, input_features, false, weights + state_size, columns,
+                                  true, false, gates, 3 * state_size);
+  if (code != LLTM_SUCCESS) return code;
+  const RecurrencePlan plan = plan_recurrence<Dtype>(false, walk, state_size, options);
+  if (plan.cluster.kernel) {
+    return lltm_launch_cluster_forward(&plan.cluster, lltm_dtype_of<Dtype>(), walk.steps,
+                                       walk.batch_size, state_size, columns, walk.reverse, bias,
+                                       weights, h0, c0, outputs, cells, gates, final_h,
+                                       final_cell, stream);
+  }
+  if (plan.persistent.blocks) {
+    int64_t steps = walk.steps, batch_size = walk.batch_size;
+    int reverse = walk.reverse;
+    void* arguments[] = {&steps,   &batch_size, &state_size, &columns, &reverse,
+                         &bias,    &weights,    &h0,         &c0,      &outputs,
+                         &cells,   &gates,      &final_h,    &final_cell};
+    return launch_persistent(plan.persistent, arguments, stream);
+  }
+  if (cublas && !fused_steps_serve(walk, state_size)) {
+    return sequence_forward_cublas_steps<Dtype>(walk, state_size, columns, bias, weights, h0, c0,
+                                                outputs, cells, gates, final_h, final_cell,
+                                                stream);
+  }
+  return launch_sequence_forward_by_step<Dtype>(walk, state_size, columns, bias, weights, h0, c0,
+                                                outputs, cells, gates, final_h, final_cell,
+                                                stream);
+}
+// The gradient of h0: each row's sequence starts there, so it is that row
+// of its first step's d_gates times the hidden weights, one product a block
+// of rows that start at one step (lltm_state_block).
+template <typename Dtype>
+static int initial_state_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
+                               int64_t state_size, int64_t weights_row_stride,
+                               const Dtype* weights, const Dtype* d_gates, Dtype* d_h0) {
+  const int64_t gates_size = 3 * state_size;
+  lltm_block_cursor cursor = lltm_first_block(&walk);
+  lltm_state_block block;
+  int code = LLTM_SUCCESS;
+  while (code == LLTM_SUCCESS && lltm_next_block(&walk, &cursor, &block)) {
+    if (!block.initial) continue;
+    code = product<Dtype>(cublas, stream, block.rows, state_size, gates_size,
+                          d_gates + block.gate_row * gates_size, gates_size, false, weights,
+                          weights_row_stride, false, false, d_h0 + block.state_row * state_size,
+                          state_size);
+  }
+  return code;
+}
+// sums[c] = the sum of column c of a dense (rows, columns) matrix: a block
+// of kSumThreads per 32 columns, each thread summing every 32nd row of its
+// column, then the block the 32 partial sums: the same order every run,
+// all in the math type.
+static const int kSumThreads = 1024;
+
+template <typename Dtype>
+__global__ void __launch_bounds__(kSumThreads) lltm_column_sums_kernel(
+    const int64_t rows, const int64_t columns, const Dtype* __restrict__ matrix,
+    Dtype* __restrict__ sums) {
+  typedef math_t<Dtype> Math;
+  __shared__ Math partial[kSumThreads / 32][33];
+  const int lane = threadIdx.x % 32, group = threadIdx.x / 32;
+  for (int64_t column0 = (int64_t)blockIdx.x * 32; column0 < columns;
+       column0 += (int64_t)gridDim.x * 32) {
+    const int64_t column = column0 + lane;
+    Math sum = 0;
+    if (column < columns) {
+#pragma unroll 4
+      for (int64_t row = group; row < rows; row += kSumThreads / 32) {
+        sum += to_math(matrix[row * columns + column]);
+      }
+    }
+    partial[group][lane] = sum;
+    __syncthreads();
+    if (group == 0 && column < columns) {
+      Math total = 0;
+      for (int g = 0; g < kSumThreads / 32; ++g) total += partial[g][lane];
+      sums[column] = to_storage<Dtype>(total);
+    }
+    __syncthreads();
+  }
+}
+// The backward pass: the recurrence as in the forward pass, then the
+// gradients of h0 (where the cluster or persistent kernel has not given
+// it), the inputs (d_gates times the input weights), the weights (d_gates^T
+// times each step's [old h, x]) and the bias (d_gates summed over every
+// row), each where wanted.
+template <typename Dtype>
+static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options,
+                                   const lltm_walk& walk, int64_t input_features,
+                                   int64_t state_size,
+                                   const Dtype* inputs, const Dtype* weights, const Dtype* h0,
+                                   const Dtype* outputs, const Dtype* cells, const Dtype* gates,
+                                   const Dtype* grad_outputs, const Dtype* grad_cells,
+                                   GradStrides strides, const Dtype* grad_final_h,
+                                   const Dtype* grad_final_cell, Dtype* d_gates,
+                                   Dtype* d_inputs, Dtype* d_weights, Dtype* d_bias, Dtype* d_h0,
+                                   Dtype* d_c0) {
+  int64_t columns = state_size + input_features;
+  const int64_t gates_size = 3 * state_size;
+  const RecurrencePlan plan = plan_recurrence<Dtype>(true, walk, state_size, options);
+  int code;
+  if (plan.cluster.kernel) {
+    const int64_t grad_strides[6] = {strides.outputs[0], strides.outputs[1], strides.outputs[2],
+                                     strides.cells[0],   strides.cells[1],   strides.cells[2]};
+    code = lltm_launch_cluster_backward(&plan.cluster, lltm_dtype_of<Dtype>(), walk.steps,
+                                        walk.batch_size, state_size, columns, walk.reverse,
+                                        weights, grad_outputs, grad_cells, grad_strides,
+                                        grad_final_h, grad_final_cell, cells, gates, d_gates,
+                                        d_h0, d_c0, stream);
+  } else if (plan.persistent.blocks) {
+    int64_t steps = walk.steps, batch_size = walk.batch_size;
+    int reverse = walk.reverse;
+    void* arguments[] = {&steps,      &batch_size,   &state_size,      &columns,
+                         &reverse,    &weights,      &grad_outputs,    &grad_cells,
+                         &strides,    &grad_final_h, &grad_final_cell, &cells,
+                         &gates,      &d_gates,      &d_h0,            &d_c0};
+    code = launch_persistent(plan.persistent, arguments, stream);
+  } else {
+    code = cublas && !fused_steps_serve(walk, state_size)
+               ? sequence_backward_cublas_steps<Dtype>(
+                     walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
+                     grad_final_h, grad_final_cell, cells, gates, d_gates, d_h0, d_c0, stream)
+               : launch_sequence_backward_by_step<Dtype>(
+                     walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
+                     grad_final_h, grad_final_cell, cells, gates, d_gates, d_c0, stream);
+    if (code == LLTM_SUCCESS && d_h0) {
+      code = initial_state_grads<Dtype>(cublas, stream, walk, state_size, columns, weights,
+                                        d_gates, d_h0);
+    }
+  }
+  if (code == LLTM_SUCCESS && d_inputs) {
+    code = product<Dtype>(cublas, stream, walk.rows, input_features, gates_size, d_gates,
+                          gates_size, false, weights + state_size, columns, false, false,
+                          d_inputs, input_features);
+  }
+  if (code == LLTM_SUCCESS && d_weights) {
+    code = hidden_weight_grads<Dtype>(cublas, stream, walk, state_size, columns, d_gates, h0,
+                                      outputs, d_weights);
+    if (code == LLTM_SUCCESS) {
+      code = product<Dtype>(cublas, stream, gates_size, input_features, walk.rows, d_gates,
+                            gates_size, true, inputs, input_features, false, false,
+                            d_weights + state_size, columns);
+    }
+  }
+  if (code == LLTM_SUCCESS && d_bias) {
+    const int64_t blocks = (gates_size + 31) / 32;
+    lltm_column_sums_kernel<Dtype>
+        <<<blocks < CAFFE_MAXIMUM_NUM_BLOCKS ? (int)blocks : CAFFE_MAXIMUM_NUM_BLOCKS,
+           kSumThreads, 0, stream>>>(walk.rows, gates_size, d_gates, d_bias);
+    CUDA_POST_KERNEL_CHECK;
+  }
+  return code;
+}
+
+// The options of a pass whose sizes hold tf32 and kernels at `flags`:
+// kernels' bit 0 is own kernels, bit 1 no cluster kernels (sequence.py's
+// _options).
+static int options_at(const int64_t* flags) {
+  return (flags[0] ? LLTM_SEQUENCE_TF32 : 0) | (flags[1] & 1 ? LLTM_SEQUENCE_OWN_KERNELS : 0) |
+         (flags[1] & 2 ? LLTM_SEQUENCE_NO_CLUSTER : 0);
+}
+
+// The launchers of the passes, packed_forward and packed_backward: packed
+// steps, or where batch_sizes is NULL dense ones, in either direction
+// (sizes: rows, steps, batch, input_features, state, reverse, then the two
+// options; backward, then grad_outputs' and grad_cells' row and column
+// strides), with the final states; their key holds the batch sizes too.
+template <typename Dtype>
+static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
+                                 const void* inputs, const void* weights, const void* bias,
+                                 const void* h0, const void* c0, void* outputs, void* cells,
+                                 void* gates, void* final_h, void* final_cell,
+                                 cudaStream_t stream) {
+  lltm_walk walk;
+  if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
+  const int options = options_at(sizes + 6);
+  const int64_t input_features = sizes[3], state_size = sizes[4];
+  const lltm_pass_key key = {{3, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
+                              input_features, state_size, key_options(options), walk.reverse,
+                              address(inputs), address(weights), address(bias), address(h0),
+                              address(c0), address(outputs), address(cells), address(gates),
+                              address(final_h), address(final_cell)},
+                             walk.batch_sizes,
+                             walk.batch_sizes ? walk.steps : 0};
+  if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
+    return sequence_forward_steps<Dtype>(cublas, on, options, walk, input_features, state_size,
+                                         as<Dtype>(inputs), as<Dtype>(weights), as<Dtype>(bias),
+                                         as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs),
+                                         as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(final_h),
+                                         as<Dtype>(final_cell));
+  });
+}
+
+template <typename Dtype>
+static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
+                                  const void* inputs, const void* weights, const void* h0,
+                                  const void* outputs, const void* cells, const void* gates,
+                                  const void* grad_outputs, const void* grad_cells,
+                                  const void* grad_final_h, const void* grad_final_cell,
+                                  void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
+                                  void* d_h0, void* d_c0, cudaStream_t stream) {
+  lltm_walk walk;
+  if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
+  const int options = options_at(sizes + 6);
+  const int64_t input_features = sizes[3], state_size = sizes[4];
+  const int64_t* row_strides = sizes + 8;  // grad_outputs' (row, column), grad_cells'
+  const GradStrides strides = {{sizes[2] * row_strides[0], row_strides[0], row_strides[1]},
+                               {sizes[2] * row_strides[2], row_strides[2], row_strides[3]}};
+  const lltm_pass_key key = {{4, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
+                              input_features, state_size, key_options(options), walk.reverse,
+                              address(inputs), address(weights), address(h0), address(outputs),
+                              address(cells), address(gates), address(grad_outputs),
+                              address(grad_cells), address(grad_final_h),
+                              address(grad_final_cell), address(d_gates), address(d_inputs),
+                              address(d_weights), address(d_bias), address(d_h0), address(d_c0),
+                              row_strides[0], row_strides[1], row_strides[2], row_strides[3]},
+                             walk.batch_sizes,
+                             walk.batch_sizes ? walk.steps : 0};
+  // Past one step d_h0 and d_c0 carry the gradients between steps.
+  if (walk.steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
+  if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
+    return sequence_backward_steps<Dtype>(
+        cublas, on, options, walk, input_features, state_size, as<Dtype>(inputs),
+        as<Dtype>(weights), as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
+        as<Dtype>(grad_outputs), as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h),
+        as<Dtype>(grad_final_cell), as<Dtype>(d_gates), as<Dtype>(d_inputs),
+        as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0), as<Dtype>(d_c0));
+  });
+}
+// The passes, in the argument order of their declarations in sequence.py;
+// every element type.
+LLTM_CUDA_PASS_WITH_HALF(packed_forward, launch_packed_forward, args->sizes, args->tensors[5],
+                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
+                         args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
+                         args->tensors[9], args->tensors[10], stream)
+LLTM_CUDA_PASS_WITH_HALF(packed_backward, launch_packed_backward, args->sizes, args->tensors[3],
+                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
+                         args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
+                         args->tensors[9], args->tensors[10], args->tensors[11],
+                         args->tensors[12], args->tensors[13], args->tensors[14],
+                         args->tensors[15], args->tensors[16], stream)
