@@ -6,8 +6,13 @@ forward that keeps nothing for a backward (no_grad, inference_mode, no
 argument requiring grad), to the bit of the training forward's; and the
 passes' threads, as many as torch.get_num_threads() says."""
 
+import importlib.metadata
 import importlib.util
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +21,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 import lltm_ffi
 from lltm_ffi import _blas, _extension
 from lltm_ffi.ops.lltm import sequence as sequence_module
-from conftest import reference_sequence
+from conftest import REPO_ROOT, reference_sequence, shape_id
 
 # {path: LLTM_BLAS}; None leaves it unset: the default plan.
 PATHS = {"own": "0", "blas": "1", "default": None}
@@ -29,10 +34,6 @@ SHAPES = [(5, 1, 7, 33), (4, 2, 5, 300), (3, 5, 9, 40), (6, 9, 4, 70), (2, 17, 3
           (3, 40, 7, 130), (70, 4, 3, 20)]
 TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10}
 SEED = 20240531
-
-
-def shape_id(shape):
-    return "x".join(map(str, shape))
 
 
 def use_path(monkeypatch, path):
@@ -148,6 +149,65 @@ def test_the_blas_is_loaded_where_its_wheel_is_installed():
         pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
     assert _blas.library_path() is not None
     assert _extension.blas_config().startswith("OpenBLAS")
+
+
+# Without the wheel: a process that cannot find scipy_openblas32 (as
+# sys.modules[name] = None hides a package from importlib) loads no BLAS,
+# and every path, LLTM_BLAS=1's too, takes the own tiles, to the bit.
+WITHOUT_THE_WHEEL = """
+import os, sys
+sys.modules[{package!r}] = None
+sys.path[:0] = [{root!r}, {tests!r}]
+import torch
+from lltm_ffi import _blas, _extension
+import test_cpu_products as t
+assert _blas.library_path() is None, _blas.library_path()
+assert _extension.blas_config() == "", _extension.blas_config()
+for path in ("default", "blas"):
+    if t.PATHS[path] is None:
+        os.environ.pop("LLTM_BLAS", None)
+    else:
+        os.environ["LLTM_BLAS"] = t.PATHS[path]
+    for shape in ((4, 2, 5, 300), (3, 40, 7, 130)):
+        t.assert_agrees_with_the_reference(shape, torch.float32, False)
+arguments = t.random_arguments((6, 9, 4, 70), torch.float32)
+results = {{}}
+for setting in ("0", "1"):
+    os.environ["LLTM_BLAS"] = setting
+    results[setting] = t.with_gradients(t.lltm_of(True), arguments,
+                                        t.random_grads((6, 9, 4, 70), torch.float32))
+assert all(torch.equal(a, b) for a, b in zip(results["0"], results["1"]))
+print("own tiles only")
+"""
+
+
+def test_without_the_wheel_the_own_tiles_take_every_product():
+    code = WITHOUT_THE_WHEEL.format(package=_blas.PACKAGE, root=str(REPO_ROOT),
+                                    tests=str(Path(__file__).parent))
+    environment = {**os.environ, "LLTM_TEST_SEED": str(SEED)}
+    environment.pop("LLTM_BLAS", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environment, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("own tiles only"), done.stdout
+
+
+def test_the_requirements_pin_the_blas_that_pip_installs():
+    """requirements.txt (what make test installs, through scripts/deps.py)
+    and pyproject.toml (what pip installs) pin the same version, and
+    deps.py replaces any other installed one."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    try:
+        import deps
+    finally:
+        sys.path.remove(str(REPO_ROOT / "scripts"))
+    pins = [(operator, version) for name, operator, version, _ in
+            deps.read_requirements(REPO_ROOT / "requirements.txt") if name == "scipy-openblas32"]
+    assert len(pins) == 1 and pins[0][0] == "==", pins
+    version = pins[0][1]
+    assert f'"scipy-openblas32=={version};' in (REPO_ROOT / "pyproject.toml").read_text()
+    assert deps.unmet("pytest", "==", "0.1") is not None
+    assert deps.unmet("pytest", "==", importlib.metadata.version("pytest")) is None
 
 
 # The forward alone: the same bits as the training forward.
