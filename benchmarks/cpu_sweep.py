@@ -11,9 +11,10 @@ a warm-up call each; microseconds per time step, median over the runs. A
 size runs RUNS times (-r), or fewer, but MIN_RUNS at least, where one round
 of the three takes longer than ROUND_SECONDS / RUNS (bfloat16's nn.LSTM and
 nn.GRU, on a CPU without bfloat16 arithmetic). Writes the table, with
-lltm_sequence's time over nn.LSTM's, and a picture: time per step against
-the state, one panel per dtype and mode, a line per model and batch, at the
-most threads."""
+lltm_sequence's time over nn.LSTM's, rewritten after each size so that a
+run cut short keeps what it measured, and at the end a picture: time per
+step against the state, one panel per dtype and mode, a line per model and
+batch, at the most threads."""
 
 import importlib.metadata
 import os
@@ -84,8 +85,9 @@ def time_size(state, batch, dtype, mode, runs):
             for name, values in seconds.items()}, runs
 
 
-def sweep(runs, most_threads):
-    """[(dtype, mode, threads, state, batch, runs, {model: us per step})]."""
+def sweep(runs, most_threads, measured=lambda results: None):
+    """[(dtype, mode, threads, state, batch, runs, {model: us per step})],
+    handed to `measured` as it grows, after each size."""
     results = []
     saved = torch.get_num_threads()
     try:
@@ -97,6 +99,7 @@ def sweep(runs, most_threads):
                         for batch in BATCHES:
                             medians, done = time_size(state, batch, dtype, mode, runs)
                             results.append((dtype, mode, threads, state, batch, done, medians))
+                            measured(results)
                             harness.note(f"{harness.dtype_name(dtype)} {mode}, {threads} "
                                          f"threads, state {state}, batch {batch}: " + ", ".join(
                                              f"{name} {value:.1f}"
@@ -180,12 +183,8 @@ def blas_line():
         f", LLTM_BLAS={setting}" if setting is not None else "")
 
 
-def run(args, device, dtype):
-    most = torch.get_num_threads()
-    results = sweep(args.runs or RUNS, most)
-    output = args.output or Path("bench_out") / "cpu_sweep.md"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    chart = output.with_suffix(".png")
+def report(results, most, device, chart=None):
+    """The markdown report of `results`, with `chart` (a path) shown."""
     paragraphs = [
         f"Microseconds per time step, median over the runs, of {STEPS} steps: a training step "
         "(forward and backward of the sum of every step's output, in float32) or the forward "
@@ -193,17 +192,26 @@ def run(args, device, dtype):
         "three models taking turns at each size. The last column is lltm_sequence's time over "
         "nn.LSTM's (oneDNN's), in bold where above 1.",
         summary(results), table(results)]
-    if write_chart(chart, results, most):
+    if chart is not None:
         paragraphs.append(f"![median us per time step against the state]({chart.name})")
-    else:
-        chart = None
-        harness.note("matplotlib is not importable: no chart written")
-    text = harness.report(
+    return harness.report(
         "LLTM on the CPU against nn.LSTM and nn.GRU, over the sweep of sizes", device,
         "float32 and bfloat16", *paragraphs,
         notes=[blas_line(), f"- threads: {', '.join(map(str, thread_counts(most)))} "
                             f"(torch.get_num_threads() was {most})"])
+
+
+def run(args, device, dtype):
+    most = torch.get_num_threads()
+    output = args.output or Path("bench_out") / "cpu_sweep.md"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    results = sweep(args.runs or RUNS, most,
+                    lambda results: output.write_text(report(results, most, device) + "\n"))
+    chart = output.with_suffix(".png")
+    if not write_chart(chart, results, most):
+        chart = None
+        harness.note("matplotlib is not importable: no chart written")
+    text = report(results, most, device, chart)
     print(text)
     output.write_text(text + "\n")
     harness.note(f"wrote {output}" + (f" and {chart}" if chart else ""))
-

@@ -166,6 +166,31 @@ def test_cpu_sweep_times_every_model_at_every_size_dtype_mode_and_thread_count(
     assert "lltm_sequence is " in output and "- lltm_sequence's products: " in output
 
 
+def test_cpu_sweep_cut_short_keeps_the_sizes_it_measured(monkeypatch, tmp_path):
+    """The report is rewritten after each size: a run stopped at the third
+    size (as `timeout` stops scripts/gpu_session.sh's cpusweep) keeps two."""
+    monkeypatch.setattr(cpu_sweep, "STATES", (8, 20))
+    monkeypatch.setattr(cpu_sweep, "BATCHES", (1, 3))
+    monkeypatch.setattr(cpu_sweep, "STEPS", 2)
+    timed = cpu_sweep.time_size
+    sizes = []
+
+    def stopped_at_the_third(*arguments):
+        sizes.append(arguments)
+        if len(sizes) == 3:
+            raise KeyboardInterrupt
+        return timed(*arguments)
+
+    monkeypatch.setattr(cpu_sweep, "time_size", stopped_at_the_third)
+    report = tmp_path / "sweep.md"
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.main(["--cpu-sweep", "-r", "2", "-o", str(report)])
+    rows = re.findall(r"^\| float32 \| training \| 1 \| (\d+) \| (\d+) \|", report.read_text(),
+                      flags=re.MULTILINE)
+    assert rows == [("8", "1"), ("8", "3")]
+    assert not report.with_suffix(".png").exists()
+
+
 def test_cpu_sweep_counts_one_two_and_all_threads_once_each():
     assert cpu_sweep.thread_counts(1) == [1]
     assert cpu_sweep.thread_counts(2) == [1, 2]
