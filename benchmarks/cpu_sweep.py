@@ -87,16 +87,18 @@ def time_size(state, batch, dtype, mode, runs):
 
 def sweep(runs, most_threads, measured=lambda results: None):
     """[(dtype, mode, threads, state, batch, runs, {model: us per step})],
-    handed to `measured` as it grows, after each size."""
+    handed to `measured` as it grows, after each size. Each size runs on
+    every thread count before the next size starts, so that a run cut
+    short has compared the sizes it reached at all of them."""
     results = []
     saved = torch.get_num_threads()
     try:
-        for threads in thread_counts(most_threads):
-            torch.set_num_threads(threads)
-            for dtype in DTYPES:
-                for mode in MODES:
-                    for state in STATES:
-                        for batch in BATCHES:
+        for dtype in DTYPES:
+            for mode in MODES:
+                for state in STATES:
+                    for batch in BATCHES:
+                        for threads in thread_counts(most_threads):
+                            torch.set_num_threads(threads)
                             medians, done = time_size(state, batch, dtype, mode, runs)
                             results.append((dtype, mode, threads, state, batch, done, medians))
                             measured(results)
@@ -109,9 +111,15 @@ def sweep(runs, most_threads, measured=lambda results: None):
     return results
 
 
+def in_table_order(results):
+    """`results` by dtype, mode, threads, state and batch."""
+    return sorted(results, key=lambda result: (DTYPES.index(result[0]),
+                                               MODES.index(result[1]), *result[2:5]))
+
+
 def table(results):
     rows = []
-    for dtype, mode, threads, state, batch, runs, medians in results:
+    for dtype, mode, threads, state, batch, runs, medians in in_table_order(results):
         ratio = medians["lltm_sequence"] / medians["nn.LSTM"]
         rows.append([harness.dtype_name(dtype), mode, str(threads), str(state), str(batch),
                      str(runs), *(f"{medians[name]:.1f}" for name in reversed(MODELS)),

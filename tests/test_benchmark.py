@@ -167,27 +167,30 @@ def test_cpu_sweep_times_every_model_at_every_size_dtype_mode_and_thread_count(
 
 
 def test_cpu_sweep_cut_short_keeps_the_sizes_it_measured(monkeypatch, tmp_path):
-    """The report is rewritten after each size: a run stopped at the third
-    size (as `timeout` stops scripts/gpu_session.sh's cpusweep) keeps two."""
+    """The report is rewritten after each size and thread count, each size
+    on every thread count before the next: a run stopped at its fourth
+    (as `timeout` stops scripts/gpu_session.sh's cpusweep) keeps the first
+    size on 1 and 2 threads and the second on 1, in the table's order."""
     monkeypatch.setattr(cpu_sweep, "STATES", (8, 20))
     monkeypatch.setattr(cpu_sweep, "BATCHES", (1, 3))
     monkeypatch.setattr(cpu_sweep, "STEPS", 2)
+    monkeypatch.setattr(cpu_sweep, "thread_counts", lambda most: [1, 2])
     timed = cpu_sweep.time_size
     sizes = []
 
-    def stopped_at_the_third(*arguments):
+    def stopped_at_the_fourth(*arguments):
         sizes.append(arguments)
-        if len(sizes) == 3:
+        if len(sizes) == 4:
             raise KeyboardInterrupt
         return timed(*arguments)
 
-    monkeypatch.setattr(cpu_sweep, "time_size", stopped_at_the_third)
+    monkeypatch.setattr(cpu_sweep, "time_size", stopped_at_the_fourth)
     report = tmp_path / "sweep.md"
     with pytest.raises(KeyboardInterrupt):
         benchmark.main(["--cpu-sweep", "-r", "2", "-o", str(report)])
-    rows = re.findall(r"^\| float32 \| training \| 1 \| (\d+) \| (\d+) \|", report.read_text(),
-                      flags=re.MULTILINE)
-    assert rows == [("8", "1"), ("8", "3")]
+    rows = re.findall(r"^\| float32 \| training \| (\d+) \| (\d+) \| (\d+) \|",
+                      report.read_text(), flags=re.MULTILINE)
+    assert rows == [("1", "8", "1"), ("1", "8", "3"), ("2", "8", "1")]
     assert not report.with_suffix(".png").exists()
 
 
