@@ -103,16 +103,19 @@ pip-check:
 #                   each ported op's in src/ops/<op>/), which
 #                   tests/c/run_checks.c runs, failing for any registered CPU
 #                   pass that no check calls; odd sizes and layouts against
-#                   double-precision references, every buffer of exact size
-#                   (docs/BUILDING.md has the times)
-#   make valgrind   the same driver, unsanitised, under valgrind
+#                   double-precision references, every buffer of exact size,
+#                   with the BLAS's products too where lltm_ffi/_blas.py finds
+#                   one (docs/BUILDING.md has the times)
+#   make valgrind   the same driver, unsanitised, under valgrind, on the own
+#                   products alone
 #   make memcheck   the CUDA tests under compute-sanitizer (needs a GPU); also
 #   make racecheck, make synccheck and make initcheck
 # compute-sanitizer instruments the lltm kernels only (SANITIZER_KERNELS), not
 # torch's or cuBLAS's, and counts memory errors, not CUDA API errors; PyTorch's
 # caching allocator is off so that an access past a tensor is past its
 # allocation.
-SANITIZER_CFLAGS ?= -g -fno-omit-frame-pointer -Wall -Wextra -fopenmp
+# -fno-trapping-math as build_ffi.py's C_FLAGS: the row loops vectorise.
+SANITIZER_CFLAGS ?= -g -fno-omit-frame-pointer -Wall -Wextra -fopenmp -fno-trapping-math
 # -O1 under the sanitizers, the level AddressSanitizer's documentation
 # suggests: at -O3 compiling lltm_cpu.c took 2.5 times as long; valgrind's
 # build is the module's -O3.
@@ -166,7 +169,8 @@ $(BUILD)/run_checks: $(CPU_CHECK_SOURCES:%.c=$(BUILD)/checks/%.o)
 	$(CC) $(SANITIZER_CFLAGS) $(VALGRIND_CFLAGS) $^ -lm -o $@
 
 asan: $(BUILD)/run_checks_asan
-	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $<
+	LLTM_BLAS_LIBRARY="$$($(PYTHON) lltm_ffi/_blas.py)" ASAN_OPTIONS=detect_leaks=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1 $<
 
 valgrind: $(BUILD)/run_checks
 	valgrind -q --error-exitcode=1 $<

@@ -5,8 +5,8 @@ torch.compile of it, after the PyTorch C++/CUDA extension tutorial's benchmark.
     Forward: 177.860/196.116 us | Backward 430.584/461.504 us
 
 and one flag per other mode: --compare, --kernels, --overhead, --sequence,
---accuracy, --distributed, --sweep, --word-language-model (see --help
-and BENCHMARKS.md); --half or
+--accuracy, --distributed, --sweep, --word-language-model, --cpu-sweep (see
+--help and BENCHMARKS.md); --half or
 --autocast (bf16 or fp16) runs --sequence and --accuracy in that precision.
 Each mode is a module of the benchmarks package.
 """

@@ -73,9 +73,12 @@ _VIRTUAL = (75, 80, 90)
 # (src/cuda/recurrence/persistent_kernel.cu).
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC",
               "-Xptxas", "-suppress-async-bulk-multicast-advisory-warning")
-# Python's own release flags for extension modules, and OpenMP for the
-# passes' parallel loops.
-C_FLAGS = ("-O3", "-DNDEBUG", "-fwrapv", "-fPIC", "-fopenmp", "-Wall")
+# Python's own release flags for extension modules, OpenMP for the passes'
+# parallel loops, and no trapping math (as torch builds): without it gcc
+# vectorises no loop with a floating-point condition (the cell's math, its
+# exp's range checks), since evaluating both sides could raise an exception
+# nothing here reads. The values are the same either way.
+C_FLAGS = ("-O3", "-DNDEBUG", "-fwrapv", "-fPIC", "-fopenmp", "-fno-trapping-math", "-Wall")
 
 
 def _load_from_package(name):
@@ -410,12 +413,14 @@ def make_ffibuilder(objects=(), for_setuptools=False):
     define_macros = [("LLTM_SOURCE_HASH", '"%s"' % build_info.source_hash(ROOT)),
                      ("LLTM_PACKAGE_VERSION", '"%s"' % build_info.VERSION),
                      ("LLTM_CUDA_ARCHS", '"%s"' % archs)]
-    library_dirs, libraries = [], []
+    # dl: the CPU passes' BLAS and cuBLAS are loaded at run time (in libc
+    # itself since glibc 2.34).
+    library_dirs, libraries = [], ["dl"]
     if nvcc:
         library_dirs.append(os.path.join(cuda_home_of(nvcc), "lib64"))
         # The static runtime keeps the module independent of whichever
         # libcudart torch happens to ship.
-        libraries += ["cudart_static", "stdc++", "rt", "pthread", "dl"]
+        libraries += ["cudart_static", "stdc++", "rt", "pthread"]
 
     ffibuilder = cffi.FFI()
     ffibuilder.cdef((ROOT / "include" / "lltm_ffi.h").read_text())

@@ -9,8 +9,8 @@ import torch
 
 import lltm_ffi
 
-from . import (accuracy, compare, distributed, harness, kernels, overhead, precision, sequence,
-               sweep, tutorial, word_language_model)
+from . import (accuracy, compare, cpu_sweep, distributed, harness, kernels, overhead, precision,
+               sequence, sweep, tutorial, word_language_model)
 
 # needs_cuda: why the mode refuses to run without -c (None: it runs on the CPU too).
 Mode = namedtuple("Mode", "help run needs_cuda")
@@ -38,8 +38,12 @@ MODES = {
     "word-language-model": Mode("pytorch/examples' word language model trained with nn.LSTM, "
                                 "nn.GRU and LLTMSequence: ms a batch and losses, at its small "
                                 "and medium sizes", word_language_model.run, None),
+    "cpu-sweep": Mode("lltm_sequence, nn.LSTM and nn.GRU on the CPU over states 128 to 1024 and "
+                      "batches 1, 16, 64, float32 and bfloat16, training and inference, on 1, 2 "
+                      "and all threads (minutes)", cpu_sweep.run, None),
 }
-
+# The modes that time the CPU alone, whatever -c says.
+CPU_ONLY = {"cpu-sweep": "--cpu-sweep times the CPU passes: run it without -c/--cuda"}
 # The options that pick --sweep's grid.
 SWEEP_OPTIONS = ("states", "batches", "steps", "layers")
 
@@ -89,7 +93,9 @@ def build_parser():
                              f"{distributed.DEFAULT_RUNS['cuda']} on CUDA, "
                              f"{distributed.DEFAULT_RUNS['cpu']} on CPU; --sweep: at every "
                              f"point, default as many as fit in {sweep.POINT_SECONDS} s, "
-                             f"{sweep.MIN_RUNS} to {sweep.MAX_RUNS})")
+                             f"{sweep.MIN_RUNS} to {sweep.MAX_RUNS}; --cpu-sweep: "
+                             f"{cpu_sweep.RUNS}, at least {cpu_sweep.MIN_RUNS} where a size "
+                             "takes long)")
     for option, what, gpu, cpu in (
             ("states", "state sizes (= features)", sweep.GPU_STATES, sweep.CPU_STATES),
             ("batches", "batch sizes", sweep.GPU_BATCHES, sweep.CPU_BATCHES),
@@ -117,11 +123,12 @@ def build_parser():
                         help="--sequence: allow TF32 in cuBLAS and cuDNN alike (default strict "
                              "float32)")
     parser.add_argument("-o", "--output", type=Path,
-                        help="--compare's, --sequence's and --sweep's markdown file, a PNG chart "
-                             "beside it (--sweep: a JSON too) (default "
+                        help="--compare's, --sequence's, --sweep's and --cpu-sweep's markdown "
+                             "file, a PNG chart beside it (--sweep: a JSON too) (default "
                              "bench_out/compare_{cpu,cuda}.md, "
                              "bench_out/sequence_{cpu,cuda,cuda_tf32}.md, with _half_DTYPE or "
-                             "_autocast_DTYPE before .md, bench_out/sweep_{cpu,cuda}.md)")
+                             "_autocast_DTYPE before .md, bench_out/sweep_{cpu,cuda}.md, "
+                             "bench_out/cpu_sweep.md)")
     return parser
 
 
@@ -131,8 +138,9 @@ def check_arguments(parser, args):
                                                                         args.state)):
         parser.error("-b/-f/-s set the size for one implementation; "
                      "--compare and --kernels use their own sizes")
-    if args.output is not None and not (args.compare or args.sequence or args.sweep):
-        parser.error("-o/--output is for --compare, --sequence and --sweep only")
+    if args.output is not None and not (args.compare or args.sequence or args.sweep
+                                        or args.cpu_sweep):
+        parser.error("-o/--output is for --compare, --sequence, --sweep and --cpu-sweep only")
     given = [f"--{option}" for option in SWEEP_OPTIONS if getattr(args, option) is not None]
     if given and not args.sweep:
         parser.error(f"{', '.join(given)}: for --sweep only")
@@ -153,6 +161,8 @@ def check_arguments(parser, args):
     for name, mode in MODES.items():
         if chosen(args, name) and mode.needs_cuda and not args.cuda:
             parser.error(mode.needs_cuda)
+        if chosen(args, name) and name in CPU_ONLY and args.cuda:
+            parser.error(CPU_ONLY[name])
     if args.cuda and not torch.cuda.is_available():
         why = ("is built without CUDA" if torch.version.cuda is None
                else "finds no usable CUDA GPU (torch.cuda.is_available() is False)")

@@ -220,14 +220,23 @@ def markdown_table(header, rows, text_columns=1):
     return "\n".join(lines)
 
 
-def write_bar_chart(path, title, group_labels, panels, xlabel, ylabel):
-    """One panel of grouped bars (log scale) per {panel title: {series: [value
-    per group]}}; False when matplotlib is not importable."""
+def pyplot_or_none():
+    """matplotlib.pyplot, drawing into files (Agg); None where matplotlib is
+    not importable."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as pyplot
     except ImportError:
+        return None
+    return pyplot
+
+
+def write_bar_chart(path, title, group_labels, panels, xlabel, ylabel):
+    """One panel of grouped bars (log scale) per {panel title: {series: [value
+    per group]}}; False when matplotlib is not importable."""
+    pyplot = pyplot_or_none()
+    if pyplot is None:
         return False
     figure, axes = pyplot.subplots(1, len(panels), figsize=(6 * len(panels), 4.5),
                                    squeeze=False)

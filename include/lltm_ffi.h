@@ -5,13 +5,15 @@
  * Every pass of every op goes through one entry point, lltm_run: the pass
  * (its id, from lltm_pass_id), the element type (an lltm_dtype), the device
  * (LLTM_CPU, or a CUDA device index) and, for CUDA, a cudaStream_t of that
- * device as an integer (0 for the CPU); then the pass's sizes, its scalars
- * and the addresses of its tensors, each an array in the order the op's
- * Python declaration and its C pass agree on (include/lltm_op.h). A tensor
- * the pass may go without is passed as 0. A CUDA pass runs on `device`
- * (switched to and back when it is not the calling thread's current one).
- * Every function returns LLTM_SUCCESS or an error code for
- * lltm_error_string: a CUDA error's own code, or one below. */
+ * device as an integer (for the CPU, the most threads the pass may use:
+ * torch.get_num_threads(), 1 for the calling thread alone, 0 for OpenMP's
+ * own default); then the pass's sizes, its scalars and the addresses of its
+ * tensors, each an array in the order the op's Python declaration and its C
+ * pass agree on (include/lltm_op.h). A tensor the pass may go without is
+ * passed as 0. A CUDA pass runs on `device` (switched to and back when it
+ * is not the calling thread's current one). Every function returns
+ * LLTM_SUCCESS or an error code for lltm_error_string: a CUDA error's own
+ * code, or one below. */
 
 enum lltm_dtype { LLTM_FLOAT32 = 0, LLTM_FLOAT64 = 1, LLTM_FLOAT16 = 2, LLTM_BFLOAT16 = 3 };
 
@@ -84,3 +86,15 @@ const char* lltm_package_version(void);
  * on AMX (the CPU has its bfloat16 tiles and Linux let this process use
  * them; asked once), else 0: src/cpu/lltm_amx.h. */
 int lltm_amx_usable(void);
+
+/* The CPU passes' BLAS (include/lltm_blas.h): the path of the library to
+ * load on the first product that asks for one (NULL: none), given before
+ * any pass runs; the loaded library's own description ("OpenBLAS 0.3.34
+ * DYNAMIC_ARCH ... Haswell ..."), or "" where none could be loaded (loading
+ * it on the first call). */
+void lltm_blas_library(const char* path);
+const char* lltm_blas_config(void);
+
+/* The most threads that a parallel region of the calling thread's last
+ * CPU pass ran on: 1 where it entered none. */
+int lltm_cpu_threads_used(void);

@@ -188,17 +188,33 @@ constexpr int lltm_dtype_of() {
 /* Below this many elements, waking threads costs more than a loop saves. */
 #define LLTM_PARALLEL_MIN_ELEMENTS 32768
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Called by lltm_run before each CPU pass: the most threads the pass may
+ * use (lltm_ffi.h; 0 or less: OpenMP's default), for the calling thread. */
+void lltm_start_cpu_pass(int threads);
+/* How many threads the calling thread's pass takes for work of `elements`
+ * elements: 1 below LLTM_PARALLEL_MIN_ELEMENTS, in a forked child
+ * (lltm_threads_allowed) or where its caller allows one; else as many as
+ * its caller allows. src/threads.c. */
+int lltm_team_size(int64_t elements);
+#ifdef __cplusplus
+}
+#endif
+
 /* for (int64_t index = 0; index < count; ++index) body, across OpenMP
- * threads when `elements` (the work's size) pays for them and this process
- * may use them, else on the calling thread without entering OpenMP at all.
- * GNU OpenMP's thread pool does not survive fork(): a child's first
- * parallel region would wait forever for its parent's threads, so a forked
- * child never enters one here (lltm_threads_allowed). Compile with
+ * threads, as many as lltm_team_size gives for work of `elements`
+ * elements (the work's size), else on the calling thread without entering
+ * OpenMP at all. GNU OpenMP's thread pool does not survive fork(): a
+ * forked child's first parallel region would wait forever for its
+ * parent's threads, so a forked child never enters one here. Compile with
  * -fopenmp. */
 #define LLTM_FOR_EACH(index, count, elements, ...)                             \
   do {                                                                         \
-    if (lltm_threads_allowed && (elements) >= LLTM_PARALLEL_MIN_ELEMENTS) {    \
-      _Pragma("omp parallel for schedule(static)")                             \
+    const int lltm_team_ = lltm_team_size(elements);                           \
+    if (lltm_team_ > 1) {                                                      \
+      _Pragma("omp parallel for num_threads(lltm_team_) schedule(static)")     \
       for (int64_t index = 0; index < (count); ++index) __VA_ARGS__            \
     } else {                                                                   \
       for (int64_t index = 0; index < (count); ++index) __VA_ARGS__            \

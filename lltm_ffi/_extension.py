@@ -1,8 +1,9 @@
 """The binding to the compiled cffi module: loading it (and refusing a stale
 or damaged build), the one call into C (lltm_run) for every pass of every
-op, the helper that puts a tensor in the form C reads, and torch's thread
-count in a forked child. The ops' declarations (lltm_ffi/op.py) check their
-arguments before anything here sees them.
+op, the helper that puts a tensor in the form C reads, torch's thread
+count in a forked child, and handing C the path of the CPU passes' BLAS
+(lltm_ffi/_blas.py finds it). The ops' declarations (lltm_ffi/op.py) check
+their arguments before anything here sees them.
 
 A missing, unloadable, damaged or stale module is detected when the package
 is imported, which warns (LLTMBuildWarning); the error itself
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import _build_info, _module_file, _torch_internals
+from . import _blas, _build_info, _module_file, _torch_internals
 from .errors import LLTMBuildError, LLTMBuildWarning, LLTMError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +110,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_one_thread_after_fork)
 
 
+if lib is not None:
+    _BLAS_PATH = _blas.library_path()
+    if _BLAS_PATH is not None:
+        lib.lltm_blas_library(os.fsencode(_BLAS_PATH))
+
+
+def blas_config():
+    """The CPU passes' BLAS as it describes itself ("OpenBLAS 0.3.34 ...
+    Haswell ..."), loading it; "" where none is installed or loadable."""
+    return ffi.string(require().lltm_blas_config()).decode()
+
+
 def require():
     """The compiled module's lib, or LLTMBuildError saying what to do: what
     the import found wrong, or, where a module was built since, to restart
@@ -168,6 +181,7 @@ _DTYPE_CODES = ({torch.float32: lib.LLTM_FLOAT32, torch.float64: lib.LLTM_FLOAT6
                  torch.float16: lib.LLTM_FLOAT16, torch.bfloat16: lib.LLTM_BFLOAT16}
                 if lib is not None else {})
 _current_raw_stream = _torch_internals.current_raw_stream
+_get_num_threads = torch.get_num_threads
 
 # The types whose instances are plain tensors with storage of their own
 # (nn.Parameter is plain to everything but nn.Module).
@@ -229,7 +243,8 @@ class CPass:
     def __call__(self, sizes, tensors, scalars=()):
         """Runs the pass with `sizes` (ints), `scalars` (floats) and the
         addresses of `tensors`, for the dtype and device of the first of
-        them, on that device's current CUDA stream; raises LLTMError with
+        them, on that device's current CUDA stream (on the CPU, on as many
+        threads as torch.get_num_threads() says); raises LLTMError with
         the shim's message for a non-zero code. A tensor given as None (left
         out) or with no elements is passed as NULL. The tensors stay
         referenced until the call returns, so their addresses stay valid."""
@@ -242,7 +257,7 @@ class CPass:
             index = reference.get_device()
             stream = _current_raw_stream(index)
         else:
-            index, stream = lib.LLTM_CPU, 0
+            index, stream = lib.LLTM_CPU, _get_num_threads()
         addresses = []
         for tensor in tensors:
             if tensor is None:

@@ -120,7 +120,25 @@ def _describe_module(report, extension):
                    "portable (LLTM_AMX=0)" if setting == "0"
                    else "AMX for every size (LLTM_AMX=1)" if setting == "1"
                    else "AMX (bfloat16 tiles; float16 tiles for the large products)")
+    report.row("CPU products", _cpu_products_text(lib, ffi))
     return lib if extension.lib is not None else None
+
+
+def _cpu_products_text(lib, ffi):
+    """Where the CPU passes' matrix products run: the BLAS (include/lltm_blas.h), or why not."""
+    config = getattr(lib, "lltm_blas_config", None)
+    if config is None:
+        return "own tiles (an older build)"
+    setting = os.environ.get("LLTM_BLAS")
+    if setting == "0":
+        return "own tiles (LLTM_BLAS=0)"
+    loaded = ffi.string(config()).decode()
+    if not loaded:
+        from . import _blas
+        return ("own tiles (no BLAS: pip install scipy-openblas32)" if _blas.library_path() is None
+                else f"own tiles (the BLAS at {_blas.library_path()} does not load)")
+    return loaded + (", every recurrence too (LLTM_BLAS=1)" if setting == "1"
+                     else ", the own tiles for small recurrences")
 
 
 def _describe_gpus(report, torch, lib, ffi):
@@ -203,6 +221,9 @@ def main():
     from . import _extension
 
     lib = _describe_module(report, _extension)
+    if torch is not None:
+        report.row("CPU threads", f"{torch.get_num_threads()} (torch.get_num_threads(), which the "
+                                  "CPU passes follow)")
     devices = ["cpu"]
     if torch is not None:
         devices += _describe_gpus(report, torch, lib, _extension.ffi)

@@ -10,9 +10,10 @@ Which build pip picks for it is pip's choice: on Linux x86-64 PyPI serves
 the CUDA build (see docs/BUILDING.md); a torch installed
 beforehand, such as the CPU-only build, is kept.
 
-The requirement files hold one `name` or `name>=version` a line (with `#`
-comments): that is all this script reads, with the standard library only,
-since it runs before anything is installed.
+The requirement files hold one `name`, `name>=version` or `name==version`
+a line (with `#` comments): that is all this script reads, with the
+standard library only, since it runs before anything is installed. A pinned
+package installed at another version is replaced by the pinned one.
 """
 
 import argparse
@@ -21,7 +22,7 @@ import re
 import subprocess
 import sys
 
-LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:>=\s*([0-9][0-9.]*))?$")
+LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:(>=|==)\s*([0-9][0-9.]*))?$")
 
 
 def release(version):
@@ -37,18 +38,23 @@ def read_requirements(path):
             continue
         match = LINE.match(line)
         if not match:
-            sys.exit(f"{path}:{number}: deps.py reads only `name` or `name>=version`, not {line!r}")
-        requirements.append((match.group(1), match.group(2), line))
+            sys.exit(f"{path}:{number}: deps.py reads only `name`, `name>=version` or "
+                     f"`name==version`, not {line!r}")
+        name, operator, version = match.groups()
+        requirements.append((name, operator, version, line))
     return requirements
 
 
-def unmet(name, minimum):
-    """Why `name` (>= minimum) is not satisfied here, or None."""
+def unmet(name, operator, version):
+    """Why `name` (`operator` ">=" or "==" `version`, or any version where
+    operator is None) is not satisfied here, or None."""
     try:
         installed = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-    if minimum and release(installed) < release(minimum):
+    if operator == ">=" and release(installed) < release(version):
+        return f"{installed} installed"
+    if operator == "==" and release(installed) != release(version):
         return f"{installed} installed"
     return None
 
@@ -61,8 +67,8 @@ def main(argv=None):
 
     install = []
     for path in args.files:
-        for name, minimum, line in read_requirements(path):
-            reason = unmet(name, minimum)
+        for name, operator, version, line in read_requirements(path):
+            reason = unmet(name, operator, version)
             if reason is None:
                 continue
             wanted = f"torch=={args.torch}" if name.lower() == "torch" else line

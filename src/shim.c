@@ -161,6 +161,7 @@ int lltm_run(int pass, int dtype, int device, intptr_t stream, const int64_t* si
   if (device == LLTM_CPU) {
     if (!passes[pass].on_cpu) return LLTM_ERROR_NO_DEVICE_PASS;
     if (!(passes[pass].cpu_dtypes & (1 << dtype))) return LLTM_ERROR_DTYPE;
+    lltm_start_cpu_pass(stream > 0 && stream < 65536 ? (int)stream : 0);
     return passes[pass].on_cpu(dtype, &args, NULL);
   }
 #ifdef LLTM_WITH_CUDA

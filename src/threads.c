@@ -1,4 +1,6 @@
-/* lltm_threads_allowed (include/lltm_op.h): whether a CPU pass may start
+/* How many threads a CPU pass may use.
+ *
+ * lltm_threads_allowed (include/lltm_op.h): whether a CPU pass may start
  * OpenMP threads. GNU OpenMP's thread pool does not survive fork(): a
  * forked child inherits the pool's bookkeeping but not its threads, so its
  * first parallel region with more than one thread waits for them forever.
@@ -7,7 +9,13 @@
  * parallel region: the fork handler registered when the module loads
  * clears the flag in every child (and so in the children's children).
  * Without a handler the passes never use threads. Only the constructor and
- * the handler write it, each while no pass can run. */
+ * the handler write it, each while no pass can run.
+ *
+ * Within that, a pass uses as many threads as its caller says (lltm_run's
+ * `stream` argument for the CPU: torch.get_num_threads()), held for the
+ * calling thread while its pass runs, so that passes called from several
+ * threads at once each keep their own. */
+#include <omp.h>
 #include <pthread.h>
 
 #include "lltm_op.h"
@@ -18,4 +26,23 @@ static void forbid_threads(void) { lltm_threads_allowed = 0; }
 
 __attribute__((constructor)) static void allow_threads(void) {
   lltm_threads_allowed = pthread_atfork(NULL, NULL, forbid_threads) == 0;
+}
+
+/* The calling thread's pass: the most threads it may use (0: OpenMP's
+ * default), and the largest team it has asked for so far. */
+static _Thread_local int pass_threads;
+static _Thread_local int threads_used = 1;
+
+void lltm_start_cpu_pass(int threads) {
+  pass_threads = threads;
+  threads_used = 1;
+}
+
+int lltm_cpu_threads_used(void) { return threads_used; }
+
+int lltm_team_size(int64_t elements) {
+  if (!lltm_threads_allowed || elements < LLTM_PARALLEL_MIN_ELEMENTS) return 1;
+  const int team = pass_threads > 0 ? pass_threads : omp_get_max_threads();
+  if (team > threads_used) threads_used = team;
+  return team;
 }

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import benchmark
-from benchmarks import (compare, distributed, harness, kernels, overhead, sequence, sweep,
-                        word_language_model)
+from benchmarks import (compare, cpu_sweep, distributed, harness, kernels, overhead, sequence,
+                        sweep, word_language_model)
 from conftest import skip_without_gpu
 
 TUTORIAL_LINE = re.compile(r"Forward: \d+\.\d{3}/\d+\.\d{3} us \| Backward \d+\.\d{3}/\d+\.\d{3} us")
@@ -111,7 +111,8 @@ def test_compare_marks_a_failed_torch_compile_and_times_the_rest(small_compare, 
     (["ffi", "-r", "0"], "argument -r/--runs: must be positive, got 0"),
     (["ffi", "-b", "x"], "argument -b/--batch-size: 'x' is not an integer"),
     (["--compare", "-b", "4"], "-b/-f/-s set the size for one implementation"),
-    (["ffi", "-o", "out.md"], "-o/--output is for --compare, --sequence and --sweep only"),
+    (["ffi", "-o", "out.md"],
+     "-o/--output is for --compare, --sequence, --sweep and --cpu-sweep only"),
     (["--compare", "--states", "64", "--layers", "2"], "--states, --layers: for --sweep only"),
     (["--sweep", "--batches", "1,x"], "argument --batches: 'x' is not an integer"),
     (["--sweep", "--steps", "8,0"], "argument --steps: must be positive, got 0"),
@@ -134,6 +135,77 @@ def test_bad_arguments_exit_2_saying_why(arguments, message, capsys):
         benchmark.main(arguments)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cpu_sweep_times_every_model_at_every_size_dtype_mode_and_thread_count(
+        monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cpu_sweep, "STATES", (8, 20))
+    monkeypatch.setattr(cpu_sweep, "BATCHES", (1, 3))
+    monkeypatch.setattr(cpu_sweep, "STEPS", 2)
+    report = tmp_path / "sweep.md"
+    assert benchmark.main(["--cpu-sweep", "-r", "2", "-o", str(report)]) == 0
+    output = capsys.readouterr().out
+    assert report.read_text() == output
+    assert report.with_suffix(".png").exists() == ("](sweep.png)" in output)
+    rows = re.findall(r"^\| (float32|bfloat16) \| (training|inference) \| (\d+) \| (\d+) \| (\d+) "
+                      r"\| (\d+) \|((?: [0-9.]+ \|){3}) (\*\*)?([0-9.]+)(\*\*)? \|$", output,
+                      flags=re.MULTILINE)
+    threads = cpu_sweep.thread_counts(torch.get_num_threads())
+    assert len(rows) == 2 * 2 * len(threads) * 2 * 2
+    assert {(row[0], row[1], int(row[2]), int(row[3]), int(row[4])) for row in rows} == {
+        (dtype, mode, count, state, batch) for dtype in ("float32", "bfloat16")
+        for mode in ("training", "inference") for count in threads for state in (8, 20)
+        for batch in (1, 3)}
+    for row in rows:
+        gru, lstm, lltm = (float(cell) for cell in row[6].split("|")[:3])
+        assert min(gru, lstm, lltm) > 0 and row[5] == "2"
+        # The ratio of the unrounded times, bold where above 1.
+        ratio = float(row[8])
+        assert abs(ratio - lltm / lstm) < 0.01 + 0.06 / lstm
+        assert ratio >= 1.0 if row[7] else ratio <= 1.0
+    assert "lltm_sequence is " in output and "- lltm_sequence's products: " in output
+
+
+def test_cpu_sweep_cut_short_keeps_the_sizes_it_measured(monkeypatch, tmp_path):
+    """The report is rewritten after each size and thread count, each size
+    on every thread count before the next: a run stopped at its fourth
+    (as `timeout` stops scripts/gpu_session.sh's cpusweep) keeps the first
+    size on 1 and 2 threads and the second on 1, in the table's order."""
+    monkeypatch.setattr(cpu_sweep, "STATES", (8, 20))
+    monkeypatch.setattr(cpu_sweep, "BATCHES", (1, 3))
+    monkeypatch.setattr(cpu_sweep, "STEPS", 2)
+    monkeypatch.setattr(cpu_sweep, "thread_counts", lambda most: [1, 2])
+    timed = cpu_sweep.time_size
+    sizes = []
+
+    def stopped_at_the_fourth(*arguments):
+        sizes.append(arguments)
+        if len(sizes) == 4:
+            raise KeyboardInterrupt
+        return timed(*arguments)
+
+    monkeypatch.setattr(cpu_sweep, "time_size", stopped_at_the_fourth)
+    report = tmp_path / "sweep.md"
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.main(["--cpu-sweep", "-r", "2", "-o", str(report)])
+    rows = re.findall(r"^\| float32 \| training \| (\d+) \| (\d+) \| (\d+) \|",
+                      report.read_text(), flags=re.MULTILINE)
+    assert rows == [("1", "8", "1"), ("1", "8", "3"), ("2", "8", "1")]
+    assert not report.with_suffix(".png").exists()
+
+
+def test_cpu_sweep_counts_one_two_and_all_threads_once_each():
+    assert cpu_sweep.thread_counts(1) == [1]
+    assert cpu_sweep.thread_counts(2) == [1, 2]
+    assert cpu_sweep.thread_counts(16) == [1, 2, 16]
+
+
+def test_cpu_sweep_refuses_a_gpu(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--cpu-sweep", "-c"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--cpu-sweep times the CPU passes" in err or "-c/--cuda: this torch" in err
 
 
 def test_cuda_flag_without_a_gpu_says_so(capsys):

@@ -64,6 +64,14 @@ def test_report_on_this_build():
         else "portable (LLTM_AMX=0)" if os.environ.get("LLTM_AMX") == "0"
         else "AMX for every size (LLTM_AMX=1)" if os.environ.get("LLTM_AMX") == "1"
         else "AMX (bfloat16 tiles; float16 tiles for the large products)")
+    blas = _extension.blas_config()
+    if os.environ.get("LLTM_BLAS") == "0":
+        assert report["CPU products"] == "own tiles (LLTM_BLAS=0)"
+    elif blas:
+        assert report["CPU products"].startswith(blas + ", ")
+    else:
+        assert report["CPU products"].startswith("own tiles (")
+    assert report["CPU threads"].startswith(f"{torch.get_num_threads()} ")
 
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):

@@ -325,28 +325,29 @@ needs_amx = pytest.mark.skipif(
     reason="this CPU has no AMX: both paths are the portable products")
 
 
-def on_both_cpu_paths(function, monkeypatch):
-    """{path: function()} with the products on AMX, then the portable ones."""
+def on_both_cpu_paths(function, monkeypatch, variable="LLTM_AMX", names=("AMX", "portable")):
+    """{path: function()} with the products on AMX, then the portable ones
+    (or, with variable LLTM_BLAS, on the BLAS, then the own tiles)."""
     results = {}
-    for path, setting in (("AMX", "1"), ("portable", "0")):
-        monkeypatch.setenv("LLTM_AMX", setting)
+    for path, setting in zip(names, ("1", "0")):
+        monkeypatch.setenv(variable, setting)
         results[path] = function()
     return results
 
 
 def assert_paths_agree(paths, dtype):
-    """Each result of the AMX path within PATHS_APART units of roundoff of the portable one's."""
-    failures = [f"{name}: {error:.3g}" for name, value in paths["AMX"].items()
-                if not (error := selfcheck.relative_error(value, paths["portable"][name]))
+    """Each result of the first path within PATHS_APART units of roundoff of the second one's."""
+    first, second = paths
+    failures = [f"{name}: {error:.3g}" for name, value in paths[first].items()
+                if not (error := selfcheck.relative_error(value, paths[second][name]))
                 <= PATHS_APART * UNIT_ROUNDOFF[dtype]]
-    assert not failures, f"AMX against the portable products: {'; '.join(failures)}"
+    assert not failures, f"{first} against {second}: {'; '.join(failures)}"
 
 
-@needs_amx
-@pytest.mark.parametrize("dtype", HALVES)
-@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-@pytest.mark.parametrize("shape", CPU_PATH_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
-def test_the_cpu_product_paths_agree(shape, reverse, dtype, monkeypatch, generator):
+def assert_sequence_paths_agree(shape, reverse, dtype, generator, monkeypatch, *setting):
+    """lltm_sequence at `shape` on both CPU paths (on_both_cpu_paths with
+    `setting`): each as accurate as torch in the dtype, and the two within
+    PATHS_APART units of roundoff of each other."""
     steps, batch, features, state = shape
     arguments = [torch.randn(steps, batch, features, generator=generator, dtype=torch.float64),
                  *selfcheck.random_inputs(batch, features, state, torch.float64, "cpu",
@@ -354,12 +355,21 @@ def test_the_cpu_product_paths_agree(shape, reverse, dtype, monkeypatch, generat
     grads = random_grads([(steps, batch, state), (batch, state), (batch, state)], generator)
     halves, doubles = rounded(arguments, dtype, "cpu")
     paths = on_both_cpu_paths(
-        lambda: with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES), monkeypatch)
+        lambda: with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES), monkeypatch,
+        *setting)
     in_torch = with_gradients(torch_sequence(reverse), halves, grads, SEQUENCE_NAMES)
     exact = with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES)
     for got in paths.values():
         assert_as_accurate_as_torch(got, in_torch, exact, dtype, steps)
     assert_paths_agree(paths, dtype)
+
+
+@needs_amx
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape", CPU_PATH_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+def test_the_cpu_product_paths_agree(shape, reverse, dtype, monkeypatch, generator):
+    assert_sequence_paths_agree(shape, reverse, dtype, generator, monkeypatch)
 
 
 @needs_amx
@@ -375,6 +385,20 @@ def test_the_cpu_product_paths_agree_on_packed_layers(dtype, monkeypatch, genera
         lambda: layers_results(module, sequences, h0, c0, grads, True, by_lltm_ffi=True),
         monkeypatch)
     assert_paths_agree(paths, dtype)
+
+
+# The portable products' two paths (LLTM_AMX=0): the BLAS's on float32
+# copies of the factors (LLTM_BLAS=1, every product it takes) and the own
+# tiles (LLTM_BLAS=0). Again their products differ only in the order of
+# float32's sums. Without a BLAS both are the own tiles.
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape", CPU_PATH_SHAPES + [(4, 2, 6, 300), (3, 9, 5, 40)],
+                         ids=lambda shape: "x".join(map(str, shape)))
+def test_the_blas_and_the_own_products_agree(shape, reverse, dtype, monkeypatch):
+    monkeypatch.setenv("LLTM_AMX", "0")
+    assert_sequence_paths_agree(shape, reverse, dtype, torch.Generator().manual_seed(20240531),
+                                monkeypatch, "LLTM_BLAS", ("BLAS", "own tiles"))
 
 
 @needs_amx

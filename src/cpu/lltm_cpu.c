@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "lltm_amx.h"
+#include "lltm_blas.h"
 #include "lltm_half.h"
 #include "lltm_op.h"
 #include "lltm_steps.h"
@@ -84,6 +85,29 @@ static LLTM_ALWAYS_INLINE float tanh_float(float x) {
   const float magnitude = fabsf(x);
   const float far = 1.0f - 2.0f / (exp_float(2.0f * magnitude) + 1.0f);
   return magnitude < 0.625f ? near_zero : copysignf(far, x);
+}
+
+/* The BLAS's product of each SCALAR (lltm_blas.h). */
+static inline void blas_gemm_float(int transpose_a, int transpose_b, int64_t m, int64_t n,
+                                   int64_t k, const float* a, int64_t lda, const float* b,
+                                   int64_t ldb, float beta, float* c, int64_t ldc) {
+  lltm_blas_sgemm(transpose_a, transpose_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
+static inline void blas_gemm_double(int transpose_a, int transpose_b, int64_t m, int64_t n,
+                                    int64_t k, const double* a, int64_t lda, const double* b,
+                                    int64_t ldb, double beta, double* c, int64_t ldc) {
+  lltm_blas_dgemm(transpose_a, transpose_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
+static inline void blas_gemv_float(int transpose, int64_t m, int64_t n, const float* a,
+                                   int64_t lda, const float* x, float* y) {
+  lltm_blas_sgemv(transpose, m, n, a, lda, x, y);
+}
+
+static inline void blas_gemv_double(int transpose, int64_t m, int64_t n, const double* a,
+                                    int64_t lda, const double* x, double* y) {
+  lltm_blas_dgemv(transpose, m, n, a, lda, x, y);
 }
 
 static inline double exp_double(double x) { return exp(x); }

@@ -195,6 +195,16 @@ static inline int64_t lltm_tile_count(int64_t rows, int64_t columns) {
          ((columns + LLTM_TILE_COLUMNS - 1) / LLTM_TILE_COLUMNS);
 }
 
+/* How a pass takes its matrix products: the steps' recurrent ones by the
+ * own tiles, on AMX or on the BLAS; the others (every step's input part of
+ * its gates; the gradients of the inputs, the weights and h0) on AMX where
+ * the recurrence is, else through the BLAS where `blas` says so, else by
+ * the own tiles. products_plan_ decides, in one place. */
+enum { LLTM_OWN_TILES, LLTM_ON_AMX, LLTM_ON_BLAS };
+struct lltm_products {
+  int recurrence, blas;
+};
+
 /* Row `row` whole, `columns` wide, as a tile: where a step's products are
  * done already, its tiles only run the cell's math, in rows as long as
  * they come. */
@@ -328,10 +338,94 @@ static SCALAR* LLTM_NAME(padded_columns_)(int panels, int64_t panel_offset, int6
   return padded;
 }
 
+/* Part `index` of `parts` of `count` items, each part but the last a
+ * whole multiple of `align` items: its first item and how many (none for
+ * parts past the items). */
+#ifndef LLTM_PART_DEFINED
+#define LLTM_PART_DEFINED
+static inline void lltm_part(int64_t index, int64_t parts, int64_t count, int64_t align,
+                             int64_t* first, int64_t* size) {
+  int64_t each = (count + parts - 1) / parts;
+  each = (each + align - 1) / align * align;
+  *first = index * each < count ? index * each : count;
+  *size = count - *first < each ? count - *first : each;
+}
+#endif
+
+/* How many parts the BLAS's products are cut into: one a thread of the
+ * pass (lltm_team_size) for work of `elements` elements, but no more than
+ * LLTM_BLAS_MOST_PARTS, well below the buffers OpenBLAS keeps for calls
+ * at once (twice its MAX_THREADS, 64 in the scipy-openblas32 wheels),
+ * past which it warns on stderr. Threads past the parts wait. */
+#ifndef LLTM_BLAS_MOST_PARTS
+#define LLTM_BLAS_MOST_PARTS 32
+static inline int lltm_blas_parts(int64_t elements) {
+  const int team = lltm_team_size(elements);
+  return team < LLTM_BLAS_MOST_PARTS ? team : LLTM_BLAS_MOST_PARTS;
+}
+#endif
+
+/* Whether the BLAS takes a product of these sizes and strides as
+ * blas_product_ hands them over: every one fits its ints, and each
+ * factor's leading stride spans a row (cblas refuses less, and says so on
+ * stderr). */
+static int LLTM_NAME(blas_takes_)(int64_t rows, int64_t columns, int64_t depth,
+                                  int64_t a_row_stride, int64_t a_depth_stride,
+                                  int64_t b_row_stride, int64_t b_column_stride,
+                                  int64_t out_stride) {
+  const int64_t lda = a_depth_stride == 1 ? a_row_stride : a_depth_stride;
+  const int64_t ldb = b_column_stride == 1 ? b_row_stride : b_column_stride;
+  const int64_t a_span = a_depth_stride == 1 ? depth : rows;
+  const int64_t b_span = b_column_stride == 1 ? columns : depth;
+  return depth > 0 && (a_row_stride == 1 || a_depth_stride == 1) &&
+         (b_row_stride == 1 || b_column_stride == 1) && lda >= a_span && ldb >= b_span &&
+         out_stride >= columns && rows <= LLTM_BLAS_MAX && columns <= LLTM_BLAS_MAX &&
+         depth <= LLTM_BLAS_MAX && lda <= LLTM_BLAS_MAX && ldb <= LLTM_BLAS_MAX &&
+         out_stride <= LLTM_BLAS_MAX;
+}
+
+/* out = base + a b, or out += a b where `accumulate`, as product_ below
+ * says, through the BLAS, for a STORAGE that is SCALAR: the result cut
+ * into parts (of rows, or of columns where they are more), one a thread
+ * (lltm_blas_parts), each one BLAS call on its own thread. */
+static void LLTM_NAME(blas_product_)(int64_t rows, int64_t columns, int64_t depth,
+                                     const SCALAR* a, int64_t a_row_stride,
+                                     int64_t a_depth_stride, const SCALAR* b,
+                                     int64_t b_row_stride, int64_t b_column_stride,
+                                     const STORAGE* base, int accumulate, STORAGE* out,
+                                     int64_t out_stride) {
+  SCALAR* result = (SCALAR*)(void*)out; /* the same type: never called for a narrow one */
+  const int transpose_a = a_depth_stride != 1, transpose_b = b_column_stride != 1;
+  const int64_t lda = transpose_a ? a_depth_stride : a_row_stride;
+  const int64_t ldb = transpose_b ? b_column_stride : b_row_stride;
+  const int by_rows = rows >= columns;
+  const int64_t elements = rows * columns * depth / 16;
+  const int parts = lltm_blas_parts(elements);
+  LLTM_FOR_EACH(part, parts, elements, {
+    int64_t first, count;
+    lltm_part(part, parts, by_rows ? rows : columns, by_rows ? 8 : 16, &first, &count);
+    const int64_t first_row = by_rows ? first : 0, first_column = by_rows ? 0 : first;
+    const int64_t part_rows = by_rows ? count : rows, part_columns = by_rows ? columns : count;
+    SCALAR* part_out = result + first_row * out_stride + first_column;
+    for (int64_t i = 0; count > 0 && base && !accumulate && i < part_rows; ++i) {
+      memcpy(part_out + i * out_stride, base + first_column, sizeof(SCALAR) * (size_t)part_columns);
+    }
+    if (count > 0) {
+      LLTM_MATH(blas_gemm_)(transpose_a, transpose_b, part_rows, part_columns, depth,
+                            a + first_row * (transpose_a ? 1 : lda), lda,
+                            b + first_column * (transpose_b ? ldb : 1), ldb,
+                            accumulate || base ? (SCALAR)1 : (SCALAR)0, part_out, out_stride);
+    }
+  });
+}
+
 /* out (rows x columns, row stride out_stride) = base + a b, or out += a b
  * where `accumulate` (base, one value a column, may be NULL: zero). a is
  * rows x depth, element (i, k) at a[i * a_row_stride + k * a_depth_stride];
- * b is depth x columns, row-major with row stride b_stride. The depth goes
+ * b is depth x columns, element (k, j) at b[k * b_row_stride + j *
+ * b_column_stride]. Through the BLAS where `blas` asks for it and it takes
+ * the product (one of each factor's strides 1); else by the tiles below,
+ * which take b_column_stride 1 only. The tiles' depth goes
  * in blocks of LLTM_DEPTH_BLOCK, so that a tile's columns of b stay in
  * cache for every tile of rows (the weight gradients' depth is every step
  * of the batch). The threading threshold counts sixteen multiply-adds as
@@ -339,10 +433,11 @@ static SCALAR* LLTM_NAME(padded_columns_)(int panels, int64_t panel_offset, int6
 #ifndef LLTM_DEPTH_BLOCK
 #define LLTM_DEPTH_BLOCK 256
 #endif
-static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, const SCALAR* a,
-                               int64_t a_row_stride, int64_t a_depth_stride, const SCALAR* b,
-                               int64_t b_stride, const STORAGE* base, int accumulate,
-                               STORAGE* out, int64_t out_stride) {
+static int LLTM_NAME(product_)(int blas, int64_t rows, int64_t columns, int64_t depth,
+                               const SCALAR* a, int64_t a_row_stride, int64_t a_depth_stride,
+                               const SCALAR* b, int64_t b_row_stride, int64_t b_column_stride,
+                               const STORAGE* base, int accumulate, STORAGE* out,
+                               int64_t out_stride) {
   if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
   if (LLTM_NARROW_STORAGE) {
     /* SCALAR's own product of the factors (SCALAR already), its sums kept
@@ -350,8 +445,9 @@ static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, con
      * rounded once. */
     SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns));
     if (!sums) return LLTM_ERROR_NO_MEMORY;
-    const int status = LLTM_MATH(product_)(rows, columns, depth, a, a_row_stride, a_depth_stride,
-                                           b, b_stride, NULL, 0, sums, columns);
+    const int status =
+        LLTM_MATH(product_)(blas, rows, columns, depth, a, a_row_stride, a_depth_stride, b,
+                            b_row_stride, b_column_stride, NULL, 0, sums, columns);
     LLTM_FOR_EACH(i, rows, rows * columns, {
       LLTM_NAME(add_sums_row_)(columns, accumulate ? out + i * out_stride : base,
                                sums + i * columns, out + i * out_stride);
@@ -359,6 +455,14 @@ static int LLTM_NAME(product_)(int64_t rows, int64_t columns, int64_t depth, con
     free(sums);
     return status;
   }
+  if (blas && LLTM_NAME(blas_takes_)(rows, columns, depth, a_row_stride, a_depth_stride,
+                                     b_row_stride, b_column_stride, out_stride)) {
+    LLTM_NAME(blas_product_)(rows, columns, depth, a, a_row_stride, a_depth_stride, b,
+                             b_row_stride, b_column_stride, base, accumulate, out, out_stride);
+    return LLTM_SUCCESS;
+  }
+  if (b_column_stride != 1 && depth > 0) return LLTM_ERROR_ARGUMENTS;
+  const int64_t b_stride = b_row_stride;
   const int64_t full_columns = columns - columns % LLTM_TILE_COLUMNS;
   SCALAR* padded = NULL;
   if (full_columns < columns) {
@@ -465,8 +569,8 @@ static int LLTM_NAME(converted_product_)(int64_t rows, int64_t columns, int64_t 
         b_copy[k * columns + j] = LOAD(b[k * b_row_stride + j * b_column_stride]);
       }
     }
-    status = LLTM_MATH(product_)(rows, columns, depth, a_copy, depth, 1, b_copy, columns, NULL, 0,
-                                 sums, sums_stride);
+    status = LLTM_MATH(product_)(0, rows, columns, depth, a_copy, depth, 1, b_copy, columns, 1,
+                                 NULL, 0, sums, sums_stride);
   }
   free(a_copy);
   free(b_copy);
@@ -658,72 +762,211 @@ static const STORAGE* LLTM_NAME(old_h_rows_)(struct LLTM_NAME(old_state_) old, i
   return scratch;
 }
 
+/* What a forward pass's products read: the tensors (on AMX), or their
+ * SCALAR factors: the weights as they are (weight_factors), or where the
+ * own tiles take the recurrence transposed (`transposed`, columns x 3 *
+ * state; its hidden rows alone where the weights as they are serve the
+ * input part of the gates). */
+struct LLTM_NAME(forward_factors_) {
+  struct lltm_products products;
+  int64_t input_features, state_size;
+  const STORAGE *inputs, *weights, *bias;
+  const SCALAR *input_factors, *weight_factors, *transposed;
+};
+
+/* `count` rows of the gates from row `first` on (at `into`, row stride
+ * 3 * state): those rows' input part, plus the bias. */
+static int LLTM_NAME(input_gates_)(const struct LLTM_NAME(forward_factors_) * f, int64_t first,
+                                   int64_t count, STORAGE* into) {
+  const int64_t features = f->input_features, state_size = f->state_size;
+  const int64_t gates_size = 3 * state_size, columns = state_size + features;
+  if (f->products.recurrence == LLTM_ON_AMX) {
+    return LLTM_NAME(amx_product_)(count, gates_size, features, f->inputs + first * features,
+                                   features, 1, f->weights + state_size, 1, columns, f->bias, 0,
+                                   into, gates_size);
+  }
+  const SCALAR* input_factors = f->input_factors + first * features;
+  if (!f->weight_factors) {
+    return LLTM_NAME(product_)(f->products.blas, count, gates_size, features, input_factors,
+                               features, 1, f->transposed + state_size * gates_size, gates_size,
+                               1, f->bias, 0, into, gates_size);
+  }
+  return LLTM_NAME(product_)(f->products.blas, count, gates_size, features, input_factors,
+                             features, 1, f->weight_factors + state_size, 1, columns, f->bias, 0,
+                             into, gates_size);
+}
+
+/* A step of up to this many rows takes its recurrent products on the BLAS
+ * a row at a time, each a product of the weights and one vector (gemv),
+ * which reads the weights once as they lie; a product of more rows packs
+ * them into the BLAS's own layout first, which at 1 and 2 rows cost more
+ * than the products (on the 2-core AMD EPYC, from a state of 512; the own
+ * tiles take smaller ones). */
+#ifndef LLTM_BLAS_GEMV_ROWS
+#define LLTM_BLAS_GEMV_ROWS 2
+#endif
+
+/* A step's forward recurrent products of the states from `first` on,
+ * `count` of them, on the BLAS: their three gates' columns of sums (rows x
+ * 3 * state) = h (rows x state, row stride state) times those rows of the
+ * hidden weights (row stride `columns`), transposed. Where the states are
+ * all of them, the three gates' rows are one block: one call. */
+static void LLTM_NAME(blas_gate_sums_)(int64_t rows, int64_t state_size, int64_t columns,
+                                       int64_t first, int64_t count, const SCALAR* h,
+                                       const SCALAR* weights, SCALAR* sums) {
+  const int64_t gates_size = 3 * state_size;
+  const int whole = count == state_size;
+  for (int64_t gate = 0; gate < (whole ? 1 : 3); ++gate) {
+    const int64_t column = gate * state_size + first;
+    const int64_t width = whole ? gates_size : count;
+    const SCALAR* gate_weights = weights + column * columns;
+    if (rows > LLTM_BLAS_GEMV_ROWS) {
+      LLTM_MATH(blas_gemm_)(0, 1, rows, width, state_size, h, state_size, gate_weights, columns,
+                            0, sums + column, gates_size);
+      continue;
+    }
+    for (int64_t row = 0; row < rows; ++row) {
+      LLTM_MATH(blas_gemv_)(0, width, state_size, gate_weights, columns, h + row * state_size,
+                            sums + row * gates_size + column);
+    }
+  }
+}
+
+/* A step's backward recurrent products of the states from `first` on,
+ * `count` of them, on the BLAS: their columns of sums (rows x state) = the
+ * next step's gate gradients (rows x 3 * state) times those columns of the
+ * hidden weights (row stride `columns`). */
+static void LLTM_NAME(blas_carried_sums_)(int64_t rows, int64_t state_size, int64_t columns,
+                                          int64_t first, int64_t count,
+                                          const SCALAR* next_d_gates, const SCALAR* weights,
+                                          SCALAR* sums) {
+  const int64_t gates_size = 3 * state_size;
+  if (rows > LLTM_BLAS_GEMV_ROWS) {
+    LLTM_MATH(blas_gemm_)(0, 0, rows, count, gates_size, next_d_gates, gates_size,
+                          weights + first, columns, 0, sums + first, state_size);
+    return;
+  }
+  for (int64_t row = 0; row < rows; ++row) {
+    LLTM_MATH(blas_gemv_)(1, gates_size, count, weights + first, columns,
+                          next_d_gates + row * gates_size, sums + row * state_size + first);
+  }
+}
+
+/* The input part of the steps' gates is computed this many rows at a time
+ * (a step's at least), as the steps come: where a pass keeps no gates, in
+ * memory of its own, reused block after block. A pass that keeps them
+ * takes the same blocks, so that both give the same bits. */
+#ifndef LLTM_INPUT_BLOCK_ROWS
+#define LLTM_INPUT_BLOCK_ROWS 256
+#endif
+
 /* Every step's outputs, cells and pre-activation gates, and where final_h
  * is not NULL each sequence's final state in final_h and final_cell
- * (batch, state). bias may be NULL (none). */
-static int LLTM_NAME(recurrence_forward_)(int use_amx, const lltm_walk* walk,
+ * (batch, state). bias may be NULL (none). cells and gates may both be
+ * NULL (a forward whose backward will not run): the pass then keeps the
+ * steps' cells and gates in scratch memory only as long as it needs them. */
+static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const lltm_walk* walk,
                                           int64_t input_features, int64_t state_size,
                                           const STORAGE* inputs, const STORAGE* weights,
                                           const STORAGE* bias, const STORAGE* h0,
                                           const STORAGE* c0, STORAGE* outputs, STORAGE* cells,
                                           STORAGE* gates, STORAGE* final_h,
                                           STORAGE* final_cell) {
+  if (!cells != !gates) return LLTM_ERROR_ARGUMENTS;
   if (walk->steps == 0) return LLTM_SUCCESS;
   const int64_t gates_size = 3 * state_size, columns = state_size + input_features;
-  /* Every step's input part of its gates, and the bias, before the loop;
-   * then the recurrent products, step by step: on AMX from the weights as
-   * they are; else from the weights transposed (columns, 3 * state), so
-   * that every product runs along contiguous rows, as the backward pass's
-   * do: rows below state_size are the hidden weights, the rest the input
-   * ones. */
-  SCALAR *transposed = NULL, *last_columns = NULL, *h_factors = NULL;
-  STORAGE* old_h_scratch = NULL;
+  const int64_t batch_state = walk->batch_size * state_size;
+  const int use_amx = products.recurrence == LLTM_ON_AMX;
+  const int on_blas = products.recurrence == LLTM_ON_BLAS;
+  /* The steps' input part of their gates, and the bias, a block of steps
+   * at a time (LLTM_INPUT_BLOCK_ROWS); then the recurrent products, step
+   * by step: on AMX and the BLAS from the
+   * weights as they are; by the own tiles from the weights transposed
+   * (columns, 3 * state), so that every product runs along contiguous
+   * rows, as the backward pass's do: rows below state_size are the hidden
+   * weights, the rest the input ones. */
+  struct LLTM_NAME(forward_factors_) factors = {products, input_features, state_size, inputs,
+                                                weights, bias, NULL, NULL, NULL};
+  SCALAR *transposed = NULL, *last_columns = NULL, *h_factors = NULL, *sums = NULL;
+  SCALAR *inputs_copy = NULL, *weights_copy = NULL;
+  STORAGE *old_h_scratch = NULL, *cell_scratch = NULL, *gate_block = NULL;
   struct LLTM_NAME(recurrent_amx_) amx = {0};
+  const int64_t block_rows =
+      walk->batch_size > LLTM_INPUT_BLOCK_ROWS ? walk->batch_size : LLTM_INPUT_BLOCK_ROWS;
   int status = LLTM_SUCCESS;
-  if (use_amx) {
-    old_h_scratch =
-        (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(walk->batch_size * state_size + 1));
-    status = old_h_scratch ? LLTM_NAME(amx_product_)(walk->rows, gates_size, input_features,
-                                                     inputs, input_features, 1,
-                                                     weights + state_size, 1, columns, bias, 0,
-                                                     gates, gates_size)
-                           : LLTM_ERROR_NO_MEMORY;
-    if (status == LLTM_SUCCESS) {
-      status = LLTM_NAME(start_recurrent_amx_)(walk->batch_size, state_size, gates_size, weights,
-                                               1, columns, &amx);
-    }
-  } else {
-    const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
-    const int needs_last_columns = full_states < state_size;
-    transposed = LLTM_NAME(transposed_)(gates_size, columns, weights, columns);
-    last_columns = transposed && needs_last_columns
-                       ? LLTM_NAME(padded_columns_)(3, state_size, state_size, transposed,
-                                                    gates_size, full_states,
-                                                    state_size - full_states)
-                       : NULL;
-    const SCALAR* input_factors;
-    SCALAR* inputs_copy;
-    const int has_inputs = LLTM_NAME(operand_)(walk->rows * input_features, inputs,
-                                               &input_factors, &inputs_copy);
-    h_factors =
-        LLTM_NARROW_STORAGE
-            ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->batch_size * state_size + 1))
-            : NULL;
-    if (!transposed || (needs_last_columns && !last_columns) || !has_inputs ||
-        (LLTM_NARROW_STORAGE && !h_factors)) {
-      status = LLTM_ERROR_NO_MEMORY;
-    } else {
-      status = LLTM_NAME(product_)(walk->rows, gates_size, input_features, input_factors,
-                                   input_features, 1, transposed + state_size * gates_size,
-                                   gates_size, bias, 0, gates, gates_size);
-    }
-    free(inputs_copy);
+  if (!gates) {
+    cell_scratch = (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(2 * batch_state + 1));
+    gate_block = (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(block_rows * gates_size + 1));
+    if (!cell_scratch || !gate_block) status = LLTM_ERROR_NO_MEMORY;
   }
+  if (use_amx || (on_blas && !LLTM_NARROW_STORAGE)) {
+    old_h_scratch = (STORAGE*)malloc(sizeof(STORAGE) * (size_t)(batch_state + 1));
+    if (!old_h_scratch) status = LLTM_ERROR_NO_MEMORY;
+  }
+  if (status == LLTM_SUCCESS && use_amx) {
+    status = LLTM_NAME(start_recurrent_amx_)(walk->batch_size, state_size, gates_size, weights, 1,
+                                             columns, &amx);
+  } else if (status == LLTM_SUCCESS) {
+    const int has_inputs = LLTM_NAME(operand_)(walk->rows * input_features, inputs,
+                                               &factors.input_factors, &inputs_copy);
+    h_factors = LLTM_NARROW_STORAGE ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(batch_state + 1))
+                                    : NULL;
+    int has_weights = 1, needs_last_columns = 0;
+    if (on_blas) {
+      has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &factors.weight_factors,
+                                        &weights_copy);
+      sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->batch_size * gates_size + 1));
+    } else {
+      const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
+      needs_last_columns = full_states < state_size;
+      /* Where the BLAS takes the input part of the gates from the weights
+       * as they are, the tiles need only the hidden columns transposed (a
+       * narrow STORAGE's input ones are converted on the way all the same). */
+      const int hidden_only = products.blas && !LLTM_NARROW_STORAGE;
+      factors.weight_factors = hidden_only ? LLTM_AS_SCALAR(weights) : NULL;
+      transposed = LLTM_NAME(transposed_)(gates_size, hidden_only ? state_size : columns, weights,
+                                          columns);
+      last_columns = transposed && needs_last_columns
+                         ? LLTM_NAME(padded_columns_)(3, state_size, state_size, transposed,
+                                                      gates_size, full_states,
+                                                      state_size - full_states)
+                         : NULL;
+      factors.transposed = transposed;
+    }
+    if (!has_inputs || !has_weights || (on_blas && !sums) || (!on_blas && !transposed) ||
+        (needs_last_columns && !last_columns) || (LLTM_NARROW_STORAGE && !h_factors)) {
+      status = LLTM_ERROR_NO_MEMORY;
+    }
+  }
+  int64_t block_first = 0, block_count = 0; /* the rows of the block computed last */
   lltm_step step = lltm_first_step(walk);
   while (status == LLTM_SUCCESS) {
+    if (step.offset < block_first || step.offset + step.rows > block_first + block_count) {
+      /* The steps from this one on, as many as a block holds; in either
+       * direction their rows lie together. */
+      lltm_step last = step;
+      block_count = step.rows;
+      while (last.order + 1 < walk->steps) {
+        const lltm_step next = lltm_next_step(walk, &last);
+        if (block_count + next.rows > block_rows) break;
+        block_count += next.rows;
+        last = next;
+      }
+      block_first = walk->reverse ? last.offset : step.offset;
+      status = LLTM_NAME(input_gates_)(
+          &factors, block_first, block_count,
+          gates ? gates + block_first * gates_size : gate_block);
+      if (status != LLTM_SUCCESS) break;
+    }
+    STORAGE* step_gates =
+        gates ? gates + step.offset * gates_size
+              : gate_block + (step.offset - block_first) * gates_size;
+    STORAGE* step_cells =
+        cells ? cells + step.offset * state_size : cell_scratch + (step.order & 1) * batch_state;
+    const STORAGE* previous_cells = cells ? cells + step.previous_offset * state_size
+                                          : cell_scratch + (~step.order & 1) * batch_state;
     const struct LLTM_NAME(old_state_) old = {outputs + step.previous_offset * state_size,
-                                              cells + step.previous_offset * state_size, h0, c0,
-                                              step.carried, h_factors};
+                                              previous_cells, h0, c0, step.carried, h_factors};
     if (use_amx) {
       status = LLTM_NAME(recurrent_sums_)(
           &amx, step.rows, LLTM_NAME(old_h_rows_)(old, step.rows, state_size, old_h_scratch),
@@ -736,19 +979,37 @@ static int LLTM_NAME(recurrence_forward_)(int use_amx, const lltm_walk* walk,
                           h_factors + row * state_size);
       }
     }
-    /* On AMX the step's products are done: its tiles are whole rows. */
-    const SCALAR* hidden_sums = use_amx ? amx.sums : NULL;
     const int64_t elements = step.rows * state_size;
     STORAGE* step_outputs = outputs + step.offset * state_size;
-    STORAGE* step_cells = cells + step.offset * state_size;
-    LLTM_FOR_EACH(index, use_amx ? step.rows : lltm_tile_count(step.rows, state_size),
-                  use_amx ? elements : elements * gates_size / 16, {
-      LLTM_NAME(forward_step_tile_)(state_size,
-                                    use_amx ? lltm_row_tile(index, state_size)
-                                            : lltm_tile_at(index, step.rows, state_size),
-                                    transposed, last_columns, hidden_sums, old,
-                                    gates + step.offset * gates_size, step_outputs, step_cells);
-    });
+    if (on_blas) {
+      /* Each thread's states: their products on the BLAS, then their math. */
+      const SCALAR* h = LLTM_NARROW_STORAGE
+                            ? h_factors
+                            : LLTM_AS_SCALAR(LLTM_NAME(old_h_rows_)(old, step.rows, state_size,
+                                                                    old_h_scratch));
+      const int parts = lltm_blas_parts(elements * gates_size / 16);
+      LLTM_FOR_EACH(part, parts, elements * gates_size / 16, {
+        int64_t first, count;
+        lltm_part(part, parts, state_size, 16, &first, &count);
+        if (count > 0) {
+          LLTM_NAME(blas_gate_sums_)(step.rows, state_size, columns, first, count, h,
+                                     factors.weight_factors, sums);
+          const struct lltm_tile tile = {0, first, (int)step.rows, (int)count};
+          LLTM_NAME(forward_step_tile_)(state_size, tile, NULL, NULL, sums, old, step_gates,
+                                        step_outputs, step_cells);
+        }
+      });
+    } else {
+      /* On AMX the step's products are done: its tiles are whole rows. */
+      LLTM_FOR_EACH(index, use_amx ? step.rows : lltm_tile_count(step.rows, state_size),
+                    use_amx ? elements : elements * gates_size / 16, {
+        LLTM_NAME(forward_step_tile_)(state_size,
+                                      use_amx ? lltm_row_tile(index, state_size)
+                                              : lltm_tile_at(index, step.rows, state_size),
+                                      transposed, last_columns, use_amx ? amx.sums : NULL, old,
+                                      step_gates, step_outputs, step_cells);
+      });
+    }
     if (final_h && step.continued < step.rows) {
       const int64_t first = step.continued * state_size;
       const size_t bytes = sizeof(STORAGE) * (size_t)(elements - first);
@@ -760,9 +1021,14 @@ static int LLTM_NAME(recurrence_forward_)(int use_amx, const lltm_walk* walk,
   }
   LLTM_NAME(end_recurrent_amx_)(&amx);
   free(old_h_scratch);
+  free(cell_scratch);
+  free(gate_block);
   free(transposed);
   free(last_columns);
   free(h_factors);
+  free(sums);
+  free(inputs_copy);
+  free(weights_copy);
   return status;
 }
 
@@ -870,7 +1136,7 @@ static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_fea
  * block's states into `previous`, in the order of d_gates' rows, and takes
  * one product of the whole depth: its sums are rounded once, not once a
  * block. */
-static int LLTM_NAME(hidden_weight_grads_)(const lltm_walk* walk, int64_t state_size,
+static int LLTM_NAME(hidden_weight_grads_)(int blas, const lltm_walk* walk, int64_t state_size,
                                            int64_t columns, const SCALAR* d_gates,
                                            const STORAGE* h0, const STORAGE* outputs,
                                            STORAGE* d_weights) {
@@ -889,17 +1155,17 @@ static int LLTM_NAME(hidden_weight_grads_)(const lltm_walk* walk, int64_t state_
       LLTM_NAME(widen_)(block.rows * state_size, states, previous + block.gate_row * state_size);
       continue;
     }
-    status = LLTM_NAME(product_)(gates_size, state_size, block.rows,
+    status = LLTM_NAME(product_)(blas, gates_size, state_size, block.rows,
                                  d_gates + block.gate_row * gates_size, 1, gates_size,
-                                 LLTM_AS_SCALAR(states), state_size, NULL, !first, d_weights,
+                                 LLTM_AS_SCALAR(states), state_size, 1, NULL, !first, d_weights,
                                  columns);
     first = 0;
   }
   if (status == LLTM_SUCCESS && (first || LLTM_NARROW_STORAGE)) {
-    status = LLTM_NAME(product_)(gates_size, state_size, LLTM_NARROW_STORAGE ? walk->rows : 0,
-                                 d_gates, 1, gates_size,
+    status = LLTM_NAME(product_)(blas, gates_size, state_size,
+                                 LLTM_NARROW_STORAGE ? walk->rows : 0, d_gates, 1, gates_size,
                                  LLTM_NARROW_STORAGE ? previous : LLTM_AS_SCALAR(h0), state_size,
-                                 NULL, 0, d_weights, columns);
+                                 1, NULL, 0, d_weights, columns);
   }
   free(previous);
   return status;
@@ -964,18 +1230,20 @@ static int LLTM_NAME(amx_weight_grads_)(const lltm_walk* walk, int64_t input_fea
  * reaching each step's h, d_c0 as that reaching each step's cell; a single
  * step given neither (not wanted) uses scratch space. */
 static int LLTM_NAME(recurrence_backward_)(
-    int use_amx, const lltm_walk* walk, int64_t input_features, int64_t state_size,
-    const int64_t* grad_strides, const STORAGE* inputs, const STORAGE* weights, const STORAGE* h0,
-    const STORAGE* outputs, const STORAGE* cells, const STORAGE* gates, const STORAGE* grad_outputs,
-    const STORAGE* grad_cells, const STORAGE* grad_final_h, const STORAGE* grad_final_cell,
-    STORAGE* d_gates, STORAGE* d_inputs, STORAGE* d_weights, STORAGE* d_bias, STORAGE* d_h0,
-    STORAGE* d_c0) {
+    struct lltm_products products, const lltm_walk* walk, int64_t input_features,
+    int64_t state_size, const int64_t* grad_strides, const STORAGE* inputs,
+    const STORAGE* weights, const STORAGE* h0, const STORAGE* outputs, const STORAGE* cells,
+    const STORAGE* gates, const STORAGE* grad_outputs, const STORAGE* grad_cells,
+    const STORAGE* grad_final_h, const STORAGE* grad_final_cell, STORAGE* d_gates,
+    STORAGE* d_inputs, STORAGE* d_weights, STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0) {
   /* Past one step d_h0 and d_c0 carry the gradients between steps. */
   if (walk->steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
   if (walk->steps == 0) return LLTM_SUCCESS;
   const int64_t batch_state = walk->batch_size * state_size, gates_size = 3 * state_size;
   const int64_t columns = state_size + input_features;
   const int64_t strides[4] = {grad_strides[1], grad_strides[2], grad_strides[4], grad_strides[5]};
+  const int use_amx = products.recurrence == LLTM_ON_AMX;
+  const int on_blas = products.recurrence == LLTM_ON_BLAS;
   const int wants_d_h0 = d_h0 != NULL;
   const int needs_scratch = !d_h0 || !d_c0;
   STORAGE* scratch =
@@ -986,7 +1254,7 @@ static int LLTM_NAME(recurrence_backward_)(
    * converted by the step tiles that write them. */
   struct LLTM_NAME(recurrent_amx_) amx = {0};
   const SCALAR* weight_factors = NULL;
-  SCALAR *weights_copy = NULL, *gates_copy = NULL, *last_columns = NULL;
+  SCALAR *weights_copy = NULL, *gates_copy = NULL, *last_columns = NULL, *sums = NULL;
   if (status == LLTM_SUCCESS && use_amx) {
     if (walk->steps > 1 || wants_d_h0) {
       status = LLTM_NAME(start_recurrent_amx_)(walk->batch_size, gates_size, state_size, weights,
@@ -994,7 +1262,7 @@ static int LLTM_NAME(recurrence_backward_)(
     }
   } else if (status == LLTM_SUCCESS) {
     const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
-    const int needs_last_columns = walk->steps > 1 && full_states < state_size;
+    const int needs_last_columns = !on_blas && walk->steps > 1 && full_states < state_size;
     const int has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &weight_factors,
                                                 &weights_copy);
     gates_copy =
@@ -1005,8 +1273,9 @@ static int LLTM_NAME(recurrence_backward_)(
                        ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weight_factors, columns,
                                                     full_states, state_size - full_states)
                        : NULL;
+    sums = on_blas ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(batch_state + 1)) : NULL;
     if (!has_weights || (LLTM_NARROW_STORAGE && !gates_copy) ||
-        (needs_last_columns && !last_columns)) {
+        (needs_last_columns && !last_columns) || (on_blas && !sums)) {
       status = LLTM_ERROR_NO_MEMORY;
     }
   }
@@ -1025,30 +1294,54 @@ static int LLTM_NAME(recurrence_backward_)(
         strides, grad_final_h, grad_final_cell};
     const SCALAR* next_d_gates =
         step.continued && !use_amx ? gate_factors + next_offset * gates_size : NULL;
-    /* On AMX the step's products are done first: its tiles are whole rows. */
-    const SCALAR* carried_sums = NULL;
-    if (step.continued && use_amx) {
-      status = LLTM_NAME(recurrent_sums_)(&amx, step.continued, d_gates + next_offset * gates_size,
-                                          gates_size);
-      if (status != LLTM_SUCCESS) break;
-      carried_sums = amx.sums;
+    const STORAGE* step_cells = cells + step.offset * state_size;
+    const STORAGE* step_gates = gates + step.offset * gates_size;
+    STORAGE* step_d_gates = d_gates + step.offset * gates_size;
+    SCALAR* step_gate_factors = gates_copy ? gates_copy + step.offset * gates_size : NULL;
+    const int64_t elements = step.rows * state_size * gates_size / 16;
+    if (on_blas) {
+      /* Each thread's states: their products on the BLAS, then their math. */
+      const int parts = lltm_blas_parts(elements);
+      LLTM_FOR_EACH(part, parts, elements, {
+        int64_t first, count;
+        lltm_part(part, parts, state_size, 16, &first, &count);
+        if (count > 0 && step.continued) {
+          LLTM_NAME(blas_carried_sums_)(step.continued, state_size, columns, first, count,
+                                        next_d_gates, weight_factors, sums);
+        }
+        if (count > 0) {
+          const struct lltm_tile tile = {0, first, (int)step.rows, (int)count};
+          LLTM_NAME(backward_step_tile_)(state_size, input_features, tile, NULL, NULL,
+                                         step.continued, NULL, sums, gradients, step_cells,
+                                         step_gates, d_h0, d_c0, step_d_gates, step_gate_factors);
+        }
+      });
+    } else {
+      /* On AMX the step's products are done first: its tiles are whole rows. */
+      const SCALAR* carried_sums = NULL;
+      if (step.continued && use_amx) {
+        status = LLTM_NAME(recurrent_sums_)(&amx, step.continued,
+                                            d_gates + next_offset * gates_size, gates_size);
+        if (status != LLTM_SUCCESS) break;
+        carried_sums = amx.sums;
+      }
+      LLTM_FOR_EACH(index, use_amx ? step.rows : lltm_tile_count(step.rows, state_size),
+                    use_amx ? step.rows * state_size : elements, {
+        LLTM_NAME(backward_step_tile_)(
+            state_size, input_features,
+            use_amx ? lltm_row_tile(index, state_size)
+                    : lltm_tile_at(index, step.rows, state_size),
+            weight_factors, last_columns, step.continued, next_d_gates, carried_sums, gradients,
+            step_cells, step_gates, d_h0, d_c0, step_d_gates, step_gate_factors);
+      });
     }
-    LLTM_FOR_EACH(index, use_amx ? step.rows : lltm_tile_count(step.rows, state_size),
-                  step.rows * state_size * (use_amx ? 1 : gates_size / 16), {
-      LLTM_NAME(backward_step_tile_)(
-          state_size, input_features,
-          use_amx ? lltm_row_tile(index, state_size) : lltm_tile_at(index, step.rows, state_size),
-          weight_factors, last_columns, step.continued, next_d_gates, carried_sums, gradients,
-          cells + step.offset * state_size, gates + step.offset * gates_size, d_h0, d_c0,
-          d_gates + step.offset * gates_size,
-          gates_copy ? gates_copy + step.offset * gates_size : NULL);
-    });
     if (step.order == 0) break;
     next_offset = step.offset;
     step = lltm_previous_step(walk, &step);
   }
   free(scratch);
   free(last_columns);
+  free(sums);
   if (status == LLTM_SUCCESS && wants_d_h0) {
     /* Each row of h0 is the old state of its sequence's first step. */
     lltm_block_cursor cursor = lltm_first_block(walk);
@@ -1057,9 +1350,10 @@ static int LLTM_NAME(recurrence_backward_)(
       if (!block.initial) continue;
       STORAGE* block_d_h0 = d_h0 + block.state_row * state_size;
       if (!use_amx) {
-        status = LLTM_NAME(product_)(block.rows, state_size, gates_size,
+        status = LLTM_NAME(product_)(products.blas, block.rows, state_size, gates_size,
                                      gate_factors + block.gate_row * gates_size, gates_size, 1,
-                                     weight_factors, columns, NULL, 0, block_d_h0, state_size);
+                                     weight_factors, columns, 1, NULL, 0, block_d_h0,
+                                     state_size);
         continue;
       }
       status = LLTM_NAME(recurrent_sums_)(&amx, block.rows, d_gates + block.gate_row * gates_size,
@@ -1075,16 +1369,17 @@ static int LLTM_NAME(recurrence_backward_)(
     status = use_amx ? LLTM_NAME(amx_product_)(walk->rows, input_features, gates_size, d_gates,
                                                gates_size, 1, weights + state_size, columns, 1,
                                                NULL, 0, d_inputs, input_features)
-                     : LLTM_NAME(product_)(walk->rows, input_features, gates_size, gate_factors,
-                                           gates_size, 1, weight_factors + state_size, columns,
-                                           NULL, 0, d_inputs, input_features);
+                     : LLTM_NAME(product_)(products.blas, walk->rows, input_features,
+                                           gates_size, gate_factors, gates_size, 1,
+                                           weight_factors + state_size, columns, 1, NULL, 0,
+                                           d_inputs, input_features);
   }
   if (status == LLTM_SUCCESS && d_weights && use_amx) {
     status = LLTM_NAME(amx_weight_grads_)(walk, input_features, state_size, d_gates, inputs, h0,
                                           outputs, d_weights);
   } else if (status == LLTM_SUCCESS && d_weights) {
-    status = LLTM_NAME(hidden_weight_grads_)(walk, state_size, columns, gate_factors, h0, outputs,
-                                             d_weights);
+    status = LLTM_NAME(hidden_weight_grads_)(products.blas, walk, state_size, columns,
+                                             gate_factors, h0, outputs, d_weights);
     const SCALAR* input_factors;
     SCALAR* inputs_copy = NULL;
     if (status == LLTM_SUCCESS && !LLTM_NAME(operand_)(walk->rows * input_features, inputs,
@@ -1092,9 +1387,9 @@ static int LLTM_NAME(recurrence_backward_)(
       status = LLTM_ERROR_NO_MEMORY;
     }
     if (status == LLTM_SUCCESS) {
-      status = LLTM_NAME(product_)(gates_size, input_features, walk->rows, gate_factors, 1,
-                                   gates_size, input_factors, input_features, NULL, 0,
-                                   d_weights + state_size, columns);
+      status = LLTM_NAME(product_)(products.blas, gates_size, input_features, walk->rows,
+                                   gate_factors, 1, gates_size, input_factors, input_features, 1,
+                                   NULL, 0, d_weights + state_size, columns);
     }
     free(inputs_copy);
   }
@@ -1127,10 +1422,46 @@ static int LLTM_NAME(uses_amx_)(int64_t kernels, int64_t batch_size, int64_t sta
 #endif
 }
 
+/* How a pass whose options (sequence.py's _options) are `kernels` takes
+ * its products (struct lltm_products): the one place that decides. A
+ * 16-bit type's all go on AMX where uses_amx_ says so. Else, where the
+ * BLAS is loaded (lltm_blas.h) and its ints hold the sizes, every product
+ * but the recurrence's goes through it, and the recurrence's too but for
+ * batches of 2 to LLTM_OWN_TILES_BATCH - 1 rows of states up to
+ * LLTM_OWN_TILES_STATE, where the own tiles were the faster on the 2-core
+ * AMD EPYC over 64 steps (a step's product there is a few microseconds:
+ * the BLAS's calls and its packing of the weights cost more than the
+ * products; one row takes the BLAS's gemv, which reads the weights as
+ * they lie, where the tiles read them transposed, a copy made each pass).
+ * LLTM_NO_BLAS (LLTM_BLAS=0) keeps the own tiles for every product,
+ * LLTM_ALL_BLAS (LLTM_BLAS=1) takes the BLAS for the recurrence at every
+ * size. */
+#ifndef LLTM_OWN_TILES_BATCH
+#define LLTM_OWN_TILES_BATCH 8
+#define LLTM_OWN_TILES_STATE 256
+#endif
+static struct lltm_products LLTM_NAME(products_plan_)(int64_t kernels, int64_t rows,
+                                                      int64_t batch_size, int64_t input_features,
+                                                      int64_t state_size) {
+  struct lltm_products products = {LLTM_OWN_TILES, 0};
+  if (LLTM_NAME(uses_amx_)(kernels, batch_size, state_size)) {
+    products.recurrence = LLTM_ON_AMX;
+    return products;
+  }
+  if ((kernels & LLTM_NO_BLAS) || rows > LLTM_BLAS_MAX || 3 * state_size > LLTM_BLAS_MAX ||
+      state_size + input_features > LLTM_BLAS_MAX || !lltm_blas_loaded()) {
+    return products;
+  }
+  products.blas = 1;
+  const int own_tiles_pay = batch_size > 1 && batch_size < LLTM_OWN_TILES_BATCH &&
+                            state_size <= LLTM_OWN_TILES_STATE;
+  if ((kernels & LLTM_ALL_BLAS) || !own_tiles_pay) products.recurrence = LLTM_ON_BLAS;
+  return products;
+}
+
 /* The registered passes (lltm_cpu.c), packed_forward and packed_backward:
  * packed steps, or where batch_sizes is NULL dense ones, in either
- * direction, with the final states. */
-/* sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
+ * direction, with the final states. sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
  * CUDA only), kernels. */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
                                       const STORAGE* inputs, const STORAGE* weights,
@@ -1139,9 +1470,10 @@ static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch
                                       STORAGE* final_h, STORAGE* final_cell) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
-  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(sizes[7], sizes[2], sizes[4]),
-                                        &walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
-                                        outputs, cells, gates, final_h, final_cell);
+  return LLTM_NAME(recurrence_forward_)(
+      LLTM_NAME(products_plan_)(sizes[7], walk.rows, sizes[2], sizes[3], sizes[4]), &walk,
+      sizes[3], sizes[4], inputs, weights, bias, h0, c0, outputs, cells, gates, final_h,
+      final_cell);
 }
 
 /* sizes as packed_forward's, then grad_outputs' and grad_cells' row and
@@ -1157,11 +1489,11 @@ static int LLTM_NAME(packed_backward_)(
   const int64_t* row_strides = sizes + 8;
   const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
                                    sizes[2] * row_strides[2], row_strides[2], row_strides[3]};
-  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(sizes[7], sizes[2], sizes[4]),
-                                         &walk, sizes[3], sizes[4], grad_strides, inputs, weights,
-                                         h0, outputs, cells, gates, grad_outputs, grad_cells,
-                                         grad_final_h, grad_final_cell, d_gates, d_inputs,
-                                         d_weights, d_bias, d_h0, d_c0);
+  return LLTM_NAME(recurrence_backward_)(
+      LLTM_NAME(products_plan_)(sizes[7], walk.rows, sizes[2], sizes[3], sizes[4]), &walk,
+      sizes[3], sizes[4], grad_strides, inputs, weights, h0, outputs, cells, gates, grad_outputs,
+      grad_cells, grad_final_h, grad_final_cell, d_gates, d_inputs, d_weights, d_bias, d_h0,
+      d_c0);
 }
 
 #undef SCALAR

@@ -1,6 +1,8 @@
 /* The driver of `make asan` and `make valgrind`: runs every C check the
  * test_*.c files register (tests/c/lltm_check.h), then fails for any CPU pass in
- * the registry that no check called.
+ * the registry that no check called. With LLTM_BLAS_LIBRARY in the
+ * environment (`make asan` sets it where lltm_ffi/_blas.py finds one), the
+ * CPU passes load that BLAS, and the checks run its products too.
  *
  *   ./run_checks [seed]     exit status 0: every check passed and every pass was called
  */
@@ -42,6 +44,15 @@ int lltm_check_pass(const char* pass, int dtype, const int64_t* sizes, const dou
 int main(int argc, char** argv) {
   const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 20240531u;
   long failures = 0;
+  const char* blas = getenv("LLTM_BLAS_LIBRARY");
+  if (blas && *blas) {
+    lltm_blas_library(blas);
+    const char* config = lltm_blas_config();
+    printf("BLAS: %s\n", *config ? config : "none could be loaded from LLTM_BLAS_LIBRARY");
+    if (!*config) ++failures;
+  } else {
+    printf("BLAS: none (LLTM_BLAS_LIBRARY is not set): the own products only\n");
+  }
   if (too_many_checks || lltm_pass_conflict()) {
     fprintf(stderr, "registry: %s\n", too_many_checks ? "more checks than MAX_CHECKS"
                                                       : lltm_pass_conflict());

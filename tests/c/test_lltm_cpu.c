@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "lltm_amx.h"
+#include "lltm_blas.h"
 #include "lltm_check.h"
 #include "lltm_half.h"
 
@@ -260,9 +261,15 @@ struct sequence_shape {
   int state_grads;   /* whether d_h0 and d_c0 are asked for (always past one step) */
 };
 
-/* The `kernels` option the sequence and packed checks pass: LLTM_ALL_AMX,
- * the 16-bit types' products on AMX where the CPU has it, at every size;
- * LLTM_NO_AMX, the portable products. The checks run with each. */
+/* The `kernels` option the sequence and packed checks pass, each of
+ * PRODUCT_PATHS in turn: LLTM_ALL_AMX, the 16-bit types' products on AMX
+ * where the CPU has it, at every size (and elsewhere as products_plan_
+ * picks: the BLAS's where one is loaded, the own tiles' for small
+ * recurrences); the own tiles alone; the BLAS for every product it takes
+ * (without a BLAS loaded, the own tiles again). */
+#define PRODUCT_PATHS 3
+static const int64_t product_paths[PRODUCT_PATHS] = {
+    LLTM_ALL_AMX, LLTM_NO_AMX | LLTM_NO_BLAS, LLTM_NO_AMX | LLTM_ALL_BLAS};
 static int64_t products_option;
 
 static double* zeros(int64_t count) {
@@ -692,8 +699,8 @@ LLTM_CHECK(lltm_cpu_passes) {
       {1, 1, 1, 1, 0, 0},   {1, 3, 2, 5, 1, 0},    {1, 9, 4, 33, 0, 1},  {4, 1, 3, 7, 1, 1},
       {3, 9, 5, 33, 0, 1},  {2, 8, 300, 31, 1, 1}, {5, 17, 3, 40, 0, 1}, {4, 3, 2, 95, 1, 1},
       {18, 17, 6, 64, 0, 1}, {3, 40, 7, 130, 1, 1}, {2, 0, 3, 4, 0, 1},  {3, 2, 0, 4, 1, 1}};
-  for (int path = 0; path < 2; ++path) {
-    products_option = path ? LLTM_NO_AMX : LLTM_ALL_AMX;
+  for (int path = 0; path < PRODUCT_PATHS; ++path) {
+    products_option = product_paths[path];
     for (size_t k = 0; k < sizeof sequences / sizeof sequences[0]; ++k) {
       for (int d = 0; d < DTYPES; ++d) check_sequence(sequences[k], all_dtypes[d]);
     }
@@ -838,6 +845,35 @@ static struct packed_reference reference_packed(
   return r;
 }
 
+/* packed_forward once more without cells and gates (NULL: a forward no
+ * backward follows), which must give the same outputs and final states, to
+ * the bit, as the run that kept them (forward_tensors, whose outputs,
+ * h_n and c_n are `output_bytes` and `state_bytes` long). */
+static void check_forward_alone(int dtype, const int64_t* sizes, void* const* forward_tensors,
+                                size_t output_bytes, size_t state_bytes) {
+  void* alone[3] = {allocate((int64_t)output_bytes, 1), allocate((int64_t)state_bytes, 1),
+                    allocate((int64_t)state_bytes, 1)};
+  void* const tensors[11] = {forward_tensors[0], forward_tensors[1], forward_tensors[2],
+                             forward_tensors[3], forward_tensors[4], forward_tensors[5],
+                             alone[0], NULL, NULL, alone[1], alone[2]};
+  const void* kept[3] = {forward_tensors[6], forward_tensors[9], forward_tensors[10]};
+  const size_t bytes[3] = {output_bytes, state_bytes, state_bytes};
+  if (lltm_check_pass("packed_forward", dtype, sizes, NULL, tensors) != LLTM_SUCCESS) {
+    fprintf(stderr, "packed_forward (%s) without cells and gates returned an error\n",
+            dtype_names[dtype]);
+    ++failures;
+  }
+  for (int k = 0; k < 3; ++k) {
+    if (memcmp(alone[k], kept[k], bytes[k]) != 0) {
+      fprintf(stderr, "MISMATCH %s packed_forward without cells and gates: its %s differ from "
+              "those of the pass that kept them\n", dtype_names[dtype],
+              k == 0 ? "outputs" : k == 1 ? "h_n" : "c_n");
+      ++failures;
+    }
+    free(alone[k]);
+  }
+}
+
 static void check_packed(struct packed_shape shape, int dtype) {
   const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
   const size_t element = element_size(dtype);
@@ -899,6 +935,7 @@ static void check_packed(struct packed_shape shape, int dtype) {
     fprintf(stderr, "a packed pass (%s) returned an error\n", dtype_names[dtype]);
     ++failures;
   }
+  check_forward_alone(dtype, sizes, forward_tensors, rows * S * element, B * S * element);
   struct sequence_shape named = {T, B, F, S, shape.strided_grads, shape.state_grads};
   const struct {
     const char* name;
@@ -987,8 +1024,8 @@ LLTM_CHECK(lltm_cpu_packed_passes) {
       {4, 3, 2, 9, NULL, 0, 0, 0, 1, 1, 1},     {3, 40, 7, 130, forty, 1, 1, 1, 1, 1, 1},
       {3, 40, 7, 130, forty, 1, 0, 1, 1, 0, 1}, {6, 1, 3, 5, single, 1, 1, 1, 1, 1, 1},
       {6, 1, 3, 5, single, 1, 0, 0, 0, 1, 1}};
-  for (int path = 0; path < 2; ++path) {
-    products_option = path ? LLTM_NO_AMX : LLTM_ALL_AMX;
+  for (int path = 0; path < PRODUCT_PATHS; ++path) {
+    products_option = product_paths[path];
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
       for (int d = 0; d < DTYPES; ++d) check_packed(shapes[k], all_dtypes[d]);
     }

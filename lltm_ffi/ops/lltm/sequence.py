@@ -25,7 +25,15 @@ torch's own products; LLTM_CUBLAS=0 in the environment has lltm_ffi's own
 kernels do them all instead. LLTM_CLUSTER=0 keeps the recurrence off
 thread-block clusters (compute capability 9.0 and newer: the cluster
 kernels, and the persistent kernels' shared staging), on the paths older
-GPUs take.
+GPUs take. On the CPU they go through OpenBLAS where the scipy-openblas32
+wheel is installed (loaded by the C code at run time; a small recurrence's
+stay lltm_ffi's own), on as many threads as torch.get_num_threads() says;
+LLTM_BLAS=0 has lltm_ffi's own products do them all, LLTM_BLAS=1 the BLAS
+every recurrence's too.
+
+A forward whose backward will not run (torch.no_grad, torch.inference_mode,
+no argument requiring grad) calls the packed forward pass directly, which
+on the CPU keeps no cells or gates.
 """
 
 import os
@@ -60,12 +68,16 @@ def _options():
     own kernels for every product), bit 1 LLTM_CLUSTER=0 (no thread-block
     clusters for the recurrence), bit 2 LLTM_AMX=0 (the CPU's portable
     products for float16 and bfloat16, never AMX), bit 3 LLTM_AMX=1 (AMX
-    for every such product it can take, float16's of every size too)."""
-    own_kernels = os.environ.get("LLTM_CUBLAS") == "0"
-    no_cluster = os.environ.get("LLTM_CLUSTER") == "0"
-    amx = os.environ.get("LLTM_AMX")
+    for every such product it can take, float16's of every size too), bit 4
+    LLTM_BLAS=0 (the CPU passes' own products, never the BLAS), bit 5
+    LLTM_BLAS=1 (the BLAS for the CPU's recurrent products at every size)."""
+    environ = os.environ
+    own_kernels = environ.get("LLTM_CUBLAS") == "0"
+    no_cluster = environ.get("LLTM_CLUSTER") == "0"
+    amx, blas = environ.get("LLTM_AMX"), environ.get("LLTM_BLAS")
     return (int(torch.backends.cuda.matmul.allow_tf32),
-            int(own_kernels) | int(no_cluster) << 1 | int(amx == "0") << 2 | int(amx == "1") << 3)
+            int(own_kernels) | int(no_cluster) << 1 | int(amx == "0") << 2 | int(amx == "1") << 3
+            | int(blas == "0") << 4 | int(blas == "1") << 5)
 
 
 # Packed steps, either direction ------------------------------------------------
@@ -124,26 +136,31 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
                    bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
                    c0: op.Tensor(dims=2),
                    batch_sizes: op.Tensor(dims=1, dtype=torch.int64, optional=True, host=True),
-                   reverse: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   reverse: bool, *, saved=True) -> tuple[Tensor, Tensor, Tensor, Tensor,
+                                                          Tensor]:
     """(outputs, cells, gates, h_n, c_n) of one direction over packed steps:
     every step's new_h and new_cell (rows, state) and pre-activation gates
     (rows, 3 * state), and each sequence's final state (batch, state), after
     its own last element (reverse: its first). inputs (rows, features) holds
     the steps' rows as batch_sizes lays them out, or without batch_sizes
     dense steps of the whole batch; h0 and c0 (batch, state), in the packed
-    order; bias None: none."""
+    order; bias None: none. saved=False, for a forward no backward follows:
+    cells and gates are None, the CPU pass keeping neither (a CUDA pass
+    writes them all the same, into memory dropped after the call)."""
     rows, input_features = inputs.shape
     batch_size, state_size = h0.shape
     outputs = h0.new_empty(rows, state_size)
-    cells = torch.empty_like(outputs)
-    gates = h0.new_empty(rows, 3 * state_size)
-    if not outputs.numel():
-        return outputs, cells, gates, h0.clone(), c0.clone()
-    h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
-    c(sizes=(rows, steps_of(rows, batch_size, batch_sizes), batch_size, input_features,
-             state_size, int(reverse), *_options()),
-      tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n))
-    return outputs, cells, gates, h_n, c_n
+    kept = saved or not inputs.is_cpu
+    cells = torch.empty_like(outputs) if kept else None
+    gates = h0.new_empty(rows, 3 * state_size) if kept else None
+    if outputs.numel():
+        h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
+        c(sizes=(rows, steps_of(rows, batch_size, batch_sizes), batch_size, input_features,
+                 state_size, int(reverse), *_options()),
+          tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n))
+    else:
+        h_n, c_n = h0.clone(), c0.clone()
+    return (outputs, cells, gates, h_n, c_n) if saved else (outputs, None, None, h_n, c_n)
 
 
 def _check_packed_backward(function, inputs, weights, bias, h0, batch_sizes, reverse, outputs,
@@ -269,6 +286,27 @@ def _dual(*tensors):
         forward_ad.unpack_dual(tensor).tangent is not None for tensor in tensors)
 
 
+def _records_backward(*tensors):
+    """Whether autograd records a backward of a call on `tensors` (None
+    among them left out): grad mode on (no torch.no_grad, no
+    torch.inference_mode) and one of them requiring its gradient."""
+    return torch.is_grad_enabled() and any(
+        tensor is not None and tensor.requires_grad for tensor in tensors)
+
+
+def _forward_alone(inputs, weights, bias, h0, c0, batch_sizes, reverse):
+    """(outputs, (h_n, c_n)) of checked plain arguments whose backward will
+    not run: the packed forward pass, which takes dense steps too, called
+    directly, with no autograd.Function and nothing kept for a backward
+    (packed_forward's saved=False). inputs (steps, batch, features), or the
+    packed rows with their batch_sizes."""
+    dense = batch_sizes is None
+    rows = inputs.reshape(-1, inputs.shape[-1]) if dense else inputs
+    outputs, _, _, h_n, c_n = packed_forward.run(rows, weights, bias, h0, c0, batch_sizes,
+                                                 bool(reverse), saved=False)
+    return (outputs.view(*inputs.shape[:2], h0.shape[1]) if dense else outputs), (h_n, c_n)
+
+
 def _forward(differentiable, arguments, plain):
     """The forward pass of `differentiable` (packed) on checked
     arguments, by the path the call takes: straight into C for plain eager
@@ -325,6 +363,8 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         packed_forward.check(arguments, "lltm_sequence")
         if inputs.shape[0] == 0:
             return inputs.new_empty(0, h0.shape[1]), (h0, c0)
+        if plain and not _records_backward(*tensors):
+            return _forward_alone(*arguments)
         outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
         return outputs, (h_n, c_n)
     check_dense(inputs, weights, bias, h0, c0)
@@ -336,6 +376,8 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         # One step is a call of the cell, in its step kernels.
         new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
         return new_h.unsqueeze(0), (new_h, new_cell)
+    if plain and not _records_backward(*tensors):
+        return _forward_alone(inputs, weights, bias, h0, c0, None, reverse)
     outputs, _, _, h_n, c_n = _forward(
         packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0, None,
                  bool(reverse)), plain)

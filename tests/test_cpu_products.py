@@ -1,0 +1,349 @@
+"""The CPU passes' product paths and threads (ARCHITECTURE.md, "The
+sequence's paths"): the own tiles (LLTM_BLAS=0), the BLAS for every product
+(LLTM_BLAS=1) and the default plan between them, each against the float64
+reference, every output and gradient, dense, reverse and packed; the
+forward that keeps nothing for a backward (no_grad, inference_mode, no
+argument requiring grad), to the bit of the training forward's; and the
+passes' threads, as many as torch.get_num_threads() says."""
+
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import lltm_ffi
+from lltm_ffi import _blas, _extension
+from lltm_ffi.ops.lltm import sequence as sequence_module
+from conftest import REPO_ROOT, reference_sequence, shape_id
+
+# {path: LLTM_BLAS}; None leaves it unset: the default plan.
+PATHS = {"own": "0", "blas": "1", "default": None}
+# (steps, batch, input_features, state): batches of 1 and 2 (the BLAS's
+# products a row at a time), 5 (its packed products, the own tiles' by
+# default), 9 and 40 (the BLAS's by default); states short of the tiles and
+# past the default's LLTM_OWN_TILES_STATE; 300 input features; 70 x 4 = 280
+# rows, past one block of the input part of the gates (256 rows).
+SHAPES = [(5, 1, 7, 33), (4, 2, 5, 300), (3, 5, 9, 40), (6, 9, 4, 70), (2, 17, 300, 31),
+          (3, 40, 7, 130), (70, 4, 3, 20)]
+TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10}
+SEED = 20240531
+
+
+def use_path(monkeypatch, path):
+    if PATHS[path] is None:
+        monkeypatch.delenv("LLTM_BLAS", raising=False)
+    else:
+        monkeypatch.setenv("LLTM_BLAS", PATHS[path])
+
+
+def random_arguments(shape, dtype, seed=SEED):
+    """inputs, weights, bias, h0, c0 of `shape`, as a trained layer's are scaled."""
+    steps, batch, features, state = shape
+    generator = torch.Generator().manual_seed(seed)
+
+    def normal(*size, scale=1.0):
+        return (torch.randn(*size, generator=generator, dtype=torch.float64) * scale).to(dtype)
+
+    return [normal(steps, batch, features),
+            normal(3 * state, state + features, scale=(state + features) ** -0.5),
+            normal(3 * state, scale=0.5), normal(batch, state), normal(batch, state)]
+
+
+def with_gradients(function, arguments, grads):
+    """function(*leaves)'s (outputs, h_n, c_n), then the leaves' gradients."""
+    leaves = [argument.detach().clone().requires_grad_(True) for argument in arguments]
+    outputs, (h_n, c_n) = function(*leaves)
+    torch.autograd.backward((outputs, h_n, c_n), grads)
+    return [outputs, h_n, c_n] + [leaf.grad for leaf in leaves]
+
+
+def reference_of(reverse, lengths=None):
+    """The float64 reference of lltm_sequence: a loop of the reference cell
+    over each sequence's own steps (all of them without `lengths`), last to
+    first where `reverse`; outputs (steps, batch, state), zero past a
+    sequence's end."""
+    def run(inputs, weights, bias, h0, c0):
+        steps = inputs.shape[0]
+        outputs, h_n, c_n = [], [], []
+        for row, length in enumerate(lengths or [steps] * inputs.shape[1]):
+            own = inputs[:length, row:row + 1]
+            own = own.flip(0) if reverse else own
+            out, (h, c) = reference_sequence(own, weights, bias, h0[row:row + 1], c0[row:row + 1])
+            out = out.flip(0) if reverse else out
+            outputs.append(torch.cat((out, out.new_zeros(steps - length, *out.shape[1:]))))
+            h_n.append(h)
+            c_n.append(c)
+        return torch.cat(outputs, 1), (torch.cat(h_n), torch.cat(c_n))
+    return run
+
+
+def lltm_of(reverse, lengths=None):
+    """lltm_sequence on the same layout as reference_of: dense, or packed by
+    `lengths` (longest first) and padded back."""
+    def run(inputs, weights, bias, h0, c0):
+        if lengths is None:
+            return lltm_ffi.lltm_sequence(inputs, weights, bias, h0, c0, reverse=reverse)
+        packed = pack_padded_sequence(inputs, torch.tensor(lengths))
+        outputs, state = lltm_ffi.lltm_sequence(packed, weights, bias, h0, c0, reverse=reverse)
+        padded, _ = torch.nn.utils.rnn.pad_packed_sequence(outputs, total_length=inputs.shape[0])
+        return padded, state
+    return run
+
+
+def random_grads(shape, dtype):
+    steps, batch, _, state = shape
+    generator = torch.Generator().manual_seed(SEED + 1)
+    return [torch.randn(*size, generator=generator, dtype=torch.float64).to(dtype)
+            for size in ((steps, batch, state), (batch, state), (batch, state))]
+
+
+def assert_agrees_with_the_reference(shape, dtype, reverse, lengths=None):
+    arguments = random_arguments(shape, dtype)
+    grads = random_grads(shape, dtype)
+    got = with_gradients(lltm_of(reverse, lengths), arguments, grads)
+    exact = with_gradients(reference_of(reverse, lengths), [a.double() for a in arguments],
+                           [g.double() for g in grads])
+    names = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_c0")
+    errors = {name: _relative_error(value, wanted) for name, value, wanted in
+              zip(names, got, exact)}
+    failures = [f"{name}: {error:.3g}" for name, error in errors.items()
+                if not error <= TOLERANCES[dtype]]
+    assert not failures, f"relative errors past {TOLERANCES[dtype]:g}: {'; '.join(failures)}"
+
+
+def _relative_error(value, wanted):
+    return ((value.double() - wanted).norm() / wanted.norm()).item()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_every_product_path_agrees_with_the_float64_reference(dtype, shape, reverse, path,
+                                                              monkeypatch):
+    use_path(monkeypatch, path)
+    assert_agrees_with_the_reference(shape, dtype, reverse)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape, lengths", [
+    ((6, 4, 3, 40), [6, 5, 2, 1]), ((5, 12, 7, 300), [5] * 3 + [4] * 4 + [2] * 3 + [1] * 2)],
+    ids=["4x40", "12x300"])
+def test_every_product_path_agrees_on_packed_steps(shape, lengths, reverse, path, monkeypatch):
+    """The steps shrink to 2 and 1 rows: the BLAS's products of a row at a time."""
+    use_path(monkeypatch, path)
+    assert_agrees_with_the_reference(shape, torch.float32, reverse, lengths)
+
+
+def test_the_blas_is_loaded_where_its_wheel_is_installed():
+    if importlib.util.find_spec(_blas.PACKAGE) is None:
+        assert _extension.blas_config() == ""
+        pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
+    assert _blas.library_path() is not None
+    assert _extension.blas_config().startswith("OpenBLAS")
+
+
+# Without the wheel: a process that cannot find scipy_openblas32 (as
+# sys.modules[name] = None hides a package from importlib) loads no BLAS,
+# and every path, LLTM_BLAS=1's too, takes the own tiles, to the bit.
+WITHOUT_THE_WHEEL = """
+import os, sys
+sys.modules[{package!r}] = None
+sys.path[:0] = [{root!r}, {tests!r}]
+import torch
+from lltm_ffi import _blas, _extension
+import test_cpu_products as t
+assert _blas.library_path() is None, _blas.library_path()
+assert _extension.blas_config() == "", _extension.blas_config()
+for path in ("default", "blas"):
+    if t.PATHS[path] is None:
+        os.environ.pop("LLTM_BLAS", None)
+    else:
+        os.environ["LLTM_BLAS"] = t.PATHS[path]
+    for shape in ((4, 2, 5, 300), (3, 40, 7, 130)):
+        t.assert_agrees_with_the_reference(shape, torch.float32, False)
+arguments = t.random_arguments((6, 9, 4, 70), torch.float32)
+results = {{}}
+for setting in ("0", "1"):
+    os.environ["LLTM_BLAS"] = setting
+    results[setting] = t.with_gradients(t.lltm_of(True), arguments,
+                                        t.random_grads((6, 9, 4, 70), torch.float32))
+assert all(torch.equal(a, b) for a, b in zip(results["0"], results["1"]))
+print("own tiles only")
+"""
+
+
+def test_without_the_wheel_the_own_tiles_take_every_product():
+    code = WITHOUT_THE_WHEEL.format(package=_blas.PACKAGE, root=str(REPO_ROOT),
+                                    tests=str(Path(__file__).parent))
+    environment = {**os.environ, "LLTM_TEST_SEED": str(SEED)}
+    environment.pop("LLTM_BLAS", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environment, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("own tiles only"), done.stdout
+
+
+def test_the_requirements_pin_the_blas_that_pip_installs():
+    """requirements.txt (what make test installs, through scripts/deps.py)
+    and pyproject.toml (what pip installs) pin the same version, and
+    deps.py replaces any other installed one."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    try:
+        import deps
+    finally:
+        sys.path.remove(str(REPO_ROOT / "scripts"))
+    pins = [(operator, version) for name, operator, version, _ in
+            deps.read_requirements(REPO_ROOT / "requirements.txt") if name == "scipy-openblas32"]
+    assert len(pins) == 1 and pins[0][0] == "==", pins
+    version = pins[0][1]
+    assert f'"scipy-openblas32=={version};' in (REPO_ROOT / "pyproject.toml").read_text()
+    assert deps.unmet("pytest", "==", "0.1") is not None
+    assert deps.unmet("pytest", "==", importlib.metadata.version("pytest")) is None
+
+
+# The forward alone: the same bits as the training forward.
+
+def forward_contexts():
+    return {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+            "no argument requiring grad": None}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
+                         ids=["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("shape", [(70, 4, 3, 20), (3, 40, 7, 130), (9, 1, 5, 300)],
+                         ids=shape_id)
+def test_a_forward_without_backward_gives_the_training_forwards_bits(shape, dtype, reverse,
+                                                                     packed, path,
+                                                                     monkeypatch):
+    use_path(monkeypatch, path)
+    inputs, weights, bias, h0, c0 = random_arguments(shape, dtype)
+    steps, batch = shape[:2]
+    lengths = [steps - row * (steps - 1) // max(batch - 1, 1) for row in range(batch)]
+    if packed:
+        inputs = pack_padded_sequence(inputs, torch.tensor(lengths))
+    trained = lltm_ffi.lltm_sequence(inputs, weights.clone().requires_grad_(), bias, h0, c0,
+                                     reverse=reverse)
+    for name, context in forward_contexts().items():
+        if context is None:
+            alone = lltm_ffi.lltm_sequence(inputs, weights, bias, h0, c0, reverse=reverse)
+        else:
+            with context():
+                alone = lltm_ffi.lltm_sequence(inputs, weights.clone().requires_grad_(), bias,
+                                               h0, c0, reverse=reverse)
+        for what, got, wanted in (("outputs", alone[0], trained[0]),
+                                  ("h_n", alone[1][0], trained[1][0]),
+                                  ("c_n", alone[1][1], trained[1][1])):
+            got = got.data if packed else got
+            wanted = wanted.data if packed else wanted
+            assert torch.equal(got, wanted), f"{name}: {what} differ from the training forward's"
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_a_gpu_forward_without_backward_agrees_with_the_training_forward(packed, reverse,
+                                                                         cuda_device):
+    """On a GPU the forward alone is the packed pass too, which there keeps
+    its cells and gates all the same (the CUDA launchers write them) and
+    may take other kernels than the training forward's dense pass."""
+    shape = (9, 40, 7, 130)
+    inputs, weights, bias, h0, c0 = (tensor.to(cuda_device) for tensor in
+                                     random_arguments(shape, torch.float32))
+    if packed:
+        inputs = pack_padded_sequence(inputs, torch.tensor([9] * 20 + [5] * 15 + [1] * 5))
+    trained = lltm_ffi.lltm_sequence(inputs, weights.clone().requires_grad_(), bias, h0, c0,
+                                     reverse=reverse)
+    with torch.inference_mode():
+        alone = lltm_ffi.lltm_sequence(inputs, weights, bias, h0, c0, reverse=reverse)
+    alone_outputs, trained_outputs = alone[0], trained[0]
+    if packed:
+        alone_outputs, trained_outputs = alone_outputs.data, trained_outputs.data
+    for got, wanted in ((alone_outputs, trained_outputs), *zip(alone[1], trained[1])):
+        assert _relative_error(got, wanted.detach()) <= TOLERANCES[torch.float32]
+
+
+def test_a_forward_without_backward_keeps_no_cells_or_gates(monkeypatch):
+    """lltm_sequence runs the packed forward pass with saved=False where no
+    backward follows, and on the CPU that pass allocates neither."""
+    calls = []
+    run = sequence_module.packed_forward.run
+
+    def spy(*args, **options):
+        calls.append(options)
+        return run(*args, **options)
+
+    monkeypatch.setattr(sequence_module.packed_forward, "run", spy)
+    inputs, weights, bias, h0, c0 = random_arguments((5, 3, 4, 24), torch.float32)
+    with torch.no_grad():
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(inputs, weights, bias, h0, c0)
+    assert calls == [{"saved": False}]
+    result = run(inputs.reshape(15, 4), weights, bias, h0, c0, None, False, saved=False)
+    assert result[1] is None and result[2] is None
+    assert torch.equal(result[0].view(5, 3, 24), outputs)
+    calls.clear()
+    lltm_ffi.lltm_sequence(inputs, weights.clone().requires_grad_(), bias, h0, c0)
+    assert calls == [], "a forward autograd records took the forward alone"
+
+
+# Threads.
+
+@pytest.fixture
+def torch_threads():
+    """torch.set_num_threads for the test, the caller's count back after it."""
+    saved = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(saved)
+
+
+def threads_of_a_pass(inputs, weights, bias, h0, c0):
+    """The most threads lltm_sequence's forward pass ran on (the calling thread's last pass)."""
+    with torch.no_grad():
+        lltm_ffi.lltm_sequence(inputs, weights, bias, h0, c0)
+    return _extension.lib.lltm_cpu_threads_used()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_passes_run_on_torchs_threads(path, torch_threads, monkeypatch):
+    """As many as torch.get_num_threads() says, one where it says one; in a
+    thread of its own too, whose OpenMP setting torch never touched."""
+    use_path(monkeypatch, path)
+    arguments = random_arguments((4, 64, 32, 128), torch.float32)
+    torch_threads(1)
+    assert threads_of_a_pass(*arguments) == 1
+    torch_threads(2)
+    assert threads_of_a_pass(*arguments) == 2
+    torch_threads(1)
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(threads_of_a_pass(*arguments)))
+    worker.start()
+    worker.join()
+    assert seen == [1]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_threads_change_no_more_than_the_order_of_sums(path, torch_threads, monkeypatch):
+    """The own tiles give the same bits on any number of threads; the BLAS's
+    products, cut into one part a thread, may sum in another order."""
+    use_path(monkeypatch, path)
+    shape = (6, 40, 7, 130)
+    arguments, grads = random_arguments(shape, torch.float32), random_grads(shape, torch.float32)
+    results = []
+    for threads in (1, 2, 3):
+        torch_threads(threads)
+        results.append(with_gradients(lltm_ffi.lltm_sequence, arguments, grads))
+    for other in results[1:]:
+        for got, wanted in zip(other, results[0]):
+            if path == "own":
+                assert torch.equal(got, wanted)
+            assert _relative_error(got, wanted) <= TOLERANCES[torch.float32]
