@@ -66,7 +66,7 @@ def append_to(path, text="/* edited */\n"):
         source.write(text)
 
 
-def _environment(directory):
+def environment_of(directory):
     """The environment of an interpreter that finds the copy's lltm_ffi first:
     the checkout's own directory is left out of PYTHONPATH (a venv or
     anything else under it stays)."""
@@ -85,14 +85,14 @@ def run_python(directory, code):
                        if os.path.realpath(path or os.curdir) != {str(REPO_ROOT)!r}]
     """)
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
-                          cwd=directory, env=_environment(directory), capture_output=True,
+                          cwd=directory, env=environment_of(directory), capture_output=True,
                           text=True)
 
 
 def run_diagnostics(directory):
     """`python -m lltm_ffi` on the copy's lltm_ffi."""
     return subprocess.run([sys.executable, "-m", "lltm_ffi"], cwd=directory,
-                          env=_environment(directory), capture_output=True, text=True)
+                          env=environment_of(directory), capture_output=True, text=True)
 
 
 def assert_succeeded(result):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from checkouts import REPO_ROOT, copy_sources, output_within
+from checkouts import REPO_ROOT, copy_sources, environment_of, output_within
 from lltm_ffi import scaffold
 
 NAME = "twice_scaled"
@@ -149,8 +149,8 @@ def copy_checkout(destination):
 
 def run(command, directory, timeout=1200):
     """(status, output) of `command` in `directory`, its lltm_ffi first."""
-    environment = dict(os.environ, PYTHONPATH=str(directory))
-    process = subprocess.Popen(command, cwd=directory, env=environment, stdout=subprocess.PIPE,
+    process = subprocess.Popen(command, cwd=directory, env=environment_of(directory),
+                               stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return output_within(process, timeout, " ".join(command))
 
