@@ -1106,23 +1106,25 @@ static int LLTM_NAME(recurrence_backward_)(
   return status;
 }
 
-/* Whether a pass whose options (sequence.py's _options) are `kernels` takes
- * its products on AMX: a 16-bit type's, where the CPU has it, unless
- * kernels asks for the portable products (LLTM_NO_AMX). A float16 product
+/* Whether a pass with `options` (NULL: the defaults) takes its products on
+ * AMX: a 16-bit type's, where the CPU has it, unless options->amx asks for
+ * the portable products (0). A float16 product
  * takes four tile products (lltm_amx.h) and its packing costs more: on 2
  * cores of a Sapphire Rapids the portable products beat AMX's but from a
  * state of 320 and 2^24 multiply-adds a step's recurrent product
  * (BENCHMARKS.md), and only there does float16 take AMX by default. */
 #define LLTM_AMX_FLOAT16_STATE 320
 #define LLTM_AMX_FLOAT16_MULTIPLY_ADDS ((int64_t)1 << 24)
-static int LLTM_NAME(uses_amx_)(int64_t kernels, int64_t batch_size, int64_t state_size) {
+static int LLTM_NAME(uses_amx_)(const lltm_sequence_options* options, int64_t batch_size,
+                                int64_t state_size) {
 #ifdef AMX_DTYPE
-  if ((kernels & LLTM_NO_AMX) || !lltm_amx_usable()) return 0;
-  return AMX_DTYPE == LLTM_BFLOAT16 || (kernels & LLTM_ALL_AMX) ||
+  const int amx = options ? options->amx : -1;
+  if (amx == 0 || !lltm_amx_usable()) return 0;
+  return AMX_DTYPE == LLTM_BFLOAT16 || amx == 1 ||
          (state_size >= LLTM_AMX_FLOAT16_STATE &&
           batch_size * 3 * state_size * state_size >= LLTM_AMX_FLOAT16_MULTIPLY_ADDS);
 #else
-  (void)kernels, (void)batch_size, (void)state_size;
+  (void)options, (void)batch_size, (void)state_size;
   return 0;
 #endif
 }
@@ -1130,16 +1132,17 @@ static int LLTM_NAME(uses_amx_)(int64_t kernels, int64_t batch_size, int64_t sta
 /* The registered passes (lltm_cpu.c), packed_forward and packed_backward:
  * packed steps, or where batch_sizes is NULL dense ones, in either
  * direction, with the final states. */
-/* sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
- * CUDA only), kernels. */
+/* sizes: rows, steps, batch, input_features, state, reverse; the options
+ * (lltm_ffi.h) after the tensors. */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
                                       const STORAGE* inputs, const STORAGE* weights,
                                       const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
                                       STORAGE* outputs, STORAGE* cells, STORAGE* gates,
-                                      STORAGE* final_h, STORAGE* final_cell) {
+                                      STORAGE* final_h, STORAGE* final_cell,
+                                      const lltm_sequence_options* options) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
-  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(sizes[7], sizes[2], sizes[4]),
+  return LLTM_NAME(recurrence_forward_)(LLTM_NAME(uses_amx_)(options, sizes[2], sizes[4]),
                                         &walk, sizes[3], sizes[4], inputs, weights, bias, h0, c0,
                                         outputs, cells, gates, final_h, final_cell);
 }
@@ -1151,13 +1154,14 @@ static int LLTM_NAME(packed_backward_)(
     const STORAGE* weights, const STORAGE* h0, const STORAGE* outputs, const STORAGE* cells,
     const STORAGE* gates, const STORAGE* grad_outputs, const STORAGE* grad_cells,
     const STORAGE* grad_final_h, const STORAGE* grad_final_cell, STORAGE* d_gates,
-    STORAGE* d_inputs, STORAGE* d_weights, STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0) {
+    STORAGE* d_inputs, STORAGE* d_weights, STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0,
+    const lltm_sequence_options* options) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
-  const int64_t* row_strides = sizes + 8;
+  const int64_t* row_strides = sizes + 6;
   const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
                                    sizes[2] * row_strides[2], row_strides[2], row_strides[3]};
-  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(sizes[7], sizes[2], sizes[4]),
+  return LLTM_NAME(recurrence_backward_)(LLTM_NAME(uses_amx_)(options, sizes[2], sizes[4]),
                                          &walk, sizes[3], sizes[4], grad_strides, inputs, weights,
                                          h0, outputs, cells, gates, grad_outputs, grad_cells,
                                          grad_final_h, grad_final_cell, d_gates, d_inputs,
