@@ -57,7 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "lltm_ffi.h"
+#include "lltm_op.h"
 
 #ifdef LLTM_WITH_CUDA
 #include "cuda/recurrence/lltm_plan.h"

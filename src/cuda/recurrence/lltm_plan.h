@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "lltm_cluster.h"
-#include "lltm_ffi.h"
+#include "lltm_op.h"
 
 #ifdef __cplusplus
 extern "C" {
