@@ -74,13 +74,13 @@ def _on_device(device, ask):
 
 def _name_or_refusal(function, number, forced, call):
     """The name of path `number`, or for a refusal code the ValueError
-    naming the path forced, the call and why."""
+    naming the path forced, the call (call(): its words) and why."""
     if number >= 0:
         return PATHS[number]
     if number == lib.LLTM_ERROR_NO_CUDA:
         _extension.check(function, number)
     reason = ffi.string(lib.lltm_error_string(number)).decode()
-    raise ValueError(f"{function}: LLTM_PATH={PATHS[forced]} cannot take {call}: {reason}; "
+    raise ValueError(f"{function}: LLTM_PATH={PATHS[forced]} cannot take {call()}: {reason}; "
                      "unset LLTM_PATH to let the plan choose")
 
 
@@ -94,9 +94,9 @@ def sequence_path(function, dtype, device, backward, steps, batch_size, state_si
     number = _on_device(device, lambda index: lib.lltm_sequence_path(
         _extension._DTYPE_CODES[dtype], index, int(backward), steps, batch_size, state_size,
         int(packed), options))
-    call = (f"{'packed' if packed else 'dense'} steps ({steps} of {batch_size} x {state_size}, "
-            f"{dtype}, {device}, {'backward' if backward else 'forward'})")
-    return _name_or_refusal(function, number, options.path, call)
+    return _name_or_refusal(function, number, options.path, lambda: (
+        f"{'packed' if packed else 'dense'} steps ({steps} of {batch_size} x {state_size}, "
+        f"{dtype}, {device}, {'backward' if backward else 'forward'})"))
 
 
 def check_forced_sequence(function, dtype, device, backward, steps, batch_size, state_size,
@@ -120,5 +120,5 @@ def cell_path(function, dtype, device, batch_size, input_features, state_size):
     number = lib.lltm_cell_path(_extension._DTYPE_CODES[dtype],
                                 lib.LLTM_CPU if device.type != "cuda" else 0, multiply_adds,
                                 int(capturing), forced)
-    call = f"a cell of {batch_size} x {input_features} -> {state_size} ({dtype}, {device})"
-    return _name_or_refusal(function, number, forced, call)
+    return _name_or_refusal(function, number, forced, lambda: (
+        f"a cell of {batch_size} x {input_features} -> {state_size} ({dtype}, {device})"))
