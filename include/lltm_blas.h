@@ -19,13 +19,6 @@
 
 #include <stdint.h>
 
-/* The bits of the sequence passes' `kernels` option (sequence.py's
- * _options) that LLTM_BLAS in the environment sets: =0, the passes' own
- * products only, never the BLAS; =1, the BLAS for every product it can
- * take, where by default the recurrence takes it only where it pays. */
-#define LLTM_NO_BLAS 16
-#define LLTM_ALL_BLAS 32
-
 /* 1 where the library could be loaded and has the functions used (loading
  * it on the first call), else 0. */
 int lltm_blas_loaded(void);

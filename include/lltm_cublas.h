@@ -29,6 +29,10 @@ typedef struct {
   int64_t batch_sizes_count;
 } lltm_pass_key;
 
+/* 1 where cuBLAS can be loaded and has products of the lltm_dtype `dtype`
+ * (what lltm_cublas_run needs to run a pass), else 0. */
+int lltm_cublas_usable(int dtype);
+
 /* Runs steps(context, stream), the launches of one pass (lltm_cublas_gemm
  * and kernels, all on the stream given), whose products are of the
  * lltm_dtype `dtype`, holding the current device's handle set to strict

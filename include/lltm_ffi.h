@@ -44,6 +44,16 @@ enum {
   /* The pass has no version for this device (a CUDA pass of an op without
    * a kernel, say). */
   LLTM_ERROR_NO_DEVICE_PASS = -8,
+  /* A forced path (lltm_sequence_options.path, LLTM_PATH in the
+   * environment) cannot take the call, each code saying why (the paths'
+   * table: src/plan.c). */
+  LLTM_ERROR_PATH_DEVICE = -9,
+  LLTM_ERROR_PATH_PACKED = -10,
+  LLTM_ERROR_PATH_NO_CLUSTERS = -11,
+  LLTM_ERROR_PATH_CLUSTER_SIZES = -12,
+  LLTM_ERROR_PATH_PERSISTENT_SIZES = -13,
+  LLTM_ERROR_PATH_NO_CUBLAS = -14,
+  LLTM_ERROR_PATH_STEP_SIZES = -15,
   /* A cuBLAS call failed: LLTM_ERROR_CUBLAS minus cuBLAS's status. */
   LLTM_ERROR_CUBLAS = -1000
 };
@@ -81,6 +91,69 @@ const char* lltm_cuda_archs(void);
 int lltm_cuda_runtime_version(void);
 const char* lltm_source_hash(void);
 const char* lltm_package_version(void);
+
+/* The LLTM's paths, in the order of the plan's table (src/plan.c, drawn in
+ * docs/ARCHITECTURE.md): the sequence's on a CUDA device, tried in this
+ * order, the first that takes a pass running it; the sequence's on the
+ * CPU; the cell's on a CUDA device (on the CPU the cell takes cell-torch).
+ * lltm_path_name gives each one's name, the one LLTM_PATH takes. */
+enum lltm_path {
+  LLTM_PATH_CLUSTER = 0,
+  LLTM_PATH_PERSISTENT = 1,
+  LLTM_PATH_CUBLAS = 2,
+  LLTM_PATH_STEPS = 3,
+  LLTM_PATH_CPU = 4,
+  LLTM_PATH_CELL_STEPS = 5,
+  LLTM_PATH_CELL_TORCH = 6,
+  LLTM_PATH_COUNT = 7,
+  /* No path forced: the plan chooses. */
+  LLTM_PATH_PLANNED = -1
+};
+
+/* A sequence pass's options, the last of its tensors' addresses (NULL: all
+ * as lltm_default_options), built in lltm_ffi/ops/lltm/plan.py from torch's
+ * TF32 setting and the environment. */
+typedef struct {
+  /* An lltm_path the call must take (LLTM_PATH), or LLTM_PATH_PLANNED;
+   * a path of the other function (the cell's for the sequence) leaves the
+   * choice to the plan. */
+  int path;
+  /* float32 products through cuBLAS may use TF32
+   * (torch.backends.cuda.matmul.allow_tf32). */
+  int tf32;
+  /* 0: never cuBLAS, lltm_ffi's own kernels for every product
+   * (LLTM_CUBLAS=0). */
+  int cublas;
+  /* 0: no thread-block clusters for the recurrence, as before compute
+   * capability 9.0 (LLTM_CLUSTER=0). */
+  int clusters;
+  /* The CPU's float16 and bfloat16 products on AMX: -1 where the sizes pay
+   * for it, 0 never (LLTM_AMX=0), 1 for every product it takes
+   * (LLTM_AMX=1). */
+  int amx;
+  /* The CPU's products through the BLAS (lltm_blas.h) where one is loaded:
+   * -1 where the sizes pay for it, 0 never (LLTM_BLAS=0), 1 for every
+   * product it takes, the recurrence's at every size too (LLTM_BLAS=1). */
+  int blas;
+} lltm_sequence_options;
+
+/* The name of path `path` (an lltm_path), NULL for another number. */
+const char* lltm_path_name(int path);
+/* The path a sequence pass would take: forward (backward 0) or backward,
+ * of `steps` steps of batch_size rows (packed 1: packed steps, which
+ * shrink) and state_size columns, elements of the lltm_dtype `dtype`, on
+ * `device` (LLTM_CPU, or the current CUDA device) with `options` (NULL:
+ * the defaults). An lltm_path, or for a forced path that cannot take the
+ * pass its LLTM_ERROR_PATH code; LLTM_ERROR_NO_CUDA for a CUDA device in
+ * a build without CUDA. */
+int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64_t batch_size,
+                       int64_t state_size, int packed, const lltm_sequence_options* options);
+/* The path of a call of the cell (lltm) whose gate product takes
+ * `multiply_adds` multiply-adds, elements of `dtype`, on `device`, while
+ * a CUDA graph is captured (capturing 1) or not, `forced` an lltm_path or
+ * LLTM_PATH_PLANNED: LLTM_PATH_CELL_STEPS, LLTM_PATH_CELL_TORCH, or an
+ * LLTM_ERROR_PATH code. */
+int lltm_cell_path(int dtype, int device, int64_t multiply_adds, int capturing, int forced);
 
 /* 1 where the CPU passes of float16 and bfloat16 may take their products
  * on AMX (the CPU has its bfloat16 tiles and Linux let this process use

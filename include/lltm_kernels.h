@@ -1,26 +1,11 @@
 // What the LLTM's CUDA sources share beyond the cell's math (lltm_cell.h):
-// the sequence's options, and the one step's backward pass that
-// step_kernel.cu borrows from cublas_loop_kernel.cu.
+// the one step's backward pass that step_kernel.cu borrows from
+// cublas_loop_kernel.cu.
 #ifndef LLTM_KERNELS_H
 #define LLTM_KERNELS_H
 
 #include <stdint.h>
 #include <cuda_runtime_api.h>
-
-// A sequence pass's options, from its tf32 and kernels sizes.
-enum {
-  // The matrix products of float32 may use TF32 (where they go through
-  // cuBLAS), as torch.backends.cuda.matmul.allow_tf32 lets torch's own.
-  LLTM_SEQUENCE_TF32 = 1,
-  // lltm_ffi's own kernels for every matrix product even where cuBLAS can
-  // be loaded.
-  LLTM_SEQUENCE_OWN_KERNELS = 2,
-  // No thread-block clusters for the recurrence, as before compute
-  // capability 9.0: never the cluster kernels (cluster_kernel.cu), the
-  // persistent kernels or the step loops instead, and the persistent
-  // kernels' blocks staging the state each alone.
-  LLTM_SEQUENCE_NO_CLUSTER = 4
-};
 
 // One step's cell backward pass (cublas_loop_kernel.cu): d_gates (batch,
 // 3 * state) and, where d_old_cell is not NULL, d_old_cell (batch, state)

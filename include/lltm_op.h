@@ -59,6 +59,9 @@
 extern "C" {
 #endif
 
+/* The text of an LLTM_ERROR_PATH code (src/plan.c), NULL for another code. */
+const char* lltm_path_refusal(int code);
+
 /* One call's arguments; tensors points at as many addresses as the pass
  * takes, each the start of a tensor laid out as the op's declaration
  * says (dense unless it says otherwise). */

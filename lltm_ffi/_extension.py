@@ -240,14 +240,16 @@ class CPass:
         self.name = name
         self._id = None
 
-    def __call__(self, sizes, tensors, scalars=()):
+    def __call__(self, sizes, tensors, scalars=(), options=None):
         """Runs the pass with `sizes` (ints), `scalars` (floats) and the
         addresses of `tensors`, for the dtype and device of the first of
         them, on that device's current CUDA stream (on the CPU, on as many
         threads as torch.get_num_threads() says); raises LLTMError with
         the shim's message for a non-zero code. A tensor given as None (left
         out) or with no elements is passed as NULL. The tensors stay
-        referenced until the call returns, so their addresses stay valid."""
+        referenced until the call returns, so their addresses stay valid.
+        `options`, a pointer made by ffi.new (the sequence's
+        lltm_sequence_options), goes after the tensors' addresses."""
         if self._id is None:
             pass_devices(self.name)  # LLTMBuildError where the module lacks the pass
             self._id = PASSES[self.name][0]
@@ -267,6 +269,8 @@ class CPass:
             if not address or type(tensor) not in PLAIN_TENSOR_TYPES:
                 address = _checked_address(self.name, tensor, address)
             addresses.append(address)
+        if options is not None:
+            addresses.append(int(ffi.cast("intptr_t", options)))
         check(self.name, lib.lltm_run(pass_id, _DTYPE_CODES[reference.dtype], index, stream,
                                       sizes, scalars, addresses))
 

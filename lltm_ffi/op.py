@@ -47,9 +47,10 @@ A differentiable op joins a forward pass and its derivative:
 
 builds the autograd.Function that plain eager calls take, registers the
 same backward (and setup_context) with the operator, and calling it picks
-between the two. `c(sizes, tensors, scalars=())` runs the C pass: sizes are
-ints, scalars floats, and the first of `tensors` gives the element type
-and the device. docs/PORTING.md walks a whole op through this.
+between the two. `c(sizes, tensors, scalars=(), options=None)` runs the C
+pass: sizes are ints, scalars floats, the first of `tensors` gives the
+element type and the device, and options (a struct of lltm_ffi.h made with
+ffi.new, the sequence's) goes after the tensors' addresses. docs/PORTING.md walks a whole op through this.
 """
 
 import inspect
@@ -117,7 +118,7 @@ class Tensor:
         return self.c_dtype if self.c_dtype is not None else self.strided
 
 
-def _no_call(sizes, tensors, scalars=()):
+def _no_call(sizes, tensors, scalars=(), options=None):
     """The `c` of a fake run: fake tensors have no memory to hand over."""
 
 

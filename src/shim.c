@@ -100,7 +100,7 @@ static const char* own_error_string(int code) {
     case LLTM_ERROR_NO_DEVICE_PASS:
       return "the op has no pass for this device in the compiled module";
     default:
-      return NULL;
+      return lltm_path_refusal(code);
   }
 }
 

@@ -116,14 +116,14 @@ def test_edge_shapes_agree_with_reference(shape, dtype, device, seed):
 
 # On a GPU an eager step runs as a sequence of length 1 in lltm_ffi's own
 # kernels (src/cuda/step_kernel.cu) while its gate product takes at most
-# cell.STEP_MULTIPLY_ADDS multiply-adds, in torch's products past that;
-# which kernels a backward pass launches depends on the gradients wanted,
+# LLTM_STEP_MULTIPLY_ADDS (src/plan.c) multiply-adds, in torch's products
+# past that; which kernels a backward pass launches depends on the gradients wanted,
 # and the product kernel's tiles (64 or 32 rows) on the sizes.
 STEP_SHAPES = [
     (3, 7, 512),       # the weights' gradient in tiles of 64 rows
     (1300, 30, 200),   # the gate product in tiles of 64 rows, 1300 rows not a multiple of 64
     (300, 20, 100),    # every product in tiles of 32 rows
-    (1100, 256, 512),  # past cell.STEP_MULTIPLY_ADDS: torch's products
+    (1100, 256, 512),  # past LLTM_STEP_MULTIPLY_ADDS (src/plan.c): torch's products
 ]
 WANTED = [("input", "weights", "bias", "old_h", "old_cell"), ("weights", "bias"), ("weights",),
           ("bias",), ("input",), ("old_h",), ("old_cell",), ("input", "old_cell")]

@@ -104,8 +104,9 @@ def test_own_kernels_agree_with_a_loop_of_the_cell(shape, dtype, cuda_device, ge
 @pytest.mark.parametrize("kernels", ["default", "own"])
 def test_one_step_without_state_gradients(kernels, dtype, device, generator, monkeypatch):
     """One step whose h0 and c0 do not require grad: C is given no d_h0 or
-    d_c0. On a GPU at a size past cell.STEP_MULTIPLY_ADDS, which the general
-    paths take (cuBLAS's, or with LLTM_CUBLAS=0 the step-by-step kernels)."""
+    d_c0. On a GPU at a size past LLTM_STEP_MULTIPLY_ADDS (src/plan.c),
+    which the general paths take (cuBLAS's, or with LLTM_CUBLAS=0 the
+    step-by-step kernels)."""
     if kernels == "own":
         if device.type == "cpu":
             pytest.skip("LLTM_CUBLAS=0 changes nothing on the CPU")

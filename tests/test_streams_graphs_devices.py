@@ -51,7 +51,7 @@ def test_inputs_handed_over_from_another_stream(cuda_device, generator):
 
 # Captured, a cell runs in lltm_ffi's step kernels only up to 2^20
 # multiply-adds (32x16x96: 1032192), in torch's products past that
-# (cell._CAPTURED_STEP_MULTIPLY_ADDS).
+# (LLTM_CAPTURED_STEP_MULTIPLY_ADDS, src/plan.c).
 @pytest.mark.parametrize("shape, step_kernels", [((32, 16, 96), True), ((64, 64, 256), False)],
                          ids=["step-kernels", "torch-products"])
 def test_cuda_graph_capture_and_replay(shape, step_kernels, cuda_device, generator, monkeypatch):

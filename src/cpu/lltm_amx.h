@@ -24,13 +24,6 @@
 
 #include "lltm_op.h"
 
-/* The bits of the sequence passes' `kernels` option (sequence.py's
- * _options) that LLTM_AMX in the environment sets: =0, the portable
- * products only, never AMX; =1, AMX for every product it can take, where
- * by default float16's take it only where it pays (lltm_cpu_impl.h). */
-#define LLTM_NO_AMX 4
-#define LLTM_ALL_AMX 8
-
 /* A factor packed into the tiles' layout: `count` rows of the left factor
  * or columns of the right one, over `depth`. `finite` is 0 where a float16
  * factor holds inf or NaN, whose pieces' products (inf times a zero piece)

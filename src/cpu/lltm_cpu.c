@@ -145,7 +145,7 @@ static inline double tanh_double(double x) { return tanh(x); }
 #include "lltm_cpu_impl.h"
 
 /* The passes, in the argument order of their declarations in cell.py and
- * sequence.py. */
+ * sequence.py (the sequence's options' address last). */
 LLTM_CPU_PASS_WITH_HALF(forward_pass, forward, args->sizes[0], args->sizes[1], args->tensors[0],
                         args->tensors[1], args->tensors[2], args->tensors[3])
 LLTM_CPU_PASS_WITH_HALF(backward_pass, backward, args->sizes[0], args->sizes[1],
@@ -154,10 +154,10 @@ LLTM_CPU_PASS_WITH_HALF(backward_pass, backward, args->sizes[0], args->sizes[1],
 LLTM_CPU_PASS_WITH_HALF(packed_forward, packed_forward, args->sizes, args->tensors[5],
                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
                         args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
-                        args->tensors[9], args->tensors[10])
+                        args->tensors[9], args->tensors[10], args->tensors[11])
 LLTM_CPU_PASS_WITH_HALF(packed_backward, packed_backward, args->sizes, args->tensors[3],
                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
                         args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
                         args->tensors[9], args->tensors[10], args->tensors[11],
                         args->tensors[12], args->tensors[13], args->tensors[14],
-                        args->tensors[15], args->tensors[16])
+                        args->tensors[15], args->tensors[16], args->tensors[17])

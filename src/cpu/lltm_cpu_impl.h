@@ -1401,28 +1401,30 @@ static int LLTM_NAME(recurrence_backward_)(
   return status;
 }
 
-/* Whether a pass whose options (sequence.py's _options) are `kernels` takes
- * its products on AMX: a 16-bit type's, where the CPU has it, unless
- * kernels asks for the portable products (LLTM_NO_AMX). A float16 product
+/* Whether a pass with `options` (NULL: the defaults) takes its products on
+ * AMX: a 16-bit type's, where the CPU has it, unless options->amx asks for
+ * the portable products (0). A float16 product
  * takes four tile products (lltm_amx.h) and its packing costs more: on 2
  * cores of a Sapphire Rapids the portable products beat AMX's but from a
  * state of 320 and 2^24 multiply-adds a step's recurrent product
  * (BENCHMARKS.md), and only there does float16 take AMX by default. */
 #define LLTM_AMX_FLOAT16_STATE 320
 #define LLTM_AMX_FLOAT16_MULTIPLY_ADDS ((int64_t)1 << 24)
-static int LLTM_NAME(uses_amx_)(int64_t kernels, int64_t batch_size, int64_t state_size) {
+static int LLTM_NAME(uses_amx_)(const lltm_sequence_options* options, int64_t batch_size,
+                                int64_t state_size) {
 #ifdef AMX_DTYPE
-  if ((kernels & LLTM_NO_AMX) || !lltm_amx_usable()) return 0;
-  return AMX_DTYPE == LLTM_BFLOAT16 || (kernels & LLTM_ALL_AMX) ||
+  const int amx = options ? options->amx : -1;
+  if (amx == 0 || !lltm_amx_usable()) return 0;
+  return AMX_DTYPE == LLTM_BFLOAT16 || amx == 1 ||
          (state_size >= LLTM_AMX_FLOAT16_STATE &&
           batch_size * 3 * state_size * state_size >= LLTM_AMX_FLOAT16_MULTIPLY_ADDS);
 #else
-  (void)kernels, (void)batch_size, (void)state_size;
+  (void)options, (void)batch_size, (void)state_size;
   return 0;
 #endif
 }
 
-/* How a pass whose options (sequence.py's _options) are `kernels` takes
+/* How a pass with `options` (lltm_ffi.h; plan.py's sequence_options) takes
  * its products (struct lltm_products): the one place that decides. A
  * 16-bit type's all go on AMX where uses_amx_ says so. Else, where the
  * BLAS is loaded (lltm_blas.h) and its ints hold the sizes, every product
@@ -1433,45 +1435,47 @@ static int LLTM_NAME(uses_amx_)(int64_t kernels, int64_t batch_size, int64_t sta
  * the BLAS's calls and its packing of the weights cost more than the
  * products; one row takes the BLAS's gemv, which reads the weights as
  * they lie, where the tiles read them transposed, a copy made each pass).
- * LLTM_NO_BLAS (LLTM_BLAS=0) keeps the own tiles for every product,
- * LLTM_ALL_BLAS (LLTM_BLAS=1) takes the BLAS for the recurrence at every
- * size. */
+ * options->blas 0 (LLTM_BLAS=0) keeps the own tiles for every product, 1
+ * (LLTM_BLAS=1) takes the BLAS for the recurrence at every size. */
 #ifndef LLTM_OWN_TILES_BATCH
 #define LLTM_OWN_TILES_BATCH 8
 #define LLTM_OWN_TILES_STATE 256
 #endif
-static struct lltm_products LLTM_NAME(products_plan_)(int64_t kernels, int64_t rows,
+static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_options* options,
+                                                      int64_t rows,
                                                       int64_t batch_size, int64_t input_features,
                                                       int64_t state_size) {
   struct lltm_products products = {LLTM_OWN_TILES, 0};
-  if (LLTM_NAME(uses_amx_)(kernels, batch_size, state_size)) {
+  if (LLTM_NAME(uses_amx_)(options, batch_size, state_size)) {
     products.recurrence = LLTM_ON_AMX;
     return products;
   }
-  if ((kernels & LLTM_NO_BLAS) || rows > LLTM_BLAS_MAX || 3 * state_size > LLTM_BLAS_MAX ||
+  if (options->blas == 0 || rows > LLTM_BLAS_MAX || 3 * state_size > LLTM_BLAS_MAX ||
       state_size + input_features > LLTM_BLAS_MAX || !lltm_blas_loaded()) {
     return products;
   }
   products.blas = 1;
   const int own_tiles_pay = batch_size > 1 && batch_size < LLTM_OWN_TILES_BATCH &&
                             state_size <= LLTM_OWN_TILES_STATE;
-  if ((kernels & LLTM_ALL_BLAS) || !own_tiles_pay) products.recurrence = LLTM_ON_BLAS;
+  if (options->blas == 1 || !own_tiles_pay) products.recurrence = LLTM_ON_BLAS;
   return products;
 }
 
 /* The registered passes (lltm_cpu.c), packed_forward and packed_backward:
  * packed steps, or where batch_sizes is NULL dense ones, in either
- * direction, with the final states. sizes: rows, steps, batch, input_features, state, reverse, tf32 (read by
- * CUDA only), kernels. */
+ * direction, with the final states. */
+/* sizes: rows, steps, batch, input_features, state, reverse; the options
+ * (lltm_ffi.h) after the tensors. */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
                                       const STORAGE* inputs, const STORAGE* weights,
                                       const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
                                       STORAGE* outputs, STORAGE* cells, STORAGE* gates,
-                                      STORAGE* final_h, STORAGE* final_cell) {
+                                      STORAGE* final_h, STORAGE* final_cell,
+                                      const lltm_sequence_options* options) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
   return LLTM_NAME(recurrence_forward_)(
-      LLTM_NAME(products_plan_)(sizes[7], walk.rows, sizes[2], sizes[3], sizes[4]), &walk,
+      LLTM_NAME(products_plan_)(options, walk.rows, sizes[2], sizes[3], sizes[4]), &walk,
       sizes[3], sizes[4], inputs, weights, bias, h0, c0, outputs, cells, gates, final_h,
       final_cell);
 }
@@ -1483,14 +1487,15 @@ static int LLTM_NAME(packed_backward_)(
     const STORAGE* weights, const STORAGE* h0, const STORAGE* outputs, const STORAGE* cells,
     const STORAGE* gates, const STORAGE* grad_outputs, const STORAGE* grad_cells,
     const STORAGE* grad_final_h, const STORAGE* grad_final_cell, STORAGE* d_gates,
-    STORAGE* d_inputs, STORAGE* d_weights, STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0) {
+    STORAGE* d_inputs, STORAGE* d_weights, STORAGE* d_bias, STORAGE* d_h0, STORAGE* d_c0,
+    const lltm_sequence_options* options) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
-  const int64_t* row_strides = sizes + 8;
+  const int64_t* row_strides = sizes + 6;
   const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
                                    sizes[2] * row_strides[2], row_strides[2], row_strides[3]};
   return LLTM_NAME(recurrence_backward_)(
-      LLTM_NAME(products_plan_)(sizes[7], walk.rows, sizes[2], sizes[3], sizes[4]), &walk,
+      LLTM_NAME(products_plan_)(options, walk.rows, sizes[2], sizes[3], sizes[4]), &walk,
       sizes[3], sizes[4], grad_strides, inputs, weights, h0, outputs, cells, gates, grad_outputs,
       grad_cells, grad_final_h, grad_final_cell, d_gates, d_inputs, d_weights, d_bias, d_h0,
       d_c0);

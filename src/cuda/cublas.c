@@ -328,6 +328,11 @@ static int run_pass(int device, const lltm_pass_key* key, cudaStream_t stream, i
   return steps(context, stream);
 }
 
+int lltm_cublas_usable(int dtype) {
+  pthread_once(&load_once, load);
+  return loaded && takes(dtype);
+}
+
 int lltm_cublas_run(const lltm_pass_key* key, int dtype, cudaStream_t stream, int tf32,
                     int (*steps)(void* context, cudaStream_t stream), void* context) {
   pthread_once(&load_once, load);

@@ -261,16 +261,18 @@ struct sequence_shape {
   int state_grads;   /* whether d_h0 and d_c0 are asked for (always past one step) */
 };
 
-/* The `kernels` option the sequence and packed checks pass, each of
- * PRODUCT_PATHS in turn: LLTM_ALL_AMX, the 16-bit types' products on AMX
- * where the CPU has it, at every size (and elsewhere as products_plan_
- * picks: the BLAS's where one is loaded, the own tiles' for small
- * recurrences); the own tiles alone; the BLAS for every product it takes
- * (without a BLAS loaded, the own tiles again). */
+/* The options the sequence and packed checks pass, each of PRODUCT_PATHS in
+ * turn: the 16-bit types' products on AMX where the CPU has it, at every
+ * size (and elsewhere as products_plan_ picks: the BLAS's where one is
+ * loaded, the own tiles' for small recurrences); the own tiles alone; the
+ * BLAS for every product it takes (without a BLAS loaded, the own tiles
+ * again). */
 #define PRODUCT_PATHS 3
-static const int64_t product_paths[PRODUCT_PATHS] = {
-    LLTM_ALL_AMX, LLTM_NO_AMX | LLTM_NO_BLAS, LLTM_NO_AMX | LLTM_ALL_BLAS};
-static int64_t products_option;
+static const lltm_sequence_options product_paths[PRODUCT_PATHS] = {
+    {LLTM_PATH_PLANNED, 0, 1, 1, 1, -1},
+    {LLTM_PATH_PLANNED, 0, 1, 1, 0, 0},
+    {LLTM_PATH_PLANNED, 0, 1, 1, 0, 1}};
+static const lltm_sequence_options* products_options;
 
 static double* zeros(int64_t count) {
   double* values = allocate(count, sizeof(double));
@@ -475,22 +477,25 @@ static void compare_sum(const char* what, int dtype, int64_t index, double got, 
  * (outputs, cells, gates, d_gates, d_inputs, d_weights, d_bias, d_h0,
  * d_c0). Each step's final state must be the last step's outputs and
  * cells. LLTM_SUCCESS or the first pass's error. */
-static int run_dense_passes(struct sequence_shape shape, int dtype, int64_t option,
+static int run_dense_passes(struct sequence_shape shape, int dtype,
+                            const lltm_sequence_options* products,
                             const int64_t* grad_strides, void* const* arguments,
                             void* const* results) {
   const int64_t T = shape.steps, B = shape.batch, S = shape.state, step = B * S;
   const size_t size = element_size(dtype);
-  const int64_t sizes[12] = {T * B, T, B, shape.input_features, S, 0, 0, option,
+  const int64_t sizes[10] = {T * B, T, B, shape.input_features, S, 0,
                              grad_strides[1], grad_strides[2], S, 1};
   void* h_n = allocate(step, size);
   void* c_n = allocate(step, size);
-  void* const forward_tensors[11] = {arguments[0], arguments[1], arguments[2], arguments[3],
+  lltm_sequence_options options = *products;
+  void* const forward_tensors[12] = {arguments[0], arguments[1], arguments[2], arguments[3],
                                      arguments[4], NULL, results[0], results[1], results[2],
-                                     h_n, c_n};
-  void* const backward_tensors[17] = {arguments[0], arguments[1], arguments[3], NULL,
+                                     h_n, c_n, &options};
+  void* const backward_tensors[18] = {arguments[0], arguments[1], arguments[3], NULL,
                                       results[0], results[1], results[2], arguments[5],
                                       arguments[6], NULL, NULL, results[3], results[4],
-                                      results[5], results[6], results[7], results[8]};
+                                      results[5], results[6], results[7], results[8],
+                                      &options};
   int code = lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors);
   if (code == LLTM_SUCCESS) {
     code = lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors);
@@ -631,7 +636,7 @@ static void check_sequence(struct sequence_shape shape, int dtype) {
   void* d_c0 = shape.state_grads ? allocate(step, size) : NULL;
   void* const results[9] = {outputs, cells, gates, d_gates, d_inputs, d_weights, d_bias, d_h0,
                             d_c0};
-  if (run_dense_passes(shape, dtype, products_option, grad_strides, arguments, results) !=
+  if (run_dense_passes(shape, dtype, products_options, grad_strides, arguments, results) !=
       LLTM_SUCCESS) {
     fprintf(stderr, "a sequence pass (%s) returned an error\n", dtype_names[dtype]);
     ++failures;
@@ -700,12 +705,12 @@ LLTM_CHECK(lltm_cpu_passes) {
       {3, 9, 5, 33, 0, 1},  {2, 8, 300, 31, 1, 1}, {5, 17, 3, 40, 0, 1}, {4, 3, 2, 95, 1, 1},
       {18, 17, 6, 64, 0, 1}, {3, 40, 7, 130, 1, 1}, {2, 0, 3, 4, 0, 1},  {3, 2, 0, 4, 1, 1}};
   for (int path = 0; path < PRODUCT_PATHS; ++path) {
-    products_option = product_paths[path];
+    products_options = &product_paths[path];
     for (size_t k = 0; k < sizeof sequences / sizeof sequences[0]; ++k) {
       for (int d = 0; d < DTYPES; ++d) check_sequence(sequences[k], all_dtypes[d]);
     }
   }
-  products_option = 0;
+  products_options = NULL;
   char cell_text[200], sequence_text[200];
   printf("lltm_cpu_passes: %ld values compared, %ld mismatches; largest error in roundings of "
          "the terms (16 allowed for float and double, 1.25 for the 16-bit types): %s; "
@@ -853,9 +858,9 @@ static void check_forward_alone(int dtype, const int64_t* sizes, void* const* fo
                                 size_t output_bytes, size_t state_bytes) {
   void* alone[3] = {allocate((int64_t)output_bytes, 1), allocate((int64_t)state_bytes, 1),
                     allocate((int64_t)state_bytes, 1)};
-  void* const tensors[11] = {forward_tensors[0], forward_tensors[1], forward_tensors[2],
+  void* const tensors[12] = {forward_tensors[0], forward_tensors[1], forward_tensors[2],
                              forward_tensors[3], forward_tensors[4], forward_tensors[5],
-                             alone[0], NULL, NULL, alone[1], alone[2]};
+                             alone[0], NULL, NULL, alone[1], alone[2], forward_tensors[11]};
   const void* kept[3] = {forward_tensors[6], forward_tensors[9], forward_tensors[10]};
   const size_t bytes[3] = {output_bytes, state_bytes, state_bytes};
   if (lltm_check_pass("packed_forward", dtype, sizes, NULL, tensors) != LLTM_SUCCESS) {
@@ -922,14 +927,16 @@ static void check_packed(struct packed_shape shape, int dtype) {
   void* d_h0 = shape.state_grads ? allocate(B * S, element) : NULL;
   void* d_c0 = shape.state_grads ? allocate(B * S, element) : NULL;
   void* given_sizes = shape.packed ? batch_sizes : NULL;
-  const int64_t sizes[12] = {rows, T, B, F, S, shape.reverse, 0, products_option,
+  const int64_t sizes[10] = {rows, T, B, F, S, shape.reverse,
                              grad_strides[0], grad_strides[1], grad_strides[2], grad_strides[3]};
-  void* const forward_tensors[11] = {arguments[0], arguments[1], arguments[2], arguments[3],
-                                     arguments[4], given_sizes, outputs, cells, gates, h_n, c_n};
-  void* const backward_tensors[17] = {arguments[0], arguments[1], arguments[3], given_sizes,
+  lltm_sequence_options options = *products_options;
+  void* const forward_tensors[12] = {arguments[0], arguments[1], arguments[2], arguments[3],
+                                     arguments[4], given_sizes, outputs, cells, gates, h_n, c_n,
+                                     &options};
+  void* const backward_tensors[18] = {arguments[0], arguments[1], arguments[3], given_sizes,
                                       outputs, cells, gates, arguments[5], arguments[6],
                                       arguments[7], arguments[8], d_gates, d_inputs, d_weights,
-                                      d_bias, d_h0, d_c0};
+                                      d_bias, d_h0, d_c0, &options};
   if (lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS ||
       lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors) != LLTM_SUCCESS) {
     fprintf(stderr, "a packed pass (%s) returned an error\n", dtype_names[dtype]);
@@ -981,11 +988,12 @@ static void check_packed_refusals(void) {
   } cases[] = {{growing, 6, 3, 3}, {zero, 3, 3, 3}, {first_short, 3, 2, 3}, {first_short, 4, 2, 2},
                {NULL, 5, 2, 3}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
-    const int64_t sizes[12] = {cases[k].rows, cases[k].steps, cases[k].batch, 2, 3, 0, 0, 0,
+    const int64_t sizes[10] = {cases[k].rows, cases[k].steps, cases[k].batch, 2, 3, 0,
                                3, 1, 3, 1};
-    void* const forward_tensors[11] = {NULL, NULL, NULL, NULL, NULL,
-                                       (void*)cases[k].batch_sizes, NULL, NULL, NULL, NULL, NULL};
-    void* const backward_tensors[17] = {NULL, NULL, NULL, (void*)cases[k].batch_sizes};
+    void* const forward_tensors[12] = {NULL, NULL, NULL, NULL, NULL,
+                                       (void*)cases[k].batch_sizes, NULL, NULL, NULL, NULL, NULL,
+                                       NULL};
+    void* const backward_tensors[18] = {NULL, NULL, NULL, (void*)cases[k].batch_sizes};
     if (lltm_check_pass("packed_forward", LLTM_FLOAT32, sizes, NULL, forward_tensors) !=
             LLTM_ERROR_ARGUMENTS ||
         lltm_check_pass("packed_backward", LLTM_FLOAT64, sizes, NULL, backward_tensors) !=
@@ -1025,12 +1033,12 @@ LLTM_CHECK(lltm_cpu_packed_passes) {
       {3, 40, 7, 130, forty, 1, 0, 1, 1, 0, 1}, {6, 1, 3, 5, single, 1, 1, 1, 1, 1, 1},
       {6, 1, 3, 5, single, 1, 0, 0, 0, 1, 1}};
   for (int path = 0; path < PRODUCT_PATHS; ++path) {
-    products_option = product_paths[path];
+    products_options = &product_paths[path];
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; ++k) {
       for (int d = 0; d < DTYPES; ++d) check_packed(shapes[k], all_dtypes[d]);
     }
   }
-  products_option = 0;
+  products_options = NULL;
   check_packed_refusals();
   char text[200];
   printf("lltm_cpu_packed_passes: %ld mismatches; largest relative error: %s\n",
@@ -1042,7 +1050,7 @@ LLTM_CHECK(lltm_cpu_packed_passes) {
 }
 
 /* The 16-bit types' two paths for the sequence passes' products: AMX
- * where the CPU has it, and the portable products (LLTM_NO_AMX), from the
+ * where the CPU has it, and the portable products (amx 0), from the
  * same inputs, against each other (the checks above hold each to the
  * reference). Their products differ only in the order of float's sums, so
  * their results only where such a sum rounds to the dtype on the other side
@@ -1058,8 +1066,8 @@ static const char* const path_result_names[PATH_RESULTS] = {
 
 /* Every result of the sequence passes of `dtype` over `arguments`
  * (inputs, weights, bias, h0, c0, grad_outputs, grad_cells), as double,
- * into results (counts: their sizes), with the products option `option`. */
-static void path_results(struct sequence_shape shape, int dtype, int64_t option,
+ * into results (counts: their sizes), their products as `amx` picks. */
+static void path_results(struct sequence_shape shape, int dtype, int amx,
                          void* const* arguments, double** results, int64_t* counts) {
   const int64_t T = shape.steps, B = shape.batch, F = shape.input_features, S = shape.state;
   const size_t size = element_size(dtype);
@@ -1074,10 +1082,11 @@ static void path_results(struct sequence_shape shape, int dtype, int64_t option,
   void* d_gates = allocate(T * 3 * step, size);
   void* const results_in_order[9] = {outputs[0], outputs[1], gates, d_gates, outputs[2],
                                      outputs[3], outputs[4], outputs[5], outputs[6]};
-  if (run_dense_passes(shape, dtype, option, grad_strides, arguments, results_in_order) !=
+  const lltm_sequence_options products = {LLTM_PATH_PLANNED, 0, 1, 1, amx, -1};
+  if (run_dense_passes(shape, dtype, &products, grad_strides, arguments, results_in_order) !=
       LLTM_SUCCESS) {
-    fprintf(stderr, "a sequence pass (%s, products option %lld) returned an error\n",
-            dtype_names[dtype], (long long)option);
+    fprintf(stderr, "a sequence pass (%s, amx %d) returned an error\n", dtype_names[dtype],
+            amx);
     ++failures;
   }
   for (int r = 0; r < PATH_RESULTS; ++r) {
@@ -1104,8 +1113,8 @@ static void compare_product_paths(struct sequence_shape shape, int dtype, int wi
   }
   double* results[2][PATH_RESULTS];
   int64_t sizes[PATH_RESULTS];
-  path_results(shape, dtype, LLTM_ALL_AMX, arguments, results[0], sizes);
-  path_results(shape, dtype, LLTM_NO_AMX, arguments, results[1], sizes);
+  path_results(shape, dtype, 1, arguments, results[0], sizes);
+  path_results(shape, dtype, 0, arguments, results[1], sizes);
   for (int r = 0; r < PATH_RESULTS; ++r) {
     double difference = 0.0, norm = 0.0;
     int64_t apart = 0;

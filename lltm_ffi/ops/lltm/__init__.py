@@ -9,7 +9,7 @@ from ... import op, reference, selfcheck
 from .cell import LLTMFunction, lltm
 from .layers import lltm_layers
 from .modules import LLTM, LLTMSequence
-from .sequence import lltm_sequence
+from .sequence import lltm_sequence, recurrence_path
 
 
 @op.self_check("lltm")
@@ -38,4 +38,5 @@ def _sequence_agrees(device, dtype):
                     f"{selfcheck.TOLERANCES[dtype]:g} ({device}; seed {seed})")
     return None
 
-__all__ = ["LLTM", "LLTMFunction", "LLTMSequence", "lltm", "lltm_layers", "lltm_sequence"]
+__all__ = ["LLTM", "LLTMFunction", "LLTMSequence", "lltm", "lltm_layers", "lltm_sequence",
+           "recurrence_path"]

@@ -1,9 +1,9 @@
 """The LLTM cell: its C passes, the autograd.Function and the functional
 entry point, lltm().
 
-Where a call's matrix products run is decided in one place,
-uses_step_kernels: on a GPU an eager step whose gate product is small
-(smaller still while a CUDA graph is captured) runs in lltm_ffi's own
+Where a call's matrix products run is the plan's choice (src/plan.c; here
+uses_step_kernels asks it): on a GPU an eager step whose gate product is
+small (smaller still while a CUDA graph is captured) runs in lltm_ffi's own
 kernels, one C call a pass (step_forward, step_backward), where torch's
 operations around a pointwise pass would cost the host more than the GPU's
 arithmetic. Otherwise, and on the CPU, the products stay in torch (cat +
@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ... import _torch_internals, op
-from . import derivatives
+from . import derivatives, plan
 from .derivatives import or_zeros
 
 _ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
@@ -257,29 +257,18 @@ def step_backward(c, input: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     return gradients
 
 
-# While a CUDA graph is captured, launches cost nothing when it replays, and
-# torch's products beat the step kernels' but for the smallest cells (a
-# 16-step loop replayed on an H100, us a cell: 31.9 against 75.1 at
-# 16x32x128, 55.4 against 39.0 at 64x64x256, 144 against 106 at 256x256x512).
-_CAPTURED_STEP_MULTIPLY_ADDS = 2**20
-# Eager, the step kernels win up to far larger cells (BENCHMARKS.md, "The
-# cell"), and their 32-bit indices hold every tensor of such a step.
-STEP_MULTIPLY_ADDS = 2**30
+def uses_step_kernels(batch_size, input_features, state_size, dtype, device=None,
+                      function="lltm"):
+    """True where a call of the cell on `device` (a CUDA device where None)
+    is one step in lltm_ffi's own kernels (step_forward) rather than torch's
+    products around the fused pointwise pass: as the plan (src/plan.c) or
+    LLTM_PATH says; ValueError naming `function` where LLTM_PATH forces
+    cell-steps on a call they cannot take."""
+    return plan.cell_path(function, dtype, device or _CUDA, batch_size, input_features,
+                          state_size) == "cell-steps"
 
 
-def step_multiply_adds(batch_size, input_features, state_size):
-    """The multiply-adds of one step's gate product."""
-    return batch_size * 3 * state_size * (state_size + input_features)
-
-
-def uses_step_kernels(batch_size, input_features, state_size, dtype):
-    """True where a GPU call is one step in lltm_ffi's own kernels
-    (step_forward) rather than torch's products around the fused pointwise
-    pass: the one place that decides. The step passes must take `dtype`."""
-    limit = (_CAPTURED_STEP_MULTIPLY_ADDS if torch.cuda.is_current_stream_capturing()
-             else STEP_MULTIPLY_ADDS)
-    return (step_multiply_adds(batch_size, input_features, state_size) <= limit
-            and dtype in step_forward.cuda_dtypes and dtype in step_backward.cuda_dtypes)
+_CUDA = torch.device("cuda")
 
 
 # The differentiable cell -------------------------------------------------------
@@ -327,7 +316,7 @@ class LLTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
         check_arguments("lltm", input, weights, bias, old_h, old_cell)
-        if input.is_cuda and uses_step_kernels(*input.shape, old_h.shape[1], input.dtype):
+        if uses_step_kernels(*input.shape, old_h.shape[1], input.dtype, input.device):
             X = None  # C reads old_h and input where they are
             new_h, new_cell, gates = step_forward.run(input, weights, bias, old_h, old_cell)
         else:

@@ -18,25 +18,25 @@ builds, which calls C directly; torch.compile and tracers go through the
 registered operators. Under autocast the arguments are cast to the
 autocast dtype first, and the call runs in it.
 
-On a GPU the matrix products go through cuBLAS (loaded by the C code at run
-time; the recurrent ones past the sizes the cluster and persistent kernels
-take), with TF32 where torch.backends.cuda.matmul.allow_tf32 allows it for
-torch's own products; LLTM_CUBLAS=0 in the environment has lltm_ffi's own
-kernels do them all instead. LLTM_CLUSTER=0 keeps the recurrence off
-thread-block clusters (compute capability 9.0 and newer: the cluster
-kernels, and the persistent kernels' shared staging), on the paths older
-GPUs take. On the CPU they go through OpenBLAS where the scipy-openblas32
-wheel is installed (loaded by the C code at run time; a small recurrence's
-stay lltm_ffi's own), on as many threads as torch.get_num_threads() says;
-LLTM_BLAS=0 has lltm_ffi's own products do them all, LLTM_BLAS=1 the BLAS
-every recurrence's too.
+The recurrence's path is the plan's (src/plan.c; plan.py asks it, and
+recurrence_path says which a call takes); LLTM_PATH in the environment
+forces one. On a GPU the matrix products go through cuBLAS (loaded by the C
+code at run time), with TF32 where torch.backends.cuda.matmul.allow_tf32
+allows it for torch's own products; LLTM_CUBLAS=0 in the environment has
+lltm_ffi's own kernels do them all instead. LLTM_CLUSTER=0 keeps the
+recurrence off thread-block clusters (compute capability 9.0 and newer:
+the cluster kernels, and the persistent kernels' shared staging), on the
+paths older GPUs take. On the CPU they go through OpenBLAS where the
+scipy-openblas32 wheel is installed (loaded by the C code at run time; a
+small recurrence's stay lltm_ffi's own), on as many threads as
+torch.get_num_threads() says; LLTM_BLAS=0 has lltm_ffi's own products do
+them all, LLTM_BLAS=1 the BLAS every recurrence's too. The options reach C
+as one lltm_sequence_options (plan.sequence_options).
 
 A forward whose backward will not run (torch.no_grad, torch.inference_mode,
 no argument requiring grad) calls the packed forward pass directly, which
 on the CPU keeps no cells or gates.
 """
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,7 @@ from torch.autograd import forward_ad
 from torch.nn.utils.rnn import PackedSequence
 
 from ... import _torch_internals, op
-from . import cell, derivatives
+from . import cell, derivatives, plan
 
 _ARGUMENT_NAMES = ("inputs", "weights", "bias", "h0", "c0")
 _shape = cell._shape
@@ -60,24 +60,6 @@ def check_dense(inputs, weights, bias, h0, c0):
     if not cell.arguments_fit(inputs, 3, weights, bias, h0, c0, packed_forward, True):
         cell.diagnose("lltm_sequence", _ARGUMENT_NAMES, 3, (inputs, weights, bias, h0, c0),
                       packed_forward, True)
-
-
-def _options():
-    """The C passes' options: (tf32, kernels), read at each call as torch
-    reads its own TF32 setting. kernels' bit 0 is LLTM_CUBLAS=0 (lltm_ffi's
-    own kernels for every product), bit 1 LLTM_CLUSTER=0 (no thread-block
-    clusters for the recurrence), bit 2 LLTM_AMX=0 (the CPU's portable
-    products for float16 and bfloat16, never AMX), bit 3 LLTM_AMX=1 (AMX
-    for every such product it can take, float16's of every size too), bit 4
-    LLTM_BLAS=0 (the CPU passes' own products, never the BLAS), bit 5
-    LLTM_BLAS=1 (the BLAS for the CPU's recurrent products at every size)."""
-    environ = os.environ
-    own_kernels = environ.get("LLTM_CUBLAS") == "0"
-    no_cluster = environ.get("LLTM_CLUSTER") == "0"
-    amx, blas = environ.get("LLTM_AMX"), environ.get("LLTM_BLAS")
-    return (int(torch.backends.cuda.matmul.allow_tf32),
-            int(own_kernels) | int(no_cluster) << 1 | int(amx == "0") << 2 | int(amx == "1") << 3
-            | int(blas == "0") << 4 | int(blas == "1") << 5)
 
 
 # Packed steps, either direction ------------------------------------------------
@@ -131,6 +113,17 @@ def _check_packed_forward(function, inputs, weights, bias, h0, c0, batch_sizes, 
     check_packed(function, inputs, weights, bias, h0, c0, batch_sizes)
 
 
+def _checked_options(inputs, backward, steps, batch_size, state_size, batch_sizes):
+    """The pass's options (plan.sequence_options), once the path LLTM_PATH
+    forces, if any, is known to take it (else its ValueError)."""
+    options = plan.sequence_options("lltm_sequence")
+    if type(inputs) in op.PLAIN_TENSOR_TYPES:  # a fake tensor has no device to ask about
+        plan.check_forced_sequence("lltm_sequence", inputs.dtype, inputs.device, backward,
+                                   steps, batch_size, state_size, batch_sizes is not None,
+                                   options)
+    return options
+
+
 @op.c_pass("packed_forward", check=_check_packed_forward)
 def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
                    bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
@@ -155,9 +148,11 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     gates = h0.new_empty(rows, 3 * state_size) if kept else None
     if outputs.numel():
         h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
-        c(sizes=(rows, steps_of(rows, batch_size, batch_sizes), batch_size, input_features,
-                 state_size, int(reverse), *_options()),
-          tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n))
+        steps = steps_of(rows, batch_size, batch_sizes)
+        options = _checked_options(inputs, False, steps, batch_size, state_size, batch_sizes)
+        c(sizes=(rows, steps, batch_size, input_features, state_size, int(reverse)),
+          tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n),
+          options=options)
     else:
         h_n, c_n = h0.clone(), c0.clone()
     return (outputs, cells, gates, h_n, c_n) if saved else (outputs, None, None, h_n, c_n)
@@ -204,11 +199,13 @@ def packed_backward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     # Past one step d_h0 and d_c0 carry the gradients between steps: C needs them.
     d_h0, d_c0 = (new(h0.shape) if want or steps > 1 else None for want in (wants_h0, wants_c0))
     if computed:
-        c(sizes=(rows, steps, batch_size, input_features, state_size, int(reverse), *_options(),
+        options = _checked_options(inputs, True, steps, batch_size, state_size, batch_sizes)
+        c(sizes=(rows, steps, batch_size, input_features, state_size, int(reverse),
                  *cell._strides(grad_outputs)[1:], *cell._strides(grad_cells)[1:]),
           tensors=(inputs, weights, h0, batch_sizes, outputs, cells, gates, grad_outputs,
                    grad_cells, grad_h_n, grad_c_n, torch.empty_like(gates), d_inputs, d_weights,
-                   d_bias, d_h0, d_c0))
+                   d_bias, d_h0, d_c0),
+          options=options)
     return d_inputs, d_weights, d_bias, d_h0 if wants_h0 else None, d_c0 if wants_c0 else None
 
 
@@ -371,8 +368,7 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
     steps, batch_size, input_features = inputs.shape
     if steps == 0:
         return inputs.new_empty(0, *h0.shape), (h0, c0)
-    if (plain and steps == 1 and not reverse and bias is not None and inputs.is_cuda
-            and cell.uses_step_kernels(batch_size, input_features, h0.shape[1], inputs.dtype)):
+    if plain and _one_step_in_cell(inputs, bias, h0, reverse):
         # One step is a call of the cell, in its step kernels.
         new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
         return new_h.unsqueeze(0), (new_h, new_cell)
@@ -382,6 +378,51 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0, None,
                  bool(reverse)), plain)
     return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
+
+
+def _one_step_in_cell(inputs, bias, h0, reverse):
+    """True where a plain eager call of dense steps runs as one call of the
+    cell in its step kernels: one forward step with a bias on a GPU, the
+    plan not forced (LLTM_PATH unset) and its cell taking the step
+    kernels."""
+    steps, batch_size, input_features = inputs.shape
+    return (steps == 1 and not reverse and bias is not None and inputs.is_cuda
+            and plan.forced_path("lltm_sequence") == plan.lib.LLTM_PATH_PLANNED
+            and cell.uses_step_kernels(batch_size, input_features, h0.shape[1], inputs.dtype,
+                                       inputs.device, "lltm_sequence"))
+
+
+def recurrence_path(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=False,
+                    backward=False):
+    """The name of the path (a row of the plan's table, docs/ARCHITECTURE.md)
+    that lltm_sequence, called eagerly with these arguments, takes for its
+    forward pass (backward=True: its backward pass): cluster, persistent,
+    cublas or steps on a GPU, cpu on the CPU, or cell-steps where one dense
+    forward step runs as a call of the cell; None where the call computes
+    nothing (no steps, rows or state). The arguments are lltm_sequence's
+    (a PackedSequence too), checked as it checks them. Under LLTM_PATH the
+    path forced, or the ValueError that lltm_sequence would raise."""
+    if isinstance(inputs, PackedSequence):
+        data, batch_sizes = inputs.data, inputs.batch_sizes
+        h0, c0 = (state.index_select(0, inputs.sorted_indices)
+                  if inputs.sorted_indices is not None else state for state in (h0, c0))
+        return recurrence_path(data, weights, bias, h0, c0, batch_sizes=batch_sizes,
+                               reverse=reverse, backward=backward)
+    if batch_sizes is not None:
+        packed_forward.check((inputs, weights, bias, h0, c0, batch_sizes, bool(reverse)),
+                             "lltm_sequence")
+        steps = batch_sizes.shape[0]
+    else:
+        check_dense(inputs, weights, bias, h0, c0)
+        steps = inputs.shape[0]
+        if _one_step_in_cell(inputs, bias, h0, reverse):
+            return "cell-steps"
+    batch_size, state_size = h0.shape
+    if not steps * batch_size * state_size:
+        return None
+    return plan.sequence_path("lltm_sequence", inputs.dtype, inputs.device, backward, steps,
+                              batch_size, state_size, batch_sizes is not None,
+                              plan.sequence_options("lltm_sequence"))
 
 
 def _in_packed_order(name, state, data, sorted_indices):

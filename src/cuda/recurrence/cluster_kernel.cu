@@ -1,7 +1,6 @@
 // The recurrence of a dense sequence pass held in thread-block clusters
 // (compute capability 9.0 and newer), Caffe style behind the extern "C"
-// launchers of lltm_cluster.h; sequence_kernel.cu's plan_recurrence decides
-// when it runs.
+// launchers of lltm_cluster.h; the plan (src/plan.c) decides when it runs.
 //
 // Why clusters. The persistent kernels (persistent_kernel.cu) synchronise the
 // whole grid once a step (about 1.1 us on an H200) and stage the whole

@@ -1,6 +1,6 @@
-// The cluster-resident recurrence (cluster_kernel.cu) as the sequence's
-// launchers (sequence_kernel.cu) see it: a plan, and a launcher each way on
-// raw pointers and a stream. Dense steps only, either direction; the
+// The cluster-resident recurrence (cluster_kernel.cu) as the plan
+// (src/plan.c) and the sequence's launchers (sequence_kernel.cu) see it: a
+// plan, and a launcher each way on raw pointers and a stream. Dense steps only, either direction; the
 // contracts are those of persistent_kernel.cu's persistent kernels.
 #ifndef LLTM_CLUSTER_H
 #define LLTM_CLUSTER_H
@@ -8,6 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 // How a cluster launch is laid out: `clusters` clusters of `cluster_size`
 // blocks of `threads`, each block with `shared_bytes` of dynamic shared
@@ -27,7 +31,7 @@ typedef struct {
 // no sm_90 code for the kernels, the sizes are past what they take, or the
 // clusters would not all be resident at once. A failed query gives no plan
 // (and clears the runtime's last error): it never fails a pass.
-extern "C" lltm_cluster_plan lltm_plan_cluster(int dtype, int backward, int64_t steps,
+lltm_cluster_plan lltm_plan_cluster(int dtype, int backward, int64_t steps,
                                                int64_t batch_size, int64_t state_size);
 
 // The forward recurrence: on entry gates (steps, batch, 3 * state) holds
@@ -36,7 +40,7 @@ extern "C" lltm_cluster_plan lltm_plan_cluster(int dtype, int backward, int64_t 
 // weights_row_stride apart), keeps the sum in gates, and writes the step's
 // outputs and cells; the last step visited (reverse: step 0) leaves its
 // state in final_h and final_cell too, where final_h is not NULL.
-extern "C" cudaError_t lltm_launch_cluster_forward(
+cudaError_t lltm_launch_cluster_forward(
     const lltm_cluster_plan* plan, int dtype, int64_t steps, int64_t batch_size,
     int64_t state_size, int64_t weights_row_stride, int reverse, const void* bias,
     const void* weights, const void* h0, const void* c0, void* outputs, void* cells,
@@ -47,11 +51,15 @@ extern "C" cudaError_t lltm_launch_cluster_forward(
 // grad_strides, their (step, row, column) strides, outputs' then cells')
 // and those of the final state (dense (batch, state), NULL: zeros), and
 // then d_h0 and d_c0 (each NULL: not wanted).
-extern "C" cudaError_t lltm_launch_cluster_backward(
+cudaError_t lltm_launch_cluster_backward(
     const lltm_cluster_plan* plan, int dtype, int64_t steps, int64_t batch_size,
     int64_t state_size, int64_t weights_row_stride, int reverse, const void* weights,
     const void* grad_outputs, const void* grad_cells, const int64_t* grad_strides,
     const void* grad_final_h, const void* grad_final_cell, const void* cells, const void* gates,
     void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif  // LLTM_CLUSTER_H

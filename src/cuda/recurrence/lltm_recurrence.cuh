@@ -1,7 +1,8 @@
 // What the files of the sequence's recurrence share. A pass's way down:
 //
-//   sequence_kernel.cu        the passes: their launchers, the choice of the
-//                             recurrence's path, the products and sums
+//   sequence_kernel.cu        the passes: their launchers, the recurrence
+//                             by the path the plan (src/plan.c,
+//                             lltm_plan.h) gives, the products and sums
 //                             around it
 //   cluster_kernel.cu         the cluster kernels (lltm_cluster.h)
 //   persistent_kernel.cu      the persistent kernels (lltm_persistent.cuh)
@@ -20,6 +21,7 @@
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
 #include "lltm_op.h"
+#include "lltm_plan.h"
 #include "lltm_steps.h"
 
 // The tiles of the step-by-step kernels and of the hidden weights'
@@ -182,22 +184,16 @@ __device__ __forceinline__ math_t<Dtype> keep_gate(Dtype* gate, math_t<Dtype> su
 }
 
 // Past kPersistentElements (batch x state) the persistent kernels take no
-// pass (PersistentPlan); up to it packed steps take the step-by-step
-// kernels even where cuBLAS runs (sequence_kernel.cu's fused_steps_serve).
-static const int64_t kPersistentElements = 16384;
+// pass (lltm_plan.h).
+static const int64_t kPersistentElements = LLTM_PERSISTENT_ELEMENTS;
 
-// How a persistent launch is laid out, or blocks == 0 where the step-by-step
-// kernels serve better or it cannot run here. Every block reads the whole
-// batch's state each step, so past kPersistentElements (batch x state) that
-// traffic outgrows the launches it saves; and it needs shared memory for a
-// block's weights and the whole batch, and no more blocks than the device
-// holds at once (a cooperative launch needs every block resident).
-struct PersistentPlan {
-  const void* kernel;  // the kernel for the plan's columns a block
-  int blocks;
-  size_t shared_bytes;
-  int cluster;  // blocks a cluster (MulticastStage), or 1: no clusters
-};
+// How a persistent launch is laid out, or blocks == 0 where it cannot run
+// here. Every block reads the whole batch's state each step, so past
+// kPersistentElements (batch x state) that traffic outgrows the launches it
+// saves; and it needs shared memory for a block's weights and the whole
+// batch, and no more blocks than the device holds at once (a cooperative
+// launch needs every block resident).
+typedef lltm_persistent_plan PersistentPlan;
 
 // Every element type, for the instantiations: macro(Dtype) for each.
 #define LLTM_FOR_EVERY_DTYPE(macro) \
@@ -217,7 +213,7 @@ int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
                         const Dtype* h0, const Dtype* outputs, Dtype* d_weights);
 
 // The recurrence's paths past the cluster kernels (lltm_cluster.h), in the
-// order sequence_kernel.cu tries them. persistent_kernel.cu: a launch's
+// order of the plan's table (src/plan.c). persistent_kernel.cu: a launch's
 // plan (blocks == 0: none), and the launch of the kernel it names with
 // `arguments`, the kernel's own.
 template <typename Dtype>

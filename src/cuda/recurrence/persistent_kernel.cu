@@ -9,8 +9,8 @@
 // 16-bit types on tensor cores (mma_step); the two share the kernels' steps,
 // the cell's math and what a step reads and writes.
 //
-// Dense steps only, either direction; sequence_kernel.cu's plan_recurrence
-// takes them where plan_persistent lays a launch out.
+// Dense steps only, either direction; the plan (src/plan.c) takes them
+// where plan_persistent lays a launch out.
 
 #include <cooperative_groups.h>
 
@@ -349,6 +349,13 @@ int launch_persistent(const PersistentPlan& plan, void** arguments, cudaStream_t
   attributes[1].val.cooperative = 1;
   config.numAttrs = 2;
   return cudaLaunchKernelExC(&config, plan.kernel, arguments);
+}
+
+extern "C" lltm_persistent_plan lltm_plan_persistent(int dtype, int backward, int64_t steps,
+                                                    int64_t batch_size, int64_t state_size,
+                                                    int clusters) {
+  return LLTM_TYPED_CALL_WITH_HALF(dtype, plan_persistent, backward != 0, steps, batch_size,
+                                   state_size, clusters != 0);
 }
 
 // What the other files of the recurrence call (lltm_recurrence.cuh), for

@@ -10,16 +10,12 @@
 // after the backward loop the gradients of the inputs and the weights (by
 // cuBLAS, or lltm_ffi's own kernel where cuBLAS cannot be loaded:
 // products_kernel.cu) and of the bias. Four paths for the recurrence, each in a
-// file of its own, chosen per pass here (plan_recurrence for the first two,
-// then sequence_forward_steps and sequence_backward_steps by whether cuBLAS
-// runs): on compute capability 9.0 and newer the cluster kernels
-// (cluster_kernel.cu), one ordinary launch a pass, for dense steps of a state
-// up to 256; the persistent kernels (persistent_kernel.cu), one cooperative
-// launch a pass, for small batch x state and dense steps (the 16-bit types on
-// tensor cores, from compute capability 8.0); otherwise each step's recurrent
-// product by cuBLAS and a pointwise kernel for its gate math
-// (cublas_loop_kernel.cu); and, without cuBLAS or for packed steps of a small
-// batch x state, a step-by-step kernel that does both (step_by_step_kernel.cu).
+// file of its own, in the order of the plan's table (src/plan.c, which alone
+// chooses, lltm_plan_recurrence): the cluster kernels (cluster_kernel.cu), one
+// ordinary launch a pass; the persistent kernels (persistent_kernel.cu), one
+// cooperative launch a pass; each step's recurrent product by cuBLAS and a
+// pointwise kernel for its gate math (cublas_loop_kernel.cu); and a
+// step-by-step kernel that does both (step_by_step_kernel.cu).
 // lltm_recurrence.cuh holds what they share.
 //
 // Every element type: tensors hold it, the arithmetic runs in its math type
@@ -30,55 +26,29 @@
 //
 // A call comes in at the bottom of this file (the LLTM_CUDA_PASS lines) and
 // goes up: the launchers, run_pass (the CUDA graphs of cublas.c), the forward
-// or backward pass, plan_recurrence.
+// or backward pass, which asks the plan for its recurrence's path.
 
 #include "lltm_cluster.h"
 #include "lltm_cublas.h"
 #include "lltm_kernels.h"
 #include "lltm_recurrence.cuh"
 
-// Packed steps of a small batch x state (what the persistent kernels would
-// take were the steps dense) run the step-by-step kernels, one fused launch
-// a step each way, also where cuBLAS runs: cuBLAS's product and a gate
-// kernel a step cost more there.
-static bool fused_steps_serve(const lltm_walk& walk, int64_t state_size) {
-  return walk.batch_sizes && walk.batch_size * state_size <= kPersistentElements;
-}
-
-// The path of a pass's recurrence: the cluster kernels where lltm_plan_cluster
-// lays them out (dense steps, compute capability 9.0 and newer, a state of at
-// most 256, every cluster resident at once; its thresholds are in
-// cluster_kernel.cu) and the options allow them (not LLTM_SEQUENCE_NO_CLUSTER);
-// else the persistent kernels where plan_persistent lays them out; else
-// (neither plan set) the cuBLAS loop where cuBLAS runs and fused_steps_serve
-// does not hold (sequence_forward_steps, sequence_backward_steps), or the step-
-// by-step kernels.
-struct RecurrencePlan {
-  lltm_cluster_plan cluster;
-  PersistentPlan persistent;
-};
-
+// The plan of a pass's recurrence (src/plan.c); `cublas` whether its
+// products run through cuBLAS.
 template <typename Dtype>
-static RecurrencePlan plan_recurrence(bool backward, const lltm_walk& walk, int64_t state_size,
-                                      int options) {
-  RecurrencePlan plan = {{NULL, 0, 0, 0, 0}, {NULL, 0, 0, 1}};
-  if (walk.batch_sizes) return plan;
-  if (!(options & LLTM_SEQUENCE_NO_CLUSTER)) {
-    plan.cluster = lltm_plan_cluster(lltm_dtype_of<Dtype>(), backward, walk.steps,
-                                     walk.batch_size, state_size);
-    if (plan.cluster.kernel) return plan;
-  }
-  plan.persistent = plan_persistent<Dtype>(backward, walk.steps, walk.batch_size, state_size,
-                                           !(options & LLTM_SEQUENCE_NO_CLUSTER));
-  return plan;
+static lltm_recurrence_plan plan_of(bool backward, const lltm_walk& walk, int64_t state_size,
+                                    const lltm_sequence_options* options, bool cublas) {
+  return lltm_plan_recurrence(lltm_dtype_of<Dtype>(), backward, walk.steps, walk.batch_size,
+                              state_size, walk.batch_sizes != NULL, options, cublas);
 }
 
 static int64_t address(const void* pointer) { return (int64_t)(uintptr_t)pointer; }
 
 // The options a pass's graph depends on, for its key: TF32 changes the
-// products, no-cluster the recurrence's kernels (own kernels record no graph).
-static int64_t key_options(int options) {
-  return options & (LLTM_SEQUENCE_TF32 | LLTM_SEQUENCE_NO_CLUSTER);
+// products, the clusters and a forced path the recurrence's kernels (without
+// cuBLAS no graph is recorded).
+static int64_t key_options(const lltm_sequence_options* options) {
+  return options ? options->tf32 | !options->clusters << 1 | (options->path + 1) << 2 : 0;
 }
 
 // Runs steps(cublas, stream), a pass's launches, through lltm_cublas_run
@@ -90,10 +60,10 @@ static int call_steps(void* steps, cudaStream_t stream) {
 }
 
 template <typename Steps>
-static int run_pass(const lltm_pass_key& key, int dtype, cudaStream_t stream, int options,
-                    Steps steps) {
-  if (!(options & LLTM_SEQUENCE_OWN_KERNELS)) {
-    const int code = lltm_cublas_run(&key, dtype, stream, options & LLTM_SEQUENCE_TF32,
+static int run_pass(const lltm_pass_key& key, int dtype, cudaStream_t stream,
+                    const lltm_sequence_options* options, Steps steps) {
+  if (!options || options->cublas) {
+    const int code = lltm_cublas_run(&key, dtype, stream, options && options->tf32,
                                      call_steps<Steps>, &steps);
     if (code != LLTM_ERROR_NO_CUBLAS) return code;
   }
@@ -101,28 +71,29 @@ static int run_pass(const lltm_pass_key& key, int dtype, cudaStream_t stream, in
 }
 
 // The forward pass: every step's input part of its gates, then the
-// recurrence by the path plan_recurrence gives. final_h NULL: no final
-// state kept.
+// recurrence by the path the plan gives. final_h NULL: no final state kept.
 template <typename Dtype>
-static int sequence_forward_steps(bool cublas, cudaStream_t stream, int options,
+static int sequence_forward_steps(bool cublas, cudaStream_t stream,
+                                  const lltm_sequence_options* options,
                                   const lltm_walk& walk, int64_t input_features,
                                   int64_t state_size,
                                   const Dtype* inputs, const Dtype* weights, const Dtype* bias,
                                   const Dtype* h0, const Dtype* c0, Dtype* outputs, Dtype* cells,
                                   Dtype* gates, Dtype* final_h, Dtype* final_cell) {
   int64_t columns = state_size + input_features;  // the weights' row stride
+  const lltm_recurrence_plan plan = plan_of<Dtype>(false, walk, state_size, options, cublas);
+  if (plan.path < 0) return plan.path;
   const int code = product<Dtype>(cublas, stream, walk.rows, 3 * state_size, input_features,
                                   inputs, input_features, false, weights + state_size, columns,
                                   true, false, gates, 3 * state_size);
   if (code != LLTM_SUCCESS) return code;
-  const RecurrencePlan plan = plan_recurrence<Dtype>(false, walk, state_size, options);
-  if (plan.cluster.kernel) {
+  if (plan.path == LLTM_PATH_CLUSTER) {
     return lltm_launch_cluster_forward(&plan.cluster, lltm_dtype_of<Dtype>(), walk.steps,
                                        walk.batch_size, state_size, columns, walk.reverse, bias,
                                        weights, h0, c0, outputs, cells, gates, final_h,
                                        final_cell, stream);
   }
-  if (plan.persistent.blocks) {
+  if (plan.path == LLTM_PATH_PERSISTENT) {
     int64_t steps = walk.steps, batch_size = walk.batch_size;
     int reverse = walk.reverse;
     void* arguments[] = {&steps,   &batch_size, &state_size, &columns, &reverse,
@@ -130,7 +101,7 @@ static int sequence_forward_steps(bool cublas, cudaStream_t stream, int options,
                          &cells,   &gates,      &final_h,    &final_cell};
     return launch_persistent(plan.persistent, arguments, stream);
   }
-  if (cublas && !fused_steps_serve(walk, state_size)) {
+  if (cublas && plan.path == LLTM_PATH_CUBLAS) {
     return sequence_forward_cublas_steps<Dtype>(walk, state_size, columns, bias, weights, h0, c0,
                                                 outputs, cells, gates, final_h, final_cell,
                                                 stream);
@@ -198,7 +169,8 @@ __global__ void __launch_bounds__(kSumThreads) lltm_column_sums_kernel(
 // times each step's [old h, x]) and the bias (d_gates summed over every
 // row), each where wanted.
 template <typename Dtype>
-static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options,
+static int sequence_backward_steps(bool cublas, cudaStream_t stream,
+                                   const lltm_sequence_options* options,
                                    const lltm_walk& walk, int64_t input_features,
                                    int64_t state_size,
                                    const Dtype* inputs, const Dtype* weights, const Dtype* h0,
@@ -210,9 +182,10 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options
                                    Dtype* d_c0) {
   int64_t columns = state_size + input_features;
   const int64_t gates_size = 3 * state_size;
-  const RecurrencePlan plan = plan_recurrence<Dtype>(true, walk, state_size, options);
+  const lltm_recurrence_plan plan = plan_of<Dtype>(true, walk, state_size, options, cublas);
+  if (plan.path < 0) return plan.path;
   int code;
-  if (plan.cluster.kernel) {
+  if (plan.path == LLTM_PATH_CLUSTER) {
     const int64_t grad_strides[6] = {strides.outputs[0], strides.outputs[1], strides.outputs[2],
                                      strides.cells[0],   strides.cells[1],   strides.cells[2]};
     code = lltm_launch_cluster_backward(&plan.cluster, lltm_dtype_of<Dtype>(), walk.steps,
@@ -220,7 +193,7 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options
                                         weights, grad_outputs, grad_cells, grad_strides,
                                         grad_final_h, grad_final_cell, cells, gates, d_gates,
                                         d_h0, d_c0, stream);
-  } else if (plan.persistent.blocks) {
+  } else if (plan.path == LLTM_PATH_PERSISTENT) {
     int64_t steps = walk.steps, batch_size = walk.batch_size;
     int reverse = walk.reverse;
     void* arguments[] = {&steps,      &batch_size,   &state_size,      &columns,
@@ -229,7 +202,7 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options
                          &gates,      &d_gates,      &d_h0,            &d_c0};
     code = launch_persistent(plan.persistent, arguments, stream);
   } else {
-    code = cublas && !fused_steps_serve(walk, state_size)
+    code = cublas && plan.path == LLTM_PATH_CUBLAS
                ? sequence_backward_cublas_steps<Dtype>(
                      walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
                      grad_final_h, grad_final_cell, cells, gates, d_gates, d_h0, d_c0, stream)
@@ -265,28 +238,21 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream, int options
   return code;
 }
 
-// The options of a pass whose sizes hold tf32 and kernels at `flags`:
-// kernels' bit 0 is own kernels, bit 1 no cluster kernels (sequence.py's
-// _options).
-static int options_at(const int64_t* flags) {
-  return (flags[0] ? LLTM_SEQUENCE_TF32 : 0) | (flags[1] & 1 ? LLTM_SEQUENCE_OWN_KERNELS : 0) |
-         (flags[1] & 2 ? LLTM_SEQUENCE_NO_CLUSTER : 0);
-}
-
 // The launchers of the passes, packed_forward and packed_backward: packed
 // steps, or where batch_sizes is NULL dense ones, in either direction
-// (sizes: rows, steps, batch, input_features, state, reverse, then the two
-// options; backward, then grad_outputs' and grad_cells' row and column
-// strides), with the final states; their key holds the batch sizes too.
+// (sizes: rows, steps, batch, input_features, state, reverse; backward, then
+// grad_outputs' and grad_cells' row and column strides), with the final
+// states and the options (NULL: the defaults); their key holds the batch
+// sizes too.
 template <typename Dtype>
 static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
                                  const void* inputs, const void* weights, const void* bias,
                                  const void* h0, const void* c0, void* outputs, void* cells,
                                  void* gates, void* final_h, void* final_cell,
-                                 cudaStream_t stream) {
+                                 const void* options_address, cudaStream_t stream) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
-  const int options = options_at(sizes + 6);
+  const lltm_sequence_options* options = as<lltm_sequence_options>(options_address);
   const int64_t input_features = sizes[3], state_size = sizes[4];
   const lltm_pass_key key = {{3, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
                               input_features, state_size, key_options(options), walk.reverse,
@@ -312,12 +278,13 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
                                   const void* grad_outputs, const void* grad_cells,
                                   const void* grad_final_h, const void* grad_final_cell,
                                   void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
-                                  void* d_h0, void* d_c0, cudaStream_t stream) {
+                                  void* d_h0, void* d_c0, const void* options_address,
+                                  cudaStream_t stream) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
-  const int options = options_at(sizes + 6);
+  const lltm_sequence_options* options = as<lltm_sequence_options>(options_address);
   const int64_t input_features = sizes[3], state_size = sizes[4];
-  const int64_t* row_strides = sizes + 8;  // grad_outputs' (row, column), grad_cells'
+  const int64_t* row_strides = sizes + 6;  // grad_outputs' (row, column), grad_cells'
   const GradStrides strides = {{sizes[2] * row_strides[0], row_strides[0], row_strides[1]},
                                {sizes[2] * row_strides[2], row_strides[2], row_strides[3]}};
   const lltm_pass_key key = {{4, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
@@ -342,15 +309,15 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
         as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0), as<Dtype>(d_c0));
   });
 }
-// The passes, in the argument order of their declarations in sequence.py;
-// every element type.
+// The passes, in the argument order of their declarations in sequence.py,
+// the options' address last; every element type.
 LLTM_CUDA_PASS_WITH_HALF(packed_forward, launch_packed_forward, args->sizes, args->tensors[5],
                          args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
                          args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
-                         args->tensors[9], args->tensors[10], stream)
+                         args->tensors[9], args->tensors[10], args->tensors[11], stream)
 LLTM_CUDA_PASS_WITH_HALF(packed_backward, launch_packed_backward, args->sizes, args->tensors[3],
                          args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
                          args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
                          args->tensors[9], args->tensors[10], args->tensors[11],
                          args->tensors[12], args->tensors[13], args->tensors[14],
-                         args->tensors[15], args->tensors[16], stream)
+                         args->tensors[15], args->tensors[16], args->tensors[17], stream)

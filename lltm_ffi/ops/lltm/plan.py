@@ -1,0 +1,126 @@
+"""Which path a call of the LLTM takes, asked of C: the plan's table is
+src/plan.c's (docs/ARCHITECTURE.md draws it), and Python decides nothing
+of it. Here: the table's names, the options a sequence pass hands C (an
+lltm_sequence_options, lltm_ffi.h), and the questions Python asks, for the
+cell's path, for recurrence_path, and to refuse a forced path that cannot
+take a call.
+
+The environment, read at each call as torch reads its own TF32 setting:
+LLTM_PATH=<name> forces a path of the table (a path of the sequence's
+leaves the cell to its plan, and a cell's path the sequence); LLTM_CUBLAS=0
+keeps cuBLAS out of the sequence's products and paths; LLTM_CLUSTER=0 keeps
+thread-block clusters out of its recurrence; LLTM_AMX=0 or 1 picks the
+CPU's 16-bit products (never AMX, or AMX for every product it takes);
+LLTM_BLAS=0 or 1 the CPU's products through the BLAS (never, or the
+recurrence's too at every size).
+"""
+
+import os
+
+import torch
+
+from ... import _extension
+from ..._extension import ffi, lib
+
+# The table's names, in its order (LLTM_PATH takes them).
+PATHS = (tuple(ffi.string(lib.lltm_path_name(path)).decode()
+               for path in range(lib.LLTM_PATH_COUNT)) if lib is not None else ())
+_NUMBERS = {name: number for number, name in enumerate(PATHS)}
+# The sequence's rows (its GPU's, then the CPU's) and the cell's.
+SEQUENCE_PATHS = PATHS[:lib.LLTM_PATH_CPU + 1] if lib is not None else ()
+CELL_PATHS = PATHS[lib.LLTM_PATH_CELL_STEPS:] if lib is not None else ()
+_PLANNED = lib.LLTM_PATH_PLANNED if lib is not None else -1
+
+
+def forced_path(function):
+    """The number of the path LLTM_PATH forces, or LLTM_PATH_PLANNED where
+    it is unset or empty; ValueError naming LLTM_PATH and `function` for a
+    name the table does not hold."""
+    name = os.environ.get("LLTM_PATH")
+    if not name:
+        return _PLANNED
+    number = _NUMBERS.get(name)
+    if number is None:
+        raise ValueError(f"{function}: LLTM_PATH={name!r} names no path; the paths are "
+                         f"{', '.join(PATHS)} (unset LLTM_PATH to let the plan choose)")
+    return number
+
+
+# One options struct for each setting met, kept: a pass reuses it.
+_OPTIONS = {}
+
+
+def sequence_options(function):
+    """The sequence passes' lltm_sequence_options for this call, from the
+    environment and torch.backends.cuda.matmul.allow_tf32."""
+    amx, blas = os.environ.get("LLTM_AMX"), os.environ.get("LLTM_BLAS")
+    key = (forced_path(function), int(torch.backends.cuda.matmul.allow_tf32),
+           int(os.environ.get("LLTM_CUBLAS") != "0"), int(os.environ.get("LLTM_CLUSTER") != "0"),
+           int(amx) if amx in ("0", "1") else -1, int(blas) if blas in ("0", "1") else -1)
+    options = _OPTIONS.get(key)
+    if options is None:
+        options = _OPTIONS[key] = ffi.new("lltm_sequence_options *", dict(
+            zip(("path", "tf32", "cublas", "clusters", "amx", "blas"), key)))
+    return options
+
+
+def _on_device(device, ask):
+    """ask(), C's answer for `device` (a torch.device): a CUDA device's
+    made current for the question."""
+    if device.type != "cuda":
+        return ask(lib.LLTM_CPU)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        return ask(index)
+
+
+def _name_or_refusal(function, number, forced, call):
+    """The name of path `number`, or for a refusal code the ValueError
+    naming the path forced, the call (call(): its words) and why."""
+    if number >= 0:
+        return PATHS[number]
+    if number == lib.LLTM_ERROR_NO_CUDA:
+        _extension.check(function, number)
+    reason = ffi.string(lib.lltm_error_string(number)).decode()
+    raise ValueError(f"{function}: LLTM_PATH={PATHS[forced]} cannot take {call()}: {reason}; "
+                     "unset LLTM_PATH to let the plan choose")
+
+
+def sequence_path(function, dtype, device, backward, steps, batch_size, state_size, packed,
+                  options):
+    """The name of the path a sequence pass takes (forward, or backward
+    where `backward`) of `steps` steps (packed ones where `packed`) of
+    batch_size rows and state_size columns, `dtype` on `device`, with
+    `options` (sequence_options'); ValueError where the path LLTM_PATH
+    forces cannot take it."""
+    number = _on_device(device, lambda index: lib.lltm_sequence_path(
+        _extension._DTYPE_CODES[dtype], index, int(backward), steps, batch_size, state_size,
+        int(packed), options))
+    return _name_or_refusal(function, number, options.path, lambda: (
+        f"{'packed' if packed else 'dense'} steps ({steps} of {batch_size} x {state_size}, "
+        f"{dtype}, {device}, {'backward' if backward else 'forward'})"))
+
+
+def check_forced_sequence(function, dtype, device, backward, steps, batch_size, state_size,
+                          packed, options):
+    """sequence_path's ValueError where LLTM_PATH forces a path of the
+    sequence that cannot take the pass; nothing (and no question to C)
+    where it forces none."""
+    if PATHS[options.path:options.path + 1] and PATHS[options.path] in SEQUENCE_PATHS:
+        sequence_path(function, dtype, device, backward, steps, batch_size, state_size, packed,
+                      options)
+
+
+def cell_path(function, dtype, device, batch_size, input_features, state_size):
+    """The name of the cell's path for a call of lltm() on `device` with
+    these sizes: cell-steps or cell-torch, as the plan gives it (while a
+    CUDA graph is captured too) or LLTM_PATH forces it; ValueError where
+    the forced one cannot take the call."""
+    forced = forced_path(function)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    multiply_adds = batch_size * 3 * state_size * (state_size + input_features)
+    number = lib.lltm_cell_path(_extension._DTYPE_CODES[dtype],
+                                lib.LLTM_CPU if device.type != "cuda" else 0, multiply_adds,
+                                int(capturing), forced)
+    return _name_or_refusal(function, number, forced, lambda: (
+        f"a cell of {batch_size} x {input_features} -> {state_size} ({dtype}, {device})"))

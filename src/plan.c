@@ -1,0 +1,210 @@
+/* The plan: which path runs a call of the LLTM's sequence or cell, decided
+ * here and nowhere else. The sequence's passes (sequence_kernel.cu on a
+ * GPU) ask lltm_plan_recurrence; Python asks lltm_sequence_path and
+ * lltm_cell_path (lltm_ffi/ops/lltm/plan.py), for the cell's choice, for
+ * lltm_ffi.recurrence_path and to refuse a forced path that cannot take a
+ * call.
+ *
+ * The table, in order (docs/ARCHITECTURE.md draws it). Each row: its name
+ * (LLTM_PATH=<name> forces it), where it applies, its forward and
+ * backward, and the measurement that puts it where it is.
+ *
+ *  sequence, CUDA device (the first row that takes a pass runs it):
+ *   cluster     dense steps, compute capability 9.0 and newer, a state of
+ *               at most 256, every cluster resident at once, clusters not
+ *               turned off (LLTM_CLUSTER=0): cluster_kernel.cu's forward
+ *               and backward kernels, one launch a pass. H200, float32,
+ *               F=32, us a step forward and backward: T=64 B=16 S=128 6.8
+ *               against 12.9 on the paths below, T=1024 B=16 S=128 1.8
+ *               against 9.1 (cluster_kernel.cu).
+ *   persistent  dense steps, at least 2 of them, batch x state at most
+ *               LLTM_PERSISTENT_ELEMENTS, a block's weights and the batch's
+ *               state in shared memory, every block resident (the 16-bit
+ *               types: compute capability 8.0 and newer):
+ *               persistent_kernel.cu's kernels, one cooperative launch a
+ *               pass. No measurement yet against the cuBLAS loop at the
+ *               same sizes; where it runs, H200 sweep (BENCHMARKS.md),
+ *               64x16x650x650 float32 training 30.0 us a step against
+ *               nn.GRU's 48.0.
+ *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
+ *               the plan passes packed steps of batch x state up to
+ *               LLTM_PERSISTENT_ELEMENTS on to the row below:
+ *               cublas_loop_kernel.cu, a cuBLAS product and a pointwise
+ *               kernel a step each way. H200 sweep, 64x16x1536x1536
+ *               float32 training: 84.0 us a step, against 732.0 with
+ *               lltm_ffi's own kernels (LLTM_CUBLAS=0: step by step).
+ *   steps       every pass: step_by_step_kernel.cu, one fused kernel (the
+ *               tiled product and the cell) a step each way. Last: it takes
+ *               what the others do not. Before the cuBLAS loop for small
+ *               packed steps: no measurement yet.
+ *  sequence, CPU:
+ *   cpu         every pass: src/cpu's recurrence (its products portable or
+ *               on AMX, LLTM_AMX). The CPU's one path: nothing to measure.
+ *  cell (lltm), CUDA device:
+ *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
+ *               32-bit indices hold such a step), of
+ *               LLTM_CAPTURED_STEP_MULTIPLY_ADDS while a CUDA graph is
+ *               captured: step_kernel.cu's step_forward and step_backward,
+ *               one C call a pass; also a sequence of one dense forward
+ *               step with a bias, planned. BENCHMARKS.md, "The cell";
+ *               captured (a 16-step loop replayed on an H100, us a cell,
+ *               these kernels against torch's products): 31.9 against 75.1
+ *               at 16x32x128, 55.4 against 39.0 at 64x64x256.
+ *   cell-torch  every other call, and every call on the CPU: torch's cat
+ *               and linear around the fused pointwise passes
+ *               (forward_pass, backward_pass in src/lltm_kernel.cu and
+ *               src/cpu). */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lltm_op.h"
+
+#ifdef LLTM_WITH_CUDA
+#include "cuda/recurrence/lltm_plan.h"
+#include "lltm_cublas.h"
+#endif
+
+static const char* const path_names[LLTM_PATH_COUNT] = {
+    [LLTM_PATH_CLUSTER] = "cluster", [LLTM_PATH_PERSISTENT] = "persistent",
+    [LLTM_PATH_CUBLAS] = "cublas",   [LLTM_PATH_STEPS] = "steps",
+    [LLTM_PATH_CPU] = "cpu",         [LLTM_PATH_CELL_STEPS] = "cell-steps",
+    [LLTM_PATH_CELL_TORCH] = "cell-torch"};
+
+/* The cell's step kernels' limits, in multiply-adds of the gate product. */
+#define LLTM_STEP_MULTIPLY_ADDS ((int64_t)1 << 30)
+#define LLTM_CAPTURED_STEP_MULTIPLY_ADDS ((int64_t)1 << 20)
+
+const char* lltm_path_name(int path) {
+  return path >= 0 && path < LLTM_PATH_COUNT ? path_names[path] : NULL;
+}
+
+static const lltm_sequence_options default_options = {LLTM_PATH_PLANNED, 0, 1, 1, -1, -1};
+
+static int sequence_path_on_device(int path) {
+  return path >= LLTM_PATH_CLUSTER && path <= LLTM_PATH_STEPS;
+}
+
+#ifdef LLTM_WITH_CUDA
+
+/* What row_takes answers where a row could take a pass that the plan
+ * leaves to a row below it, which serves it better. */
+#define PASSED_ON 1
+
+/* 0 where path `path` (a GPU row of the sequence) takes the pass, with its
+ * layout in *plan; else why not, an LLTM_ERROR_PATH code, or PASSED_ON
+ * where `planned` (the plan asks: no path forced). */
+static int row_takes(int path, int planned, int dtype, int backward, int64_t steps,
+                     int64_t batch_size, int64_t state_size, int packed,
+                     const lltm_sequence_options* options, int cublas,
+                     lltm_recurrence_plan* plan) {
+  switch (path) {
+    case LLTM_PATH_CLUSTER:
+      if (packed) return LLTM_ERROR_PATH_PACKED;
+      if (!options->clusters) return LLTM_ERROR_PATH_NO_CLUSTERS;
+      plan->cluster = lltm_plan_cluster(dtype, backward, steps, batch_size, state_size);
+      return plan->cluster.kernel ? 0 : LLTM_ERROR_PATH_CLUSTER_SIZES;
+    case LLTM_PATH_PERSISTENT:
+      if (packed) return LLTM_ERROR_PATH_PACKED;
+      plan->persistent = lltm_plan_persistent(dtype, backward, steps, batch_size, state_size,
+                                              options->clusters);
+      return plan->persistent.blocks ? 0 : LLTM_ERROR_PATH_PERSISTENT_SIZES;
+    case LLTM_PATH_CUBLAS:
+      if (!cublas) return LLTM_ERROR_PATH_NO_CUBLAS;
+      return planned && packed && batch_size * state_size <= LLTM_PERSISTENT_ELEMENTS
+                 ? PASSED_ON
+                 : 0;
+    default:
+      return 0;
+  }
+}
+
+lltm_recurrence_plan lltm_plan_recurrence(int dtype, int backward, int64_t steps,
+                                          int64_t batch_size, int64_t state_size, int packed,
+                                          const lltm_sequence_options* options, int cublas) {
+  if (!options) options = &default_options;
+  lltm_recurrence_plan plan = {LLTM_PATH_STEPS, {NULL, 0, 0, 0, 0}, {NULL, 0, 0, 1}};
+  const int forced = sequence_path_on_device(options->path) ? options->path : LLTM_PATH_PLANNED;
+  if (options->path == LLTM_PATH_CPU) {
+    plan.path = LLTM_ERROR_PATH_DEVICE;
+    return plan;
+  }
+  for (int path = LLTM_PATH_CLUSTER; path <= LLTM_PATH_STEPS; ++path) {
+    if (forced != LLTM_PATH_PLANNED && forced != path) continue;
+    const int refusal = row_takes(path, forced == LLTM_PATH_PLANNED, dtype, backward, steps,
+                                  batch_size, state_size, packed, options, cublas, &plan);
+    if (refusal == 0 || forced == path) {
+      plan.path = refusal == 0 ? path : refusal;
+      return plan;
+    }
+  }
+  return plan;
+}
+
+#endif /* LLTM_WITH_CUDA */
+
+int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64_t batch_size,
+                       int64_t state_size, int packed, const lltm_sequence_options* options) {
+  if (!options) options = &default_options;
+  if (device == LLTM_CPU) {
+    return sequence_path_on_device(options->path) ? LLTM_ERROR_PATH_DEVICE : LLTM_PATH_CPU;
+  }
+#ifdef LLTM_WITH_CUDA
+  const int cublas = options->cublas && lltm_cublas_usable(dtype);
+  return lltm_plan_recurrence(dtype, backward, steps, batch_size, state_size, packed, options,
+                              cublas)
+      .path;
+#else
+  (void)dtype, (void)backward, (void)steps, (void)batch_size, (void)state_size, (void)packed;
+  return LLTM_ERROR_NO_CUDA;
+#endif
+}
+
+/* Whether the cell's step passes are compiled for `dtype` (asked once). */
+static int step_passes_take(int dtype) {
+  static int dtypes = -1;
+  if (dtypes < 0) {
+    dtypes = lltm_pass_dtypes(lltm_pass_id("step_forward"), LLTM_ON_CUDA) &
+             lltm_pass_dtypes(lltm_pass_id("step_backward"), LLTM_ON_CUDA);
+  }
+  return dtype >= 0 && (dtypes >> dtype) & 1;
+}
+
+int lltm_cell_path(int dtype, int device, int64_t multiply_adds, int capturing, int forced) {
+  const int fits = multiply_adds <= LLTM_STEP_MULTIPLY_ADDS;
+  const int takes = device != LLTM_CPU && fits && step_passes_take(dtype);
+  if (forced == LLTM_PATH_CELL_STEPS) {
+    return takes ? LLTM_PATH_CELL_STEPS
+           : device == LLTM_CPU ? LLTM_ERROR_PATH_DEVICE
+                                : LLTM_ERROR_PATH_STEP_SIZES;
+  }
+  if (forced == LLTM_PATH_CELL_TORCH || !takes) return LLTM_PATH_CELL_TORCH;
+  return !capturing || multiply_adds <= LLTM_CAPTURED_STEP_MULTIPLY_ADDS ? LLTM_PATH_CELL_STEPS
+                                                                          : LLTM_PATH_CELL_TORCH;
+}
+
+const char* lltm_path_refusal(int code) {
+  switch (code) {
+    case LLTM_ERROR_PATH_DEVICE:
+      return "it runs on another device (cpu and cell-torch on the CPU; cluster, persistent, "
+             "cublas, steps and cell-steps on a CUDA device)";
+    case LLTM_ERROR_PATH_PACKED:
+      return "it takes dense steps only, not packed ones (batch_sizes or a PackedSequence)";
+    case LLTM_ERROR_PATH_NO_CLUSTERS:
+      return "it needs thread-block clusters, which LLTM_CLUSTER=0 turns off";
+    case LLTM_ERROR_PATH_CLUSTER_SIZES:
+      return "the cluster kernels need compute capability 9.0 or newer, a module compiled "
+             "for it, a state of at most 256 and every cluster resident at once";
+    case LLTM_ERROR_PATH_PERSISTENT_SIZES:
+      return "the persistent kernels need at least 2 steps, batch x state of at most 16384, "
+             "a block's hidden weights and the batch's state in shared memory and every "
+             "block resident at once (float16 and bfloat16: compute capability 8.0 or newer)";
+    case LLTM_ERROR_PATH_NO_CUBLAS:
+      return "cuBLAS cannot be loaded, has no product of this dtype, or LLTM_CUBLAS=0 turns "
+             "it off";
+    case LLTM_ERROR_PATH_STEP_SIZES:
+      return "the cell's step kernels take a gate product of at most 2^30 multiply-adds "
+             "(batch * 3 * state * (state + input_features)) in a dtype their passes take";
+    default:
+      return NULL;
+  }
+}

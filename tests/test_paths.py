@@ -1,0 +1,321 @@
+"""The plan's table walked row by row (src/plan.c, docs/ARCHITECTURE.md):
+each path forced with LLTM_PATH, on every dtype its passes take, against
+the float64 CPU pass: both directions, dense and packed steps (where the
+path takes packed ones; where not, its refusal), odd sizes (batch 1, states
+off every tile, one step, a thousand steps), and gradcheck in float64. The
+GPU rows skip without a GPU; recurrence_path must name the path forced,
+and the refusals name the path and why."""
+
+import pytest
+import torch
+
+import lltm_ffi
+from lltm_ffi import selfcheck
+from lltm_ffi.ops.lltm import plan
+from lltm_ffi.ops.lltm.cell import step_forward
+from lltm_ffi.ops.lltm.sequence import packed_forward
+
+# The relative errors allowed against float64, by dtype: float64's and
+# float32's as the other sequence tests allow them (over a thousand steps
+# float64's own rounding grows, test_cluster.py); the 16-bit types' about
+# ten times the CPU pass's own over these cases (7e-4 in float16, 5e-3 in
+# bfloat16, with two cores of this machine's CPU), for the GPU paths' other
+# orders of summation.
+TOLERANCES = {torch.float64: 1e-10, torch.float32: 3e-5, torch.float16: 1e-2,
+              torch.bfloat16: 5e-2}
+LONG_TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
+LONG_STEPS = 1000
+
+# (steps, batch, input_features, state): one step of one row, an odd batch,
+# a state off every tile, and a thousand steps (float32 and float64 only).
+GPU_SHAPES = {"cluster": [(1, 1, 3, 37), (6, 17, 5, 37), (LONG_STEPS, 3, 4, 130)],
+              "persistent": [(2, 1, 3, 37), (6, 17, 5, 300), (LONG_STEPS, 3, 4, 130)],
+              "cublas": [(1, 1, 3, 650), (6, 17, 5, 37), (LONG_STEPS, 3, 4, 130)],
+              "steps": [(1, 1, 3, 650), (6, 17, 5, 37), (LONG_STEPS, 3, 4, 130)]}
+CPU_SHAPES = [(1, 1, 3, 37), (6, 17, 5, 37), (3, 2, 3, 650), (LONG_STEPS, 1, 2, 9)]
+# The paths that take dense steps only.
+DENSE_ONLY = ("cluster", "persistent")
+
+
+def _sequence_cases():
+    cases = [pytest.param("cpu", shape, id=f"cpu-{'x'.join(map(str, shape))}")
+             for shape in CPU_SHAPES]
+    for path, shapes in GPU_SHAPES.items():
+        cases += [pytest.param(path, shape, id=f"{path}-{'x'.join(map(str, shape))}",
+                               marks=pytest.mark.gpu) for shape in shapes]
+    return cases
+
+
+def _device_of(path):
+    if path == "cpu" or path == "cell-torch-cpu":
+        return torch.device("cpu")
+    lltm_ffi.testing.skip_without_gpu()
+    return torch.device("cuda")
+
+
+def _dtypes_of(path):
+    """The dtypes the path's passes take on its device, from the registry."""
+    return packed_forward.cpu_dtypes if path == "cpu" else packed_forward.cuda_dtypes
+
+
+def _skip_where_the_gpu_lacks(path, dtype, device):
+    """Skips a path this GPU cannot run at all: the cluster kernels before
+    compute capability 9.0, the persistent kernels' 16-bit types before 8.0,
+    cuBLAS where it cannot be loaded."""
+    capability = torch.cuda.get_device_capability(device)
+    if path == "cluster" and capability < (9, 0):
+        pytest.skip("the cluster kernels need compute capability 9.0")
+    if path == "persistent" and dtype in (torch.float16, torch.bfloat16) and capability < (8, 0):
+        pytest.skip("the persistent kernels' 16-bit types need compute capability 8.0")
+    if path == "cublas" and not lltm_ffi._extension.lib.lltm_cublas_usable(
+            lltm_ffi._extension._DTYPE_CODES[dtype]):
+        pytest.skip("cuBLAS cannot be loaded here")
+
+
+def _lengths(steps, batch_size):
+    """Each sequence's length, longest first: the first `steps`, the last
+    shortest (at least 1)."""
+    return [max(1, steps - (index * steps) // batch_size) for index in range(batch_size)]
+
+
+def _arguments(shape, packed, generator):
+    """float64 CPU arguments (inputs, weights, bias, h0, c0), batch_sizes
+    (None for dense steps) and the gradients of outputs, h_n and c_n."""
+    steps, batch_size, features, state = shape
+    _, weights, bias, h0, c0 = selfcheck.random_inputs(batch_size, features, state,
+                                                       torch.float64, "cpu", generator)
+    if packed:
+        lengths = _lengths(steps, batch_size)
+        batch_sizes = torch.tensor([sum(length > t for length in lengths) for t in range(steps)])
+        rows = (int(batch_sizes.sum()),)
+    else:
+        batch_sizes, rows = None, (steps, batch_size)
+    inputs = torch.randn(*rows, features, generator=generator, dtype=torch.float64)
+    grads = [torch.randn(*rows, state, generator=generator, dtype=torch.float64),
+             torch.randn(batch_size, state, generator=generator, dtype=torch.float64),
+             torch.randn(batch_size, state, generator=generator, dtype=torch.float64)]
+    return (inputs, weights, bias, h0, c0), batch_sizes, grads
+
+
+def _results(arguments, batch_sizes, reverse, grads):
+    """outputs, h_n, c_n and the five arguments' gradients of the sum of
+    each result times its gradient, all in float64 on the CPU."""
+    leaves = [argument.detach().clone().requires_grad_(True) for argument in arguments]
+    outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves, batch_sizes=batch_sizes,
+                                                 reverse=reverse)
+    results = (outputs, h_n, c_n)
+    loss = sum((result * grad.to(result.device, result.dtype)).sum()
+               for result, grad in zip(results, grads))
+    gradients = torch.autograd.grad(loss, leaves)
+    return [tensor.detach().cpu().double() for tensor in (*results, *gradients)]
+
+
+NAMES = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_c0")
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("path, shape", _sequence_cases())
+def test_each_sequence_path_agrees_with_the_float64_cpu_pass(path, shape, reverse, packed,
+                                                             generator, monkeypatch):
+    device = _device_of(path)
+    arguments, batch_sizes, grads = _arguments(shape, packed, generator)
+    monkeypatch.delenv("LLTM_PATH", raising=False)
+    expected = _results(arguments, batch_sizes, reverse, grads)
+    monkeypatch.setenv("LLTM_PATH", path)
+    long = shape[0] >= LONG_STEPS
+    for dtype in _dtypes_of(path):
+        if long and dtype not in LONG_TOLERANCES:
+            continue
+        if device.type == "cuda":
+            _skip_where_the_gpu_lacks(path, dtype, device)
+        given = [argument.to(dtype).to(device) for argument in arguments]
+        if packed and path in DENSE_ONLY:
+            with pytest.raises(ValueError, match=f"LLTM_PATH={path} cannot take packed steps"):
+                lltm_ffi.lltm_sequence(*given, batch_sizes=batch_sizes, reverse=reverse)
+            continue
+        for backward in (False, True):
+            assert lltm_ffi.recurrence_path(*given, batch_sizes=batch_sizes, reverse=reverse,
+                                            backward=backward) == path
+        # The reference from the very numbers the path is given.
+        reference = (expected if dtype == torch.float64 else _reference_of(
+            given, batch_sizes, reverse, grads, monkeypatch, path))
+        got = _results(given, batch_sizes, reverse, grads)
+        tolerance = (LONG_TOLERANCES if long else TOLERANCES)[dtype]
+        for name, value, wanted in zip(NAMES, got, reference, strict=True):
+            assert value.shape == wanted.shape, name
+            error = selfcheck.relative_error(value, wanted)
+            assert error <= tolerance, f"{dtype} {name}: relative error {error:.3g} > {tolerance:g}"
+
+
+def _reference_of(given, batch_sizes, reverse, grads, monkeypatch, path):
+    """The float64 CPU pass on `given` rounded as the path gets them."""
+    monkeypatch.delenv("LLTM_PATH")
+    try:
+        return _results([argument.cpu().double() for argument in given], batch_sizes, reverse,
+                        grads)
+    finally:
+        monkeypatch.setenv("LLTM_PATH", path)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("path", ["cpu", *(pytest.param(path, marks=pytest.mark.gpu)
+                                           for path in GPU_SHAPES)])
+def test_each_sequence_path_passes_gradcheck_in_float64(path, reverse, packed, generator,
+                                                        monkeypatch):
+    device = _device_of(path)
+    if device.type == "cuda":
+        _skip_where_the_gpu_lacks(path, torch.float64, device)
+    if packed and path in DENSE_ONLY:
+        pytest.skip("the path takes dense steps only (its refusal: the test above)")
+    arguments, batch_sizes, _ = _arguments((3, 2, 3, 5), packed, generator)
+    leaves = [argument.to(device).requires_grad_(True) for argument in arguments]
+    monkeypatch.setenv("LLTM_PATH", path)
+    assert lltm_ffi.recurrence_path(*leaves, batch_sizes=batch_sizes, reverse=reverse) == path
+
+    def flat(*tensors):
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*tensors, batch_sizes=batch_sizes,
+                                                     reverse=reverse)
+        return outputs, h_n, c_n
+
+    assert torch.autograd.gradcheck(flat, leaves)
+
+
+# The cell's rows ----------------------------------------------------------------
+
+CELL_SHAPES = [(1, 3, 37), (17, 5, 650)]  # batch, input_features, state
+CELL_CASES = ([pytest.param("cell-torch", "cpu", id="cell-torch-cpu")]
+              + [pytest.param(path, "cuda", id=f"{path}-cuda", marks=pytest.mark.gpu)
+                 for path in ("cell-steps", "cell-torch")])
+
+
+def _cell_results(arguments, grads):
+    leaves = [argument.detach().clone().requires_grad_(True) for argument in arguments]
+    results = lltm_ffi.lltm(*leaves)
+    loss = sum((result * grad.to(result.device, result.dtype)).sum()
+               for result, grad in zip(results, grads))
+    return [tensor.detach().cpu().double()
+            for tensor in (*results, *torch.autograd.grad(loss, leaves))]
+
+
+@pytest.mark.parametrize("shape", CELL_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+@pytest.mark.parametrize("path, device_type", CELL_CASES)
+def test_each_cell_path_agrees_with_the_float64_cpu_cell(path, device_type, shape, generator,
+                                                         monkeypatch):
+    device = _device_of("cpu" if device_type == "cpu" else path)
+    arguments = selfcheck.random_inputs(*shape, torch.float64, "cpu", generator)
+    grads = [torch.randn(shape[0], shape[2], generator=generator, dtype=torch.float64)
+             for _ in range(2)]
+    dtypes = (step_forward.cuda_dtypes if path == "cell-steps"
+              else packed_forward.cpu_dtypes if device.type == "cpu"
+              else packed_forward.cuda_dtypes)
+    for dtype in dtypes:
+        given = [argument.to(dtype).to(device) for argument in arguments]
+        monkeypatch.delenv("LLTM_PATH", raising=False)
+        expected = _cell_results([argument.cpu().double() for argument in given], grads)
+        monkeypatch.setenv("LLTM_PATH", path)
+        assert plan.cell_path("lltm", dtype, device, *shape) == path
+        got = _cell_results(given, grads)
+        for name, value, wanted in zip(("new_h", "new_cell", "d_input", "d_weights", "d_bias",
+                                        "d_old_h", "d_old_cell"), got, expected, strict=True):
+            error = selfcheck.relative_error(value, wanted)
+            assert error <= TOLERANCES[dtype], (
+                f"{dtype} {name}: relative error {error:.3g} > {TOLERANCES[dtype]:g}")
+    if torch.float64 in dtypes:
+        small = [argument.to(device).requires_grad_(True) for argument in
+                 selfcheck.random_inputs(2, 3, 5, torch.float64, "cpu", generator)]
+        assert plan.cell_path("lltm", torch.float64, device, 2, 3, 5) == path
+        assert torch.autograd.gradcheck(lltm_ffi.lltm, small)
+
+
+# What the plan answers, and its refusals ------------------------------------------
+
+def test_the_table_names_every_path_once():
+    assert plan.PATHS == ("cluster", "persistent", "cublas", "steps", "cpu", "cell-steps",
+                          "cell-torch")
+    assert plan.SEQUENCE_PATHS + plan.CELL_PATHS == plan.PATHS
+
+
+def _small(device="cpu", steps=3, dtype=torch.float64, generator=None):
+    generator = generator or torch.Generator().manual_seed(0)
+    inputs, weights, bias, h0, c0 = selfcheck.random_inputs(2, 3, 5, dtype, device, generator)
+    sequence = torch.randn(steps, 2, 3, generator=generator, dtype=dtype).to(device)
+    return sequence, weights, bias, h0, c0
+
+
+def test_the_cpu_takes_its_one_path_unless_forced(monkeypatch):
+    monkeypatch.delenv("LLTM_PATH", raising=False)
+    arguments = _small()
+    assert lltm_ffi.recurrence_path(*arguments) == "cpu"
+    assert lltm_ffi.recurrence_path(*arguments, backward=True) == "cpu"
+    assert lltm_ffi.recurrence_path(arguments[0][:0], *arguments[1:]) is None
+    # A cell's path leaves the sequence to its plan.
+    monkeypatch.setenv("LLTM_PATH", "cell-torch")
+    assert lltm_ffi.recurrence_path(*arguments) == "cpu"
+
+
+@pytest.mark.parametrize("path", list(GPU_SHAPES))
+def test_a_gpu_path_forced_on_the_cpu_is_refused_naming_it(path, monkeypatch):
+    monkeypatch.setenv("LLTM_PATH", path)
+    arguments = _small()
+    for call in (lambda: lltm_ffi.lltm_sequence(*arguments),
+                 lambda: lltm_ffi.recurrence_path(*arguments)):
+        with pytest.raises(ValueError, match=f"LLTM_PATH={path} cannot take .* another device"):
+            call()
+
+
+def test_cell_steps_forced_on_the_cpu_is_refused(monkeypatch):
+    monkeypatch.setenv("LLTM_PATH", "cell-steps")
+    sequence, *rest = _small()
+    with pytest.raises(ValueError, match="lltm: LLTM_PATH=cell-steps cannot take a cell"):
+        lltm_ffi.lltm(sequence[0], *rest)
+
+
+def test_an_unknown_path_is_refused_listing_the_table(monkeypatch):
+    monkeypatch.setenv("LLTM_PATH", "fastest")
+    arguments = _small()
+    for call in (lambda: lltm_ffi.lltm_sequence(*arguments),
+                 lambda: lltm_ffi.lltm(arguments[0][0], *arguments[1:])):
+        with pytest.raises(ValueError, match="LLTM_PATH='fastest' names no path; the paths are "
+                                             "cluster, persistent, cublas, steps, cpu"):
+            call()
+
+
+@pytest.mark.gpu
+def test_gpu_refusals_name_the_path_and_why(cuda_device, monkeypatch):
+    arguments = _small(cuda_device, steps=1, dtype=torch.float32)
+    batch_sizes = torch.tensor([2])
+    rows = arguments[0][0]
+    for path in DENSE_ONLY:
+        monkeypatch.setenv("LLTM_PATH", path)
+        with pytest.raises(ValueError, match=f"LLTM_PATH={path} cannot take packed steps"):
+            lltm_ffi.lltm_sequence(rows, *arguments[1:], batch_sizes=batch_sizes)
+    monkeypatch.setenv("LLTM_PATH", "persistent")
+    with pytest.raises(ValueError, match="persistent kernels need at least 2 steps"):
+        lltm_ffi.lltm_sequence(*arguments)
+    monkeypatch.setenv("LLTM_CLUSTER", "0")
+    monkeypatch.setenv("LLTM_PATH", "cluster")
+    with pytest.raises(ValueError, match="LLTM_CLUSTER=0 turns them off|LLTM_CLUSTER=0 turns "
+                                         "it off|thread-block clusters"):
+        lltm_ffi.lltm_sequence(*arguments)
+    monkeypatch.delenv("LLTM_CLUSTER")
+    monkeypatch.setenv("LLTM_CUBLAS", "0")
+    monkeypatch.setenv("LLTM_PATH", "cublas")
+    with pytest.raises(ValueError, match="LLTM_PATH=cublas cannot take .*LLTM_CUBLAS=0"):
+        lltm_ffi.lltm_sequence(*arguments)
+    monkeypatch.setenv("LLTM_PATH", "cpu")
+    with pytest.raises(ValueError, match="LLTM_PATH=cpu cannot take .* another device"):
+        lltm_ffi.lltm_sequence(*arguments)
+
+
+@pytest.mark.gpu
+def test_one_planned_step_runs_as_the_cell(cuda_device, monkeypatch):
+    """One dense forward step with a bias is a call of the cell's step
+    kernels, as planned; a forced sequence path runs itself instead."""
+    monkeypatch.delenv("LLTM_PATH", raising=False)
+    arguments = _small(cuda_device, steps=1, dtype=torch.float32)
+    assert lltm_ffi.recurrence_path(*arguments) == "cell-steps"
+    assert lltm_ffi.recurrence_path(*arguments, reverse=True) != "cell-steps"
+    monkeypatch.setenv("LLTM_PATH", "steps")
+    assert lltm_ffi.recurrence_path(*arguments) == "steps"
