@@ -60,16 +60,12 @@ def _dtypes_of(path):
 
 def _skip_where_the_gpu_lacks(path, dtype, device):
     """Skips a path this GPU cannot run at all: the cluster kernels before
-    compute capability 9.0, the persistent kernels' 16-bit types before 8.0,
-    cuBLAS where it cannot be loaded."""
+    compute capability 9.0, the persistent kernels' 16-bit types before 8.0."""
     capability = torch.cuda.get_device_capability(device)
     if path == "cluster" and capability < (9, 0):
         pytest.skip("the cluster kernels need compute capability 9.0")
     if path == "persistent" and dtype in (torch.float16, torch.bfloat16) and capability < (8, 0):
         pytest.skip("the persistent kernels' 16-bit types need compute capability 8.0")
-    if path == "cublas" and not lltm_ffi._extension.lib.lltm_cublas_usable(
-            lltm_ffi._extension._DTYPE_CODES[dtype]):
-        pytest.skip("cuBLAS cannot be loaded here")
 
 
 def _lengths(steps, batch_size):

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from checkouts import REPO_ROOT, copy_sources, environment_of, output_within
 from lltm_ffi import scaffold
@@ -158,12 +159,14 @@ def run(command, directory, timeout=1200):
 @pytest.mark.slow
 def test_the_op_written_builds_and_passes_unedited(tmp_path):
     """What a porter runs first, in a copy of this checkout: every step must
-    pass before a line is edited."""
+    pass before a line is edited. With a GPU (and nvcc) the op's kernels are
+    built and its GPU tests run too; without one the build is CPU-only."""
     copy = copy_checkout(tmp_path / "lltm")
     python = sys.executable
+    with_cuda = NVCC is not None and torch.cuda.is_available()
     steps = [
         [python, "-m", "lltm_ffi", "new-op", NAME],
-        ["make", "CUDA=0", f"PYTHON={python}"],
+        ["make", f"CUDA={'' if with_cuda else '0'}", f"PYTHON={python}"],
         [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"lltm_ffi/ops/{NAME}",
          "tests/test_docs.py", "tests/test_declarations.py::test_the_package_exports_each_op_"
          "folders_all", "tests/test_half.py::test_the_lltm_passes_take_both_halves_on_every_"
@@ -182,7 +185,10 @@ def test_the_op_written_builds_and_passes_unedited(tmp_path):
     for test in ("test_opcheck", "test_torch_compile_fullgraph", "test_gradcheck_and_gradgradcheck",
                  "test_self_check", "test_the_readme_names_every_registered_op"):
         assert re.search(rf"::{test}(\[[^\]]*\])? PASSED", tests), test
-    assert f"{NAME}_forward (cpu: float32+float64)" in diagnostics
+    devices = "cpu: float32+float64; cuda: float32+float64" if with_cuda else "cpu: float32+float64"
+    assert f"{NAME}_forward ({devices})" in diagnostics
+    if with_cuda:
+        assert re.search(rf"::test_\w+\[[^\]]*cuda[^\]]*\] PASSED", tests), tests
     assert "result: ok" in diagnostics
     assert re.search(rf"^{NAME}_cpu_passes +ok$", asan, re.MULTILINE), asan
 
