@@ -74,10 +74,10 @@ def _one_of(name, value, alias, alias_value):
     """The value given under `name` or under nn.LSTM's `alias` for it;
     TypeError for neither or both."""
     if value is None and alias_value is None:
-        raise TypeError(f"LLTMSequence() missing its argument {name} (or nn.LSTM's name for it, "
-                        f"{alias})")
+        raise TypeError(f"LLTMSequence: missing its argument {name} (or nn.LSTM's name for it, "
+                        f"{alias}): {name} must be an int, got NoneType")
     if value is not None and alias_value is not None:
-        raise TypeError(f"LLTMSequence() got both {name}={value!r} and {alias}={alias_value!r}, "
+        raise TypeError(f"LLTMSequence: got both {name}={value!r} and {alias}={alias_value!r}, "
                         f"two names of one argument; give one")
     return value if value is not None else alias_value
 
