@@ -67,18 +67,23 @@ PTX_ARCHS = ("-gencode arch=compute_75,code=compute_75 "
              "-gencode arch=compute_80,code=compute_80 "
              "-gencode arch=compute_90,code=compute_90")
 _VIRTUAL = (75, 80, 90)
-# ptxas advises against bulk copies multicast to a cluster (the persistent
-# kernels' staging) in code for sm_90 that later GPUs may run: the kernels
-# take them on compute capability 9.x alone
+# -O1: the level of the host code nvcc compiles (the launchers); the
+# kernels' code is optimised in full whatever it is (the same PTX), and -O3
+# took a second more a source. ptxas advises against bulk copies multicast
+# to a cluster (the persistent kernels' staging) in code for sm_90 that
+# later GPUs may run: the kernels take them on compute capability 9.x alone
 # (src/cuda/recurrence/persistent_kernel.cu).
-NVCC_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC",
+NVCC_FLAGS = ("-O1", "-std=c++17", "-Xcompiler", "-fPIC",
               "-Xptxas", "-suppress-async-bulk-multicast-advisory-warning")
 # Python's own release flags for extension modules, OpenMP for the passes'
 # parallel loops, and no trapping math (as torch builds): without it gcc
 # vectorises no loop with a floating-point condition (the cell's math, its
 # exp's range checks), since evaluating both sides could raise an exception
-# nothing here reads. The values are the same either way.
-C_FLAGS = ("-O3", "-DNDEBUG", "-fwrapv", "-fPIC", "-fopenmp", "-fno-trapping-math", "-Wall")
+# nothing here reads. The values are the same either way. A call of a
+# function no declaration precedes is an error, not a warning: it would
+# compile, and the module would not load.
+C_FLAGS = ("-O3", "-DNDEBUG", "-fwrapv", "-fPIC", "-fopenmp", "-fno-trapping-math", "-Wall",
+           "-Werror=implicit-function-declaration")
 
 
 def _load_from_package(name):
@@ -359,6 +364,15 @@ class _Object:
                             indent=1).encode(), self.record)
 
 
+def _compile_weight(source):
+    """How long `source` takes to compile, roughly: the bytes of it and the
+    headers it includes (a CPU pass's source is small and includes its
+    implementation), times the virtual architectures nvcc compiles it for
+    in a PTX build."""
+    size = sum(path.stat().st_size for path in _included(ROOT / source, set()))
+    return size * (len(ptx_archs_of(source).split()) // 2 if source.endswith(".cu") else 1)
+
+
 def compile_objects(build_dir, cuda_only=False):
     """Compiles every C source (unless `cuda_only`) and, when nvcc is found,
     every CUDA source of the module into build_dir, those that are not up to
@@ -381,13 +395,8 @@ def compile_objects(build_dir, cuda_only=False):
         _remove_leftovers(item.path)
         _remove_leftovers(item.record)
     stale = [item for item in objects if not item.up_to_date()]
-    # The longest first, so that none is left to finish alone at the end: the
-    # C sources, then the CUDA ones, each the biggest first. nvcc's time
-    # follows a source's size; a C source's need not (lltm_cpu.c, small,
-    # compiles its implementation once a dtype and takes as long as the
-    # biggest kernels).
-    stale.sort(key=lambda item: (item.source.endswith(".cu"),
-                                 -(ROOT / item.source).stat().st_size))
+    # The longest first, so that none is left to finish alone at the end.
+    stale.sort(key=lambda item: -_compile_weight(item.source))
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         for future in [pool.submit(item.compile) for item in stale]:
             future.result()

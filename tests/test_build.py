@@ -477,8 +477,8 @@ def _leftovers(directory):
 
 # Where a build is killed: (how to give make something to do, what shows it is there).
 KILLED_WHILE = {
-    "compiling": (lambda tree: append_to(tree / LLTM_CPU_SOURCE),
-        lambda tree: list((tree / "build" / "objects").glob(".*lltm_cpu.c.o.*"))),
+    "compiling": (lambda tree: append_to(tree / LLTM_CPU_HEADER),
+                  lambda tree: list((tree / "build" / "objects").glob(".*lltm_cpu_*.c.o.*"))),
     "linking": (lambda tree: installed_module(tree).unlink(),
                 lambda tree: [path for path in (tree / "build").glob("tmp*") if path.is_dir()]),
 }

@@ -1,163 +1,26 @@
-/* The LLTM's passes on the CPU, the cell's and the whole sequence's: the
- * same math, layout and arguments as the CUDA passes of lltm_kernel.cu and
- * sequence_kernel.cu, in plain C (the passes themselves: lltm_cpu_impl.h).
- *
- * float uses the branch-free exp/expm1/tanh below (Cephes' polynomials, within
- * a few ulp of libm) so that each row loop vectorises; glibc's scalar calls
- * run several times slower than ATen's vectorised ops. double keeps libm.
- * float16 and bfloat16 tensors compute in float (lltm_half.h converts),
- * their products on AMX where the CPU has it (lltm_amx.h). */
-#include <math.h>
-#include <stdlib.h>
-#include <stdint.h>
-#include <string.h>
-
-#include "lltm_amx.h"
-#include "lltm_blas.h"
-#include "lltm_half.h"
+/* The LLTM's passes on the CPU, the cell's and the whole sequence's, registered:
+ * the same math, layout and arguments as the CUDA passes of lltm_kernel.cu and
+ * sequence_kernel.cu, in plain C. The passes themselves are lltm_cpu_impl.h,
+ * compiled once an element type (lltm_cpu_float.c, lltm_cpu_double.c,
+ * lltm_cpu_float16.c, lltm_cpu_bfloat16.c) so that the build compiles the
+ * four side by side; lltm_cpu_math.h holds what they share. float16 and
+ * bfloat16 tensors compute in float (lltm_half.h converts), their products
+ * on AMX where the CPU has it (lltm_amx.h). */
 #include "lltm_op.h"
-#include "lltm_steps.h"
 
-/* One copy of each row loop per instruction set, picked at load time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LLTM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define LLTM_VECTOR_CLONES
-#endif
+/* Each element type's entry points (lltm_cpu_impl.h). */
+#define LLTM_CPU_ENTRIES(pass)               \
+  int pass##_float(const lltm_args* args);   \
+  int pass##_double(const lltm_args* args);  \
+  int pass##_float16(const lltm_args* args); \
+  int pass##_bfloat16(const lltm_args* args);
 
-/* The row loops vectorise only with the math inlined into them, which gcc's
- * budget for a unit of four families does not reach unasked. */
-#if defined(__GNUC__)
-#define LLTM_ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define LLTM_ALWAYS_INLINE inline
-#endif
+LLTM_CPU_ENTRIES(lltm_forward_pass)
+LLTM_CPU_ENTRIES(lltm_backward_pass)
+LLTM_CPU_ENTRIES(lltm_packed_forward)
+LLTM_CPU_ENTRIES(lltm_packed_backward)
 
-static inline float float_from_bits(int32_t bits) {
-  float value;
-  memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
-static LLTM_ALWAYS_INLINE float exp_float(float x) {
-  /* Past these bounds the scaling below overflows to inf or underflows to 0,
-   * as exp does; NaN fails both comparisons and stays NaN. */
-  x = x > 89.0f ? 89.0f : x;
-  x = x < -104.0f ? -104.0f : x;
-  /* Round to nearest by the 1.5 * 2^23 trick, which vectorises everywhere. */
-  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  n = n == n ? n : 0.0f; /* keeps the int conversion defined for NaN */
-  /* 2^n in two factors, so that n down to -150 reaches the subnormals. */
-  const int32_t k = (int32_t)n;
-  const int32_t half = k >> 1;
-  return y * float_from_bits((half + 127) << 23) * float_from_bits((k - half + 127) << 23);
-}
-
-static LLTM_ALWAYS_INLINE float expm1_float(float x) {
-  /* Near zero exp(x) - 1 cancels; the series to x^8 is exact to rounding there. */
-  float p = 1.0f / 40320.0f;
-  p = p * x + 1.0f / 5040.0f;
-  p = p * x + 1.0f / 720.0f;
-  p = p * x + 1.0f / 120.0f;
-  p = p * x + 1.0f / 24.0f;
-  p = p * x + 1.0f / 6.0f;
-  p = p * x + 0.5f;
-  const float near_zero = p * x * x + x;
-  return fabsf(x) < 0.5f ? near_zero : exp_float(x) - 1.0f;
-}
-
-static LLTM_ALWAYS_INLINE float tanh_float(float x) {
-  const float z = x * x;
-  float p = -5.70498872745e-3f;
-  p = p * z + 2.06390887954e-2f;
-  p = p * z - 5.37397155531e-2f;
-  p = p * z + 1.33314422036e-1f;
-  p = p * z - 3.33332819422e-1f;
-  const float near_zero = p * z * x + x;
-  const float magnitude = fabsf(x);
-  const float far = 1.0f - 2.0f / (exp_float(2.0f * magnitude) + 1.0f);
-  return magnitude < 0.625f ? near_zero : copysignf(far, x);
-}
-
-/* The BLAS's product of each SCALAR (lltm_blas.h). */
-static inline void blas_gemm_float(int transpose_a, int transpose_b, int64_t m, int64_t n,
-                                   int64_t k, const float* a, int64_t lda, const float* b,
-                                   int64_t ldb, float beta, float* c, int64_t ldc) {
-  lltm_blas_sgemm(transpose_a, transpose_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
-}
-
-static inline void blas_gemm_double(int transpose_a, int transpose_b, int64_t m, int64_t n,
-                                    int64_t k, const double* a, int64_t lda, const double* b,
-                                    int64_t ldb, double beta, double* c, int64_t ldc) {
-  lltm_blas_dgemm(transpose_a, transpose_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
-}
-
-static inline void blas_gemv_float(int transpose, int64_t m, int64_t n, const float* a,
-                                   int64_t lda, const float* x, float* y) {
-  lltm_blas_sgemv(transpose, m, n, a, lda, x, y);
-}
-
-static inline void blas_gemv_double(int transpose, int64_t m, int64_t n, const double* a,
-                                    int64_t lda, const double* x, double* y) {
-  lltm_blas_dgemv(transpose, m, n, a, lda, x, y);
-}
-
-static inline double exp_double(double x) { return exp(x); }
-static inline double expm1_double(double x) { return expm1(x); }
-static inline double tanh_double(double x) { return tanh(x); }
-
-#define SCALAR float
-#define STORAGE float
-#define SUFFIX float
-#define LOAD(x) (x)
-#define STORE(x) (x)
-#include "lltm_cpu_impl.h"
-
-#define SCALAR double
-#define STORAGE double
-#define SUFFIX double
-#define LOAD(x) (x)
-#define STORE(x) (x)
-#include "lltm_cpu_impl.h"
-
-#define SCALAR float
-#define STORAGE lltm_float16
-#define SUFFIX float16
-#define AMX_DTYPE LLTM_FLOAT16
-#define LOAD(x) lltm_float16_to_float(x)
-#define STORE(x) lltm_float_to_float16(x)
-#include "lltm_cpu_impl.h"
-
-#define SCALAR float
-#define STORAGE lltm_bfloat16
-#define SUFFIX bfloat16
-#define AMX_DTYPE LLTM_BFLOAT16
-#define LOAD(x) lltm_bfloat16_to_float(x)
-#define STORE(x) lltm_float_to_bfloat16(x)
-#include "lltm_cpu_impl.h"
-
-/* The passes, in the argument order of their declarations in cell.py and
- * sequence.py (the sequence's options' address last). */
-LLTM_CPU_PASS_WITH_HALF(forward_pass, forward, args->sizes[0], args->sizes[1], args->tensors[0],
-                        args->tensors[1], args->tensors[2], args->tensors[3])
-LLTM_CPU_PASS_WITH_HALF(backward_pass, backward, args->sizes[0], args->sizes[1],
-                        args->sizes + 2, args->tensors[0], args->tensors[1], args->tensors[2],
-                        args->tensors[3], args->tensors[4], args->tensors[5])
-LLTM_CPU_PASS_WITH_HALF(packed_forward, packed_forward, args->sizes, args->tensors[5],
-                        args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
-                        args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
-                        args->tensors[9], args->tensors[10], args->tensors[11])
-LLTM_CPU_PASS_WITH_HALF(packed_backward, packed_backward, args->sizes, args->tensors[3],
-                        args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
-                        args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
-                        args->tensors[9], args->tensors[10], args->tensors[11],
-                        args->tensors[12], args->tensors[13], args->tensors[14],
-                        args->tensors[15], args->tensors[16], args->tensors[17])
+LLTM_CPU_PASS_WITH_HALF(forward_pass, lltm_forward_pass, args)
+LLTM_CPU_PASS_WITH_HALF(backward_pass, lltm_backward_pass, args)
+LLTM_CPU_PASS_WITH_HALF(packed_forward, lltm_packed_forward, args)
+LLTM_CPU_PASS_WITH_HALF(packed_backward, lltm_packed_backward, args)

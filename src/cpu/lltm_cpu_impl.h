@@ -1,5 +1,5 @@
-/* The CPU passes, written once for every element type: lltm_cpu.c includes
- * this file once a type, with SUFFIX (the family: float, double, float16,
+/* The CPU passes, written once for every element type: lltm_cpu_<type>.c
+ * includes this file for its type, with SUFFIX (the family: float, double, float16,
  * bfloat16), STORAGE (what the tensors hold: float, double, lltm_float16,
  * lltm_bfloat16), SCALAR (what the math runs in: float for the 16-bit types)
  * and LOAD(x) and STORE(x) (a STORAGE element to SCALAR and back; nothing
@@ -433,11 +433,18 @@ static void LLTM_NAME(blas_product_)(int64_t rows, int64_t columns, int64_t dept
 #ifndef LLTM_DEPTH_BLOCK
 #define LLTM_DEPTH_BLOCK 256
 #endif
-static int LLTM_NAME(product_)(int blas, int64_t rows, int64_t columns, int64_t depth,
-                               const SCALAR* a, int64_t a_row_stride, int64_t a_depth_stride,
-                               const SCALAR* b, int64_t b_row_stride, int64_t b_column_stride,
-                               const STORAGE* base, int accumulate, STORAGE* out,
-                               int64_t out_stride) {
+/* The math type's product, which the 16-bit types' call on their converted
+ * factors: defined with linkage, in lltm_cpu_float.c for them. */
+int LLTM_MATH(lltm_cpu_product_)(int blas, int64_t rows, int64_t columns, int64_t depth,
+                                 const SCALAR* a, int64_t a_row_stride, int64_t a_depth_stride,
+                                 const SCALAR* b, int64_t b_row_stride, int64_t b_column_stride,
+                                 const SCALAR* base, int accumulate, SCALAR* out,
+                                 int64_t out_stride);
+int LLTM_NAME(lltm_cpu_product_)(int blas, int64_t rows, int64_t columns, int64_t depth,
+                                 const SCALAR* a, int64_t a_row_stride, int64_t a_depth_stride,
+                                 const SCALAR* b, int64_t b_row_stride, int64_t b_column_stride,
+                                 const STORAGE* base, int accumulate, STORAGE* out,
+                                 int64_t out_stride) {
   if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
   if (LLTM_NARROW_STORAGE) {
     /* SCALAR's own product of the factors (SCALAR already), its sums kept
@@ -446,7 +453,7 @@ static int LLTM_NAME(product_)(int blas, int64_t rows, int64_t columns, int64_t 
     SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns));
     if (!sums) return LLTM_ERROR_NO_MEMORY;
     const int status =
-        LLTM_MATH(product_)(blas, rows, columns, depth, a, a_row_stride, a_depth_stride, b,
+        LLTM_MATH(lltm_cpu_product_)(blas, rows, columns, depth, a, a_row_stride, a_depth_stride, b,
                             b_row_stride, b_column_stride, NULL, 0, sums, columns);
     LLTM_FOR_EACH(i, rows, rows * columns, {
       LLTM_NAME(add_sums_row_)(columns, accumulate ? out + i * out_stride : base,
@@ -569,7 +576,7 @@ static int LLTM_NAME(converted_product_)(int64_t rows, int64_t columns, int64_t 
         b_copy[k * columns + j] = LOAD(b[k * b_row_stride + j * b_column_stride]);
       }
     }
-    status = LLTM_MATH(product_)(0, rows, columns, depth, a_copy, depth, 1, b_copy, columns, 1,
+    status = LLTM_MATH(lltm_cpu_product_)(0, rows, columns, depth, a_copy, depth, 1, b_copy, columns, 1,
                                  NULL, 0, sums, sums_stride);
   }
   free(a_copy);
@@ -787,11 +794,11 @@ static int LLTM_NAME(input_gates_)(const struct LLTM_NAME(forward_factors_) * f,
   }
   const SCALAR* input_factors = f->input_factors + first * features;
   if (!f->weight_factors) {
-    return LLTM_NAME(product_)(f->products.blas, count, gates_size, features, input_factors,
+    return LLTM_NAME(lltm_cpu_product_)(f->products.blas, count, gates_size, features, input_factors,
                                features, 1, f->transposed + state_size * gates_size, gates_size,
                                1, f->bias, 0, into, gates_size);
   }
-  return LLTM_NAME(product_)(f->products.blas, count, gates_size, features, input_factors,
+  return LLTM_NAME(lltm_cpu_product_)(f->products.blas, count, gates_size, features, input_factors,
                              features, 1, f->weight_factors + state_size, 1, columns, f->bias, 0,
                              into, gates_size);
 }
@@ -1155,14 +1162,14 @@ static int LLTM_NAME(hidden_weight_grads_)(int blas, const lltm_walk* walk, int6
       LLTM_NAME(widen_)(block.rows * state_size, states, previous + block.gate_row * state_size);
       continue;
     }
-    status = LLTM_NAME(product_)(blas, gates_size, state_size, block.rows,
+    status = LLTM_NAME(lltm_cpu_product_)(blas, gates_size, state_size, block.rows,
                                  d_gates + block.gate_row * gates_size, 1, gates_size,
                                  LLTM_AS_SCALAR(states), state_size, 1, NULL, !first, d_weights,
                                  columns);
     first = 0;
   }
   if (status == LLTM_SUCCESS && (first || LLTM_NARROW_STORAGE)) {
-    status = LLTM_NAME(product_)(blas, gates_size, state_size,
+    status = LLTM_NAME(lltm_cpu_product_)(blas, gates_size, state_size,
                                  LLTM_NARROW_STORAGE ? walk->rows : 0, d_gates, 1, gates_size,
                                  LLTM_NARROW_STORAGE ? previous : LLTM_AS_SCALAR(h0), state_size,
                                  1, NULL, 0, d_weights, columns);
@@ -1350,7 +1357,7 @@ static int LLTM_NAME(recurrence_backward_)(
       if (!block.initial) continue;
       STORAGE* block_d_h0 = d_h0 + block.state_row * state_size;
       if (!use_amx) {
-        status = LLTM_NAME(product_)(products.blas, block.rows, state_size, gates_size,
+        status = LLTM_NAME(lltm_cpu_product_)(products.blas, block.rows, state_size, gates_size,
                                      gate_factors + block.gate_row * gates_size, gates_size, 1,
                                      weight_factors, columns, 1, NULL, 0, block_d_h0,
                                      state_size);
@@ -1369,7 +1376,7 @@ static int LLTM_NAME(recurrence_backward_)(
     status = use_amx ? LLTM_NAME(amx_product_)(walk->rows, input_features, gates_size, d_gates,
                                                gates_size, 1, weights + state_size, columns, 1,
                                                NULL, 0, d_inputs, input_features)
-                     : LLTM_NAME(product_)(products.blas, walk->rows, input_features,
+                     : LLTM_NAME(lltm_cpu_product_)(products.blas, walk->rows, input_features,
                                            gates_size, gate_factors, gates_size, 1,
                                            weight_factors + state_size, columns, 1, NULL, 0,
                                            d_inputs, input_features);
@@ -1387,7 +1394,7 @@ static int LLTM_NAME(recurrence_backward_)(
       status = LLTM_ERROR_NO_MEMORY;
     }
     if (status == LLTM_SUCCESS) {
-      status = LLTM_NAME(product_)(products.blas, gates_size, input_features, walk->rows,
+      status = LLTM_NAME(lltm_cpu_product_)(products.blas, gates_size, input_features, walk->rows,
                                    gate_factors, 1, gates_size, input_factors, input_features, 1,
                                    NULL, 0, d_weights + state_size, columns);
     }
@@ -1461,7 +1468,7 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
   return products;
 }
 
-/* The registered passes (lltm_cpu.c), packed_forward and packed_backward:
+/* The sequence's passes, packed_forward and packed_backward:
  * packed steps, or where batch_sizes is NULL dense ones, in either
  * direction, with the final states. */
 /* sizes: rows, steps, batch, input_features, state, reverse; the options
@@ -1499,6 +1506,38 @@ static int LLTM_NAME(packed_backward_)(
       sizes[3], sizes[4], grad_strides, inputs, weights, h0, outputs, cells, gates, grad_outputs,
       grad_cells, grad_final_h, grad_final_cell, d_gates, d_inputs, d_weights, d_bias, d_h0,
       d_c0);
+}
+
+/* The passes' entry points, which lltm_cpu.c registers: each pass's
+ * arguments in the order of their declarations in cell.py and sequence.py
+ * (the sequence's options' address last). */
+int LLTM_NAME(lltm_forward_pass_)(const lltm_args* args) {
+  return LLTM_NAME(forward_)(args->sizes[0], args->sizes[1], args->tensors[0], args->tensors[1],
+                             args->tensors[2], args->tensors[3]);
+}
+
+int LLTM_NAME(lltm_backward_pass_)(const lltm_args* args) {
+  return LLTM_NAME(backward_)(args->sizes[0], args->sizes[1], args->sizes + 2, args->tensors[0],
+                              args->tensors[1], args->tensors[2], args->tensors[3],
+                              args->tensors[4], args->tensors[5]);
+}
+
+int LLTM_NAME(lltm_packed_forward_)(const lltm_args* args) {
+  return LLTM_NAME(packed_forward_)(args->sizes, args->tensors[5], args->tensors[0],
+                                    args->tensors[1], args->tensors[2], args->tensors[3],
+                                    args->tensors[4], args->tensors[6], args->tensors[7],
+                                    args->tensors[8], args->tensors[9], args->tensors[10],
+                                    args->tensors[11]);
+}
+
+int LLTM_NAME(lltm_packed_backward_)(const lltm_args* args) {
+  return LLTM_NAME(packed_backward_)(args->sizes, args->tensors[3], args->tensors[0],
+                                     args->tensors[1], args->tensors[2], args->tensors[4],
+                                     args->tensors[5], args->tensors[6], args->tensors[7],
+                                     args->tensors[8], args->tensors[9], args->tensors[10],
+                                     args->tensors[11], args->tensors[12], args->tensors[13],
+                                     args->tensors[14], args->tensors[15], args->tensors[16],
+                                     args->tensors[17]);
 }
 
 #undef SCALAR
