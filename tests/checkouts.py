@@ -24,6 +24,9 @@ NOT_SOURCES = shutil.ignore_patterns("_lltm_ffi*", "._lltm_ffi*", "__pycache__",
 # them through these, and existing() fails a test whose file has moved.
 LLTM_CPU_SOURCE = "src/cpu/lltm_cpu.c"
 LLTM_CPU_HEADER = "src/cpu/lltm_cpu_impl.h"
+# The sources that compile it, once an element type.
+LLTM_CPU_TYPE_SOURCES = [f"src/cpu/lltm_cpu_{dtype}.c"
+                         for dtype in ("bfloat16", "double", "float", "float16")]
 ROUND_CPU_SOURCE = "src/ops/round_ste/round_cpu.c"
 SHARED_HEADER = "include/lltm_op.h"
 
