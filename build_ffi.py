@@ -123,9 +123,10 @@ def _machine_code_nvcc_builds(nvcc):
 
 def cuda_arch(nvcc="nvcc"):
     """The nvcc -gencode flags. $LLTM_CUDA_ARCH: `all` (ALL_ARCHS), `ptx`
-    (PTX_ARCHS, what a machine without a GPU builds), or the flags themselves; unset or empty: machine code for each GPU of this
-    machine, as torch.utils.cpp_extension builds for the GPUs it sees, or
-    PTX_ARCHS where there is none or nvcc cannot build for one of them."""
+    (PTX_ARCHS, what a machine without a GPU builds), or the flags
+    themselves; unset or empty: machine code for each GPU of this machine,
+    as torch.utils.cpp_extension builds for the GPUs it sees, or PTX_ARCHS
+    where there is none or nvcc cannot build for one of them."""
     chosen = os.environ.get("LLTM_CUDA_ARCH", "").strip()
     if chosen == "all":
         return ALL_ARCHS
@@ -192,6 +193,13 @@ def _included(source, seen):
     return seen
 
 
+@functools.lru_cache(maxsize=None)
+def _texts_of(path):
+    """The text of the source at `path` and of every header it includes,
+    read once a build: ptx_archs_of and _compile_weight both ask."""
+    return tuple(included.read_text() for included in _included(path, set()))
+
+
 def ptx_archs_of(source):
     """PTX_ARCHS less the virtual architectures whose code for `source` is
     that of the one below them: compute_75 always; compute_80 and compute_90
@@ -199,8 +207,8 @@ def ptx_archs_of(source):
     tells them apart from the last one kept. nvcc's front end runs once an
     architecture, and the driver compiles compute_75's PTX for any later GPU
     as well as their own."""
-    thresholds = [int(found) for path in _included(ROOT / source, set())
-                  for found in re.findall(r"__CUDA_ARCH__\s*>=\s*(\d+)", path.read_text())]
+    thresholds = [int(found) for text in _texts_of(ROOT / source)
+                  for found in re.findall(r"__CUDA_ARCH__\s*>=\s*(\d+)", text)]
     kept = [_VIRTUAL[0]]
     for arch in _VIRTUAL[1:]:
         if any(kept[-1] * 10 < threshold <= arch * 10 for threshold in thresholds):
@@ -369,7 +377,7 @@ def _compile_weight(source):
     headers it includes (a CPU pass's source is small and includes its
     implementation), times the virtual architectures nvcc compiles it for
     in a PTX build."""
-    size = sum(path.stat().st_size for path in _included(ROOT / source, set()))
+    size = sum(len(text) for text in _texts_of(ROOT / source))
     return size * (len(ptx_archs_of(source).split()) // 2 if source.endswith(".cu") else 1)
 
 
