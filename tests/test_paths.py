@@ -11,16 +11,23 @@ import torch
 
 import lltm_ffi
 from lltm_ffi import selfcheck
+from lltm_ffi.reference import lltm as reference_lltm
 from lltm_ffi.ops.lltm import plan
 from lltm_ffi.ops.lltm.cell import step_forward
-from lltm_ffi.ops.lltm.sequence import packed_forward
+from lltm_ffi.ops.lltm.sequence import packed_forward, packed_in_torch
 
 # The relative errors allowed against float64, by dtype: float64's and
 # float32's as the other sequence tests allow them (over a thousand steps
 # float64's own rounding grows, test_cluster.py); the 16-bit types' about
 # ten times the CPU pass's own over these cases (7e-4 in float16, 5e-3 in
 # bfloat16, with two cores of this machine's CPU), for the GPU paths' other
-# orders of summation.
+# orders of summation. Where the same computation in torch ops in that dtype
+# errs more, four times its error is allowed instead: over a thousand steps
+# some inputs make float32's gradients err by up to 1e-3 in any order of
+# summation, and one order by ten times another (on the H200, on one input,
+# d_inputs erred 6.9e-5 through packed_in_torch, 2.6e-4 a cell at a time in
+# torch ops, 4.4e-4 through the cluster and persistent paths, 6.8e-4
+# through the steps path; each path the same bits on every run).
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 3e-5, torch.float16: 1e-2,
               torch.bfloat16: 5e-2}
 LONG_TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
@@ -137,11 +144,16 @@ def test_each_sequence_path_agrees_with_the_float64_cpu_pass(path, shape, revers
         reference = (expected if dtype == torch.float64 else _reference_of(
             given, batch_sizes, reverse, grads, monkeypatch, path))
         got = _results(given, batch_sizes, reverse, grads)
-        tolerance = (LONG_TOLERANCES if long else TOLERANCES)[dtype]
-        for name, value, wanted in zip(NAMES, got, reference, strict=True):
+        floor = (LONG_TOLERANCES if long else TOLERANCES)[dtype]
+        torch_errors = ([0.0] * len(NAMES) if dtype == torch.float64
+                        else _errors_in_torch_ops(given, batch_sizes, reverse, grads, reference))
+        for name, value, wanted, torch_error in zip(NAMES, got, reference, torch_errors,
+                                                     strict=True):
             assert value.shape == wanted.shape, name
             error = selfcheck.relative_error(value, wanted)
-            assert error <= tolerance, f"{dtype} {name}: relative error {error:.3g} > {tolerance:g}"
+            tolerance = max(floor, 4 * torch_error)
+            assert error <= tolerance, (f"{dtype} {name}: relative error {error:.3g} > {tolerance:g}"
+                                        f" (torch ops in {dtype}: {torch_error:.3g})")
 
 
 def _reference_of(given, batch_sizes, reverse, grads, monkeypatch, path):
@@ -152,6 +164,31 @@ def _reference_of(given, batch_sizes, reverse, grads, monkeypatch, path):
                         grads)
     finally:
         monkeypatch.setenv("LLTM_PATH", path)
+
+
+def _errors_in_torch_ops(given, batch_sizes, reverse, grads, reference):
+    """The relative errors, result by result, of the sequence in torch ops on
+    the CPU in the dtype of `given` against `reference`: the larger of two
+    orders of summation, packed_in_torch's (all steps' input products at
+    once) and, for dense steps, a cell at a time (lltm_ffi.reference.lltm)."""
+    leaves = [argument.detach().cpu().requires_grad_(True) for argument in given]
+    inputs, weights, bias, h0, c0 = leaves
+    outputs, _, h_n, c_n = packed_in_torch(inputs.reshape(-1, inputs.shape[-1]), weights, bias,
+                                           h0, c0, batch_sizes, reverse)
+    orders = [(outputs.reshape(*inputs.shape[:-1], -1), h_n, c_n)]
+    if batch_sizes is None:
+        h, c, outputs = h0, c0, [None] * inputs.shape[0]
+        for t in reversed(range(inputs.shape[0])) if reverse else range(inputs.shape[0]):
+            h, c = reference_lltm(inputs[t], weights, bias, h, c)
+            outputs[t] = h
+        orders.append((torch.stack(outputs) if outputs else inputs[..., :0], h, c))
+    errors = [0.0] * len(reference)
+    for results in orders:
+        loss = sum((result * grad.to(result.dtype)).sum() for result, grad in zip(results, grads))
+        got = (*results, *torch.autograd.grad(loss, leaves))
+        errors = [max(error, selfcheck.relative_error(value.detach(), wanted))
+                  for error, value, wanted in zip(errors, got, reference, strict=True)]
+    return errors
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
