@@ -41,7 +41,7 @@ command_for() {
     build)   echo "make clean && make" ;;
     ptx)     echo "make clean && make CUDA_ARCH=ptx && python3 -m lltm_ffi && python3 test.py && python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sequence.py tests/test_packed.py -x" ;;
     # The whole group takes about 10 minutes on an H200: GPU_TESTS (pytest
-    # paths) runs part of it, so that two calls can share it.
+    # paths) runs part of it, so that two shorter runs can share it.
     gpu-tests) echo "python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m 'gpu and not slow' ${GPU_TESTS:-}" ;;
     diag)    echo "python3 -m lltm_ffi" ;;
     test)    echo "python3 test.py" ;;

@@ -100,17 +100,22 @@ def _arguments(shape, packed, generator):
     return (inputs, weights, bias, h0, c0), batch_sizes, grads
 
 
+def _with_gradients(results, leaves, grads):
+    """`results`, then the gradients of `leaves` of the sum of each result
+    times its gradient in `grads`."""
+    loss = sum((result * grad.to(result.device, result.dtype)).sum()
+               for result, grad in zip(results, grads))
+    return (*results, *torch.autograd.grad(loss, leaves))
+
+
 def _results(arguments, batch_sizes, reverse, grads):
     """outputs, h_n, c_n and the five arguments' gradients of the sum of
     each result times its gradient, all in float64 on the CPU."""
     leaves = [argument.detach().clone().requires_grad_(True) for argument in arguments]
     outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves, batch_sizes=batch_sizes,
                                                  reverse=reverse)
-    results = (outputs, h_n, c_n)
-    loss = sum((result * grad.to(result.device, result.dtype)).sum()
-               for result, grad in zip(results, grads))
-    gradients = torch.autograd.grad(loss, leaves)
-    return [tensor.detach().cpu().double() for tensor in (*results, *gradients)]
+    return [tensor.detach().cpu().double()
+            for tensor in _with_gradients((outputs, h_n, c_n), leaves, grads)]
 
 
 NAMES = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_c0")
@@ -181,11 +186,10 @@ def _errors_in_torch_ops(given, batch_sizes, reverse, grads, reference):
         for t in reversed(range(inputs.shape[0])) if reverse else range(inputs.shape[0]):
             h, c = reference_lltm(inputs[t], weights, bias, h, c)
             outputs[t] = h
-        orders.append((torch.stack(outputs) if outputs else inputs[..., :0], h, c))
+        orders.append((torch.stack(outputs), h, c))
     errors = [0.0] * len(reference)
     for results in orders:
-        loss = sum((result * grad.to(result.dtype)).sum() for result, grad in zip(results, grads))
-        got = (*results, *torch.autograd.grad(loss, leaves))
+        got = _with_gradients(results, leaves, grads)
         errors = [max(error, selfcheck.relative_error(value.detach(), wanted))
                   for error, value, wanted in zip(errors, got, reference, strict=True)]
     return errors
@@ -225,11 +229,8 @@ CELL_CASES = ([pytest.param("cell-torch", "cpu", id="cell-torch-cpu")]
 
 def _cell_results(arguments, grads):
     leaves = [argument.detach().clone().requires_grad_(True) for argument in arguments]
-    results = lltm_ffi.lltm(*leaves)
-    loss = sum((result * grad.to(result.device, result.dtype)).sum()
-               for result, grad in zip(results, grads))
     return [tensor.detach().cpu().double()
-            for tensor in (*results, *torch.autograd.grad(loss, leaves))]
+            for tensor in _with_gradients(lltm_ffi.lltm(*leaves), leaves, grads)]
 
 
 @pytest.mark.parametrize("shape", CELL_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
