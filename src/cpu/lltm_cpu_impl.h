@@ -454,7 +454,7 @@ int LLTM_NAME(lltm_cpu_product_)(int blas, int64_t rows, int64_t columns, int64_
     if (!sums) return LLTM_ERROR_NO_MEMORY;
     const int status =
         LLTM_MATH(lltm_cpu_product_)(blas, rows, columns, depth, a, a_row_stride, a_depth_stride, b,
-                            b_row_stride, b_column_stride, NULL, 0, sums, columns);
+                                     b_row_stride, b_column_stride, NULL, 0, sums, columns);
     LLTM_FOR_EACH(i, rows, rows * columns, {
       LLTM_NAME(add_sums_row_)(columns, accumulate ? out + i * out_stride : base,
                                sums + i * columns, out + i * out_stride);
@@ -576,8 +576,8 @@ static int LLTM_NAME(converted_product_)(int64_t rows, int64_t columns, int64_t 
         b_copy[k * columns + j] = LOAD(b[k * b_row_stride + j * b_column_stride]);
       }
     }
-    status = LLTM_MATH(lltm_cpu_product_)(0, rows, columns, depth, a_copy, depth, 1, b_copy, columns, 1,
-                                 NULL, 0, sums, sums_stride);
+    status = LLTM_MATH(lltm_cpu_product_)(0, rows, columns, depth, a_copy, depth, 1, b_copy,
+                                          columns, 1, NULL, 0, sums, sums_stride);
   }
   free(a_copy);
   free(b_copy);
@@ -794,13 +794,14 @@ static int LLTM_NAME(input_gates_)(const struct LLTM_NAME(forward_factors_) * f,
   }
   const SCALAR* input_factors = f->input_factors + first * features;
   if (!f->weight_factors) {
-    return LLTM_NAME(lltm_cpu_product_)(f->products.blas, count, gates_size, features, input_factors,
-                               features, 1, f->transposed + state_size * gates_size, gates_size,
-                               1, f->bias, 0, into, gates_size);
+    return LLTM_NAME(lltm_cpu_product_)(f->products.blas, count, gates_size, features,
+                                        input_factors, features, 1,
+                                        f->transposed + state_size * gates_size, gates_size, 1,
+                                        f->bias, 0, into, gates_size);
   }
   return LLTM_NAME(lltm_cpu_product_)(f->products.blas, count, gates_size, features, input_factors,
-                             features, 1, f->weight_factors + state_size, 1, columns, f->bias, 0,
-                             into, gates_size);
+                                      features, 1, f->weight_factors + state_size, 1, columns,
+                                      f->bias, 0, into, gates_size);
 }
 
 /* A step of up to this many rows takes its recurrent products on the BLAS
@@ -1163,16 +1164,17 @@ static int LLTM_NAME(hidden_weight_grads_)(int blas, const lltm_walk* walk, int6
       continue;
     }
     status = LLTM_NAME(lltm_cpu_product_)(blas, gates_size, state_size, block.rows,
-                                 d_gates + block.gate_row * gates_size, 1, gates_size,
-                                 LLTM_AS_SCALAR(states), state_size, 1, NULL, !first, d_weights,
-                                 columns);
+                                          d_gates + block.gate_row * gates_size, 1, gates_size,
+                                          LLTM_AS_SCALAR(states), state_size, 1, NULL, !first,
+                                          d_weights, columns);
     first = 0;
   }
   if (status == LLTM_SUCCESS && (first || LLTM_NARROW_STORAGE)) {
     status = LLTM_NAME(lltm_cpu_product_)(blas, gates_size, state_size,
-                                 LLTM_NARROW_STORAGE ? walk->rows : 0, d_gates, 1, gates_size,
-                                 LLTM_NARROW_STORAGE ? previous : LLTM_AS_SCALAR(h0), state_size,
-                                 1, NULL, 0, d_weights, columns);
+                                          LLTM_NARROW_STORAGE ? walk->rows : 0, d_gates, 1,
+                                          gates_size,
+                                          LLTM_NARROW_STORAGE ? previous : LLTM_AS_SCALAR(h0),
+                                          state_size, 1, NULL, 0, d_weights, columns);
   }
   free(previous);
   return status;
@@ -1358,9 +1360,9 @@ static int LLTM_NAME(recurrence_backward_)(
       STORAGE* block_d_h0 = d_h0 + block.state_row * state_size;
       if (!use_amx) {
         status = LLTM_NAME(lltm_cpu_product_)(products.blas, block.rows, state_size, gates_size,
-                                     gate_factors + block.gate_row * gates_size, gates_size, 1,
-                                     weight_factors, columns, 1, NULL, 0, block_d_h0,
-                                     state_size);
+                                              gate_factors + block.gate_row * gates_size,
+                                              gates_size, 1, weight_factors, columns, 1, NULL, 0,
+                                              block_d_h0, state_size);
         continue;
       }
       status = LLTM_NAME(recurrent_sums_)(&amx, block.rows, d_gates + block.gate_row * gates_size,
@@ -1377,9 +1379,9 @@ static int LLTM_NAME(recurrence_backward_)(
                                                gates_size, 1, weights + state_size, columns, 1,
                                                NULL, 0, d_inputs, input_features)
                      : LLTM_NAME(lltm_cpu_product_)(products.blas, walk->rows, input_features,
-                                           gates_size, gate_factors, gates_size, 1,
-                                           weight_factors + state_size, columns, 1, NULL, 0,
-                                           d_inputs, input_features);
+                                                    gates_size, gate_factors, gates_size, 1,
+                                                    weight_factors + state_size, columns, 1, NULL,
+                                                    0, d_inputs, input_features);
   }
   if (status == LLTM_SUCCESS && d_weights && use_amx) {
     status = LLTM_NAME(amx_weight_grads_)(walk, input_features, state_size, d_gates, inputs, h0,
@@ -1395,8 +1397,9 @@ static int LLTM_NAME(recurrence_backward_)(
     }
     if (status == LLTM_SUCCESS) {
       status = LLTM_NAME(lltm_cpu_product_)(products.blas, gates_size, input_features, walk->rows,
-                                   gate_factors, 1, gates_size, input_factors, input_features, 1,
-                                   NULL, 0, d_weights + state_size, columns);
+                                            gate_factors, 1, gates_size, input_factors,
+                                            input_features, 1, NULL, 0, d_weights + state_size,
+                                            columns);
     }
     free(inputs_copy);
   }
