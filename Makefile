@@ -13,8 +13,10 @@ JOBS ?= $(shell getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 #   make CUDA=0                  a CPU-only module (default: CUDA when nvcc is found)
 #   make NVCC=/path/to/nvcc      this nvcc instead of the one on PATH
 #   make CUDA_ARCH=all           machine code for every GPU generation (default:
-#                                for the GPUs here, PTX alone where there is none)
-#   make CUDA_ARCH=ptx           PTX alone, as where there is no GPU
+#                                for the GPUs here; where there is none, PTX for
+#                                compute_75 alone, without the tensor-core and
+#                                cluster kernels)
+#   make CUDA_ARCH=ptx           PTX alone, for every generation's own kernels
 #   make CUDA_ARCH="-gencode arch=compute_90,code=sm_90"
 export LLTM_CUDA := $(CUDA)
 export LLTM_CUDA_ARCH := $(CUDA_ARCH)

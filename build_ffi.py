@@ -58,14 +58,23 @@ BUILD = ROOT / "build"
 ALL_ARCHS = ("-gencode arch=compute_75,code=sm_75 "
              "-gencode arch=compute_80,code=[sm_80,sm_86,sm_89] "
              "-gencode arch=compute_90,code=[sm_90,sm_100,sm_120,compute_90]")
-# Where no GPU is found: PTX alone for the same three virtual architectures.
-# Every kernel is compiled, every GPU generation is served (the driver
-# compiles the PTX for the GPU at the module's first load), and no machine
-# code is generated: ptxas for seven GPUs is most of ALL_ARCHS' time. Each
-# source gets those of them its code tells apart (ptx_archs_of).
+# `CUDA_ARCH=ptx`: PTX alone for the same three virtual architectures.
+# Every kernel is compiled, every GPU generation is served with the code of
+# its own generation (the driver compiles the PTX for the GPU at the
+# module's first load), and no machine code is generated: ptxas for seven
+# GPUs is most of ALL_ARCHS' time. Each source gets those of them its code
+# tells apart (ptx_archs_of).
 PTX_ARCHS = ("-gencode arch=compute_75,code=compute_75 "
              "-gencode arch=compute_80,code=compute_80 "
              "-gencode arch=compute_90,code=compute_90")
+# Where no GPU is found: there are no GPUs here to build for, so the
+# least that keeps the module whole, PTX of the oldest architecture.
+# Every kernel still compiles and every GPU from Turing on can load it, but
+# the tensor-core (8.0) and cluster (9.0) kernels are compiled empty, so
+# the plan takes the other paths; `make` on a GPU's machine rebuilds for
+# it. Those two kernels' compute_80 and compute_90 front ends were a
+# quarter of the clean build's processor time (docs/BUILDING.md).
+NO_GPU_ARCHS = "-gencode arch=compute_75,code=compute_75"
 _VIRTUAL = (75, 80, 90)
 # -O1: the level of the host code nvcc compiles (the launchers); the
 # kernels' code is optimised in full whatever it is (the same PTX), and -O3
@@ -123,10 +132,10 @@ def _machine_code_nvcc_builds(nvcc):
 
 def cuda_arch(nvcc="nvcc"):
     """The nvcc -gencode flags. $LLTM_CUDA_ARCH: `all` (ALL_ARCHS), `ptx`
-    (PTX_ARCHS, what a machine without a GPU builds), or the flags
-    themselves; unset or empty: machine code for each GPU of this machine,
-    as torch.utils.cpp_extension builds for the GPUs it sees, or PTX_ARCHS
-    where there is none or nvcc cannot build for one of them."""
+    (PTX_ARCHS), or the flags themselves; unset or empty: machine code for
+    each GPU of this machine, as torch.utils.cpp_extension builds for the
+    GPUs it sees, PTX_ARCHS where nvcc cannot build for one of them, and
+    NO_GPU_ARCHS where there is none."""
     chosen = os.environ.get("LLTM_CUDA_ARCH", "").strip()
     if chosen == "all":
         return ALL_ARCHS
@@ -135,8 +144,9 @@ def cuda_arch(nvcc="nvcc"):
     if chosen:
         return chosen
     capabilities = gpu_capabilities()
-    if not capabilities or not {f"sm_{number}" for number in capabilities} <= (
-            _machine_code_nvcc_builds(nvcc)):
+    if not capabilities:
+        return NO_GPU_ARCHS
+    if not {f"sm_{number}" for number in capabilities} <= _machine_code_nvcc_builds(nvcc):
         return PTX_ARCHS
     return " ".join(f"-gencode arch=compute_{number},code=sm_{number}"
                     for number in capabilities)

@@ -60,6 +60,18 @@ def covering_arch(arch_names, major, minor):
     return best[1] if best else None
 
 
+def _kernels_left_out(covering, major, minor):
+    """What a GPU misses in code of an older architecture than its own (a
+    module built where there was no GPU: compute_75 alone), as a row's end."""
+    compiled = int(re.search(r"_(\d+)", covering).group(1)) if covering else major * 10 + minor
+    missing = [kernels for kernels, needed in (("tensor-core", 80), ("cluster", 90))
+               if compiled < needed <= major * 10 + minor]
+    if not missing:
+        return ""
+    return (f" (its {' and '.join(missing)} kernels are empty there: `make` on this machine, "
+            "or CUDA_ARCH=all, builds them)")
+
+
 class _Report:
     def __init__(self):
         self.problems = []
@@ -158,6 +170,7 @@ def _describe_gpus(report, torch, lib, ffi):
         if arch_names is not None:
             covering = covering_arch(arch_names, major, minor)
             line += f"; runs {covering}" if covering else "; NOT covered by the compiled architectures"
+            line += _kernels_left_out(covering, major, minor)
             if not covering:
                 report.problem(f"cuda:{index} (sm_{major}{minor}) is not among the architectures "
                                f"lltm_ffi was compiled for ({arch_names})")

@@ -20,6 +20,7 @@ GPU scripts select by them (`pytest -m gpu`).
 
 import os
 import random
+import re
 import zlib
 
 import pytest
@@ -50,6 +51,22 @@ def device(request):
     if request.param == "cuda":
         skip_without_gpu()
     return torch.device(request.param)
+
+
+def compiled_capability(device):
+    """The compute capability of the code lltm_ffi runs on the GPU `device`,
+    as (major, minor): the GPU's own for a module built for it, (7, 5) for
+    one built where there was no GPU (PTX for compute_75 alone, whose
+    tensor-core and cluster kernels are empty); what a test expects a path
+    of those kernels on. None where the module has no code for the GPU."""
+    from . import _extension
+    from .diagnostics import covering_arch
+    archs = _extension.ffi.string(_extension.lib.lltm_cuda_archs()).decode()
+    covering = covering_arch(archs, *torch.cuda.get_device_capability(device))
+    if covering is None:
+        return None
+    number = int(re.search(r"_(\d+)", covering).group(1))
+    return number // 10, number % 10
 
 
 @pytest.fixture

@@ -10,13 +10,11 @@ test_sequence.py, which runs the cluster kernels' shapes too.
 On a GPU older than 9.0 (or a module without sm_90 code) every test but
 the path check runs on the other paths, and agrees all the same."""
 
-import re
-
 import pytest
 import torch
 
 import lltm_ffi
-from lltm_ffi.diagnostics import covering_arch
+from lltm_ffi.testing import compiled_capability
 
 # (steps, batch, input_features, state_size): batches of 1, 3 and 16 rows;
 # states off every tile (5, 33, 130) and at the edges of the kernels'
@@ -151,13 +149,8 @@ def test_without_bias(shape, reverse, dtype, cuda_device, generator):
 def cluster_kernels_here(device):
     """Whether the cluster kernels can run on `device`: compute capability
     9.0 or newer, and the module's code for it compiled for sm_90 or newer."""
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 9:
-        return False
-    extension = lltm_ffi._extension
-    covering = covering_arch(extension.ffi.string(extension.lib.lltm_cuda_archs()).decode(),
-                             major, minor)
-    return covering is not None and int(re.search(r"_(\d+)", covering).group(1)) >= 90
+    capability = compiled_capability(device)
+    return capability is not None and capability >= (9, 0)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -15,7 +15,7 @@ import lltm_ffi
 from checkouts import (REPO_ROOT, ROUND_CPU_SOURCE, append_to, copy_sources, existing,
                        make_cpu_only)
 from lltm_ffi import _extension
-from lltm_ffi.diagnostics import covering_arch
+from lltm_ffi.diagnostics import _kernels_left_out, covering_arch
 
 pytestmark = pytest.mark.slow
 
@@ -154,3 +154,16 @@ def test_covering_arch_of_arch_specific_and_ptx_only_builds():
     assert covering_arch("sm_90a", 10, 0) is None
     assert covering_arch("compute_80", 8, 6) == "compute_80 (PTX, compiled by the driver)"
     assert covering_arch("", 9, 0) is None
+
+
+@pytest.mark.parametrize("archs, capability, missing", [
+    ("compute_75", (9, 0), "its tensor-core and cluster kernels are empty there"),
+    ("compute_75", (8, 6), "its tensor-core kernels are empty there"),
+    ("compute_75 compute_80", (9, 0), "its cluster kernels are empty there"),
+    ("compute_75", (7, 5), None), (ARCHS, (9, 0), None), (ARCHS, (13, 0), None),
+])
+def test_a_gpu_running_older_code_is_told_what_it_misses(archs, capability, missing):
+    """A module built without a GPU (compute_75 alone) runs on an H100 without
+    its tensor-core and cluster kernels; the report's GPU row says so."""
+    note = _kernels_left_out(covering_arch(archs, *capability), *capability)
+    assert (missing in note and "`make` on this machine" in note) if missing else note == ""

@@ -72,8 +72,7 @@ def test_a_ptx_build_compiles_a_source_for_the_architectures_its_code_tells_apar
                                               "#endif\n")
     (tmp_path / "k.cu").write_text(code)
     monkeypatch.setattr(build_ffi, "ROOT", tmp_path)
-    monkeypatch.setenv("LLTM_CUDA_ARCH", "")
-    monkeypatch.setattr(build_ffi, "gpu_capabilities", lambda: [])
+    monkeypatch.setenv("LLTM_CUDA_ARCH", "ptx")
     command = shlex.join(build_ffi.kernel_command("nvcc", "k.cu", "k.o"))
     assert re.findall(r"arch=compute_(\d+),code=compute_\d+", command) == [str(a) for a in archs]
 
@@ -95,7 +94,7 @@ NVCC_13_MACHINE_CODE = {"sm_75", "sm_80", "sm_86", "sm_87", "sm_88", "sm_89", "s
 
 
 @pytest.mark.parametrize("capabilities, flags", [
-    ([], build_ffi.PTX_ARCHS),
+    ([], build_ffi.NO_GPU_ARCHS),
     (["90"], "-gencode arch=compute_90,code=sm_90"),
     (["86", "90"], "-gencode arch=compute_86,code=sm_86 -gencode arch=compute_90,code=sm_90"),
     # A GPU this nvcc cannot build machine code for: PTX, which the driver compiles.
@@ -109,10 +108,10 @@ def test_the_default_architectures_are_those_of_the_gpus_here(capabilities, flag
     assert build_ffi.cuda_arch("nvcc") == flags
 
 
-def test_without_a_gpu_every_generation_has_ptx():
-    """The PTX-only default still serves every GPU the full build does: for
-    each GPU, PTX of the newest virtual architecture the full build compiles
-    for it (so no kernel loses the code for its generation)."""
+def test_the_ptx_build_gives_every_generation_its_ptx():
+    """CUDA_ARCH=ptx serves every GPU the full build does: for each GPU, PTX
+    of the newest virtual architecture the full build compiles for it (so
+    no kernel loses the code for its generation)."""
     full, ptx = build_ffi.arch_names(build_ffi.ALL_ARCHS), build_ffi.arch_names(build_ffi.PTX_ARCHS)
     virtual = sorted(set(re.findall(r"arch=(compute_\d+)", build_ffi.ALL_ARCHS)))
     assert ptx.split() == virtual
@@ -122,6 +121,19 @@ def test_without_a_gpu_every_generation_has_ptx():
         generation = max((name for name in virtual if int(name[8:]) <= major * 10 + minor),
                          key=lambda name: int(name[8:]))
         assert covering_arch(ptx, major, minor).startswith(generation + " (PTX")
+
+
+def test_without_a_gpu_the_build_is_ptx_every_gpu_loads(monkeypatch):
+    """With no GPU to build for, PTX of the oldest virtual architecture alone,
+    for the cluster kernels too: every GPU the full build serves loads it."""
+    ptx = build_ffi.arch_names(build_ffi.NO_GPU_ARCHS)
+    assert ptx == "compute_75"
+    for major, minor in ((7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (12, 0), (13, 0)):
+        assert covering_arch(ptx, major, minor) == "compute_75 (PTX, compiled by the driver)"
+    monkeypatch.delenv("LLTM_CUDA_ARCH", raising=False)
+    monkeypatch.setattr(build_ffi, "gpu_capabilities", lambda: [])
+    command = build_ffi.kernel_command("nvcc", "src/cuda/recurrence/cluster_kernel.cu", "k.o")
+    assert re.findall(r"arch=\w+,code=\w+", shlex.join(command)) == ["arch=compute_75,code=compute_75"]
 
 
 def test_the_makefile_leaves_nvcc_and_its_flags_to_build_ffi():

@@ -15,6 +15,7 @@ from lltm_ffi.reference import lltm as reference_lltm
 from lltm_ffi.ops.lltm import plan
 from lltm_ffi.ops.lltm.cell import step_forward
 from lltm_ffi.ops.lltm.sequence import packed_forward, packed_in_torch
+from lltm_ffi.testing import compiled_capability
 
 # The relative errors allowed against float64, by dtype: float64's and
 # float32's as the other sequence tests allow them (over a thousand steps
@@ -66,9 +67,10 @@ def _dtypes_of(path):
 
 
 def _skip_where_the_gpu_lacks(path, dtype, device):
-    """Skips a path this GPU cannot run at all: the cluster kernels before
-    compute capability 9.0, the persistent kernels' 16-bit types before 8.0."""
-    capability = torch.cuda.get_device_capability(device)
+    """Skips a path this GPU, or the module's code for it, cannot run at
+    all: the cluster kernels before compute capability 9.0, the persistent
+    kernels' 16-bit types before 8.0."""
+    capability = compiled_capability(device)
     if path == "cluster" and capability < (9, 0):
         pytest.skip("the cluster kernels need compute capability 9.0")
     if path == "persistent" and dtype in (torch.float16, torch.bfloat16) and capability < (8, 0):
