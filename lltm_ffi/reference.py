@@ -2,7 +2,8 @@
 compares lltm_ffi against."""
 
 import torch
-import torch.nn.functional as F
+
+from .ops.lltm import derivatives
 
 
 def lltm(input, weights, bias, old_h, old_cell):
@@ -13,11 +14,8 @@ def lltm(input, weights, bias, old_h, old_cell):
 
 def pointwise(gate_weights, old_cell):
     """(new_h, new_cell) from the gates' pre-activations: the cell after its
-    matrix product, what lltm_ffi's fused passes compute."""
-    gates = gate_weights.chunk(3, dim=1)
-    input_gate = torch.sigmoid(gates[0])
-    output_gate = torch.sigmoid(gates[1])
-    candidate_cell = F.elu(gates[2])
-    new_cell = old_cell + candidate_cell * input_gate
-    new_h = torch.tanh(new_cell) * output_gate
-    return new_h, new_cell
+    matrix product, what lltm_ffi's fused passes compute. The gates (batch,
+    3 * state) are the input gate, the output gate and the candidate cell:
+    new_cell = old_cell + elu(candidate) * sigmoid(input),
+    new_h = tanh(new_cell) * sigmoid(output)."""
+    return derivatives.forward_pass(gate_weights, old_cell)

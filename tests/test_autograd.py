@@ -18,6 +18,7 @@ import lltm_ffi
 from builders import random_inputs, random_like, sequence_arguments, transposed
 from conftest import ARGUMENT_NAMES, as_leaves, assert_all_close, reference_sequence, shape_id
 from lltm_ffi import reference, selfcheck
+from lltm_ffi.ops.lltm import derivatives
 
 CELLS = {"reference": reference.lltm, "lltm_ffi": lltm_ffi.lltm}
 SHAPES = [(1, 2, 3), (3, 5, 7), (4, 6, 5)]
@@ -157,6 +158,58 @@ def test_backward_pass_operator_is_differentiable(device, generator):
     arguments = tuple(tensors[name] for name in ("grad_h", "grad_cell", "new_cell", "gates"))
     assert torch.autograd.gradcheck(torch.ops.lltm_ffi.backward_pass, arguments)
     assert torch.autograd.gradgradcheck(torch.ops.lltm_ffi.backward_pass, arguments)
+
+
+class _CellInTorchOps(torch.autograd.Function):
+    """The pointwise pass with the torch-op derivatives: backward_pass as
+    its backward, forward_tangents as its forward mode."""
+
+    @staticmethod
+    def forward(gates, old_cell):
+        return derivatives.forward_pass(gates, old_cell)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], output[1])
+        ctx.save_for_forward(inputs[0], output[1])
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_cell):
+        gates, new_cell = ctx.saved_tensors
+        d_old_cell, d_gates = derivatives.backward_pass(grad_h, grad_cell, new_cell, gates)
+        return d_gates, d_old_cell
+
+    @staticmethod
+    def jvp(ctx, gates_tangent, old_cell_tangent):
+        gates, new_cell = ctx.saved_tensors
+        return derivatives.forward_tangents(gates, new_cell, gates_tangent, old_cell_tangent)
+
+
+def test_torch_op_derivatives_against_finite_differences(generator):
+    """The cell's partial derivatives in torch ops, which the higher orders
+    and forward mode are built from: both products (backward_pass and
+    forward_tangents) against finite differences of the forward formula,
+    and backward_pass's own derivatives, in float64."""
+    tensors = _pass_inputs(generator, "cpu")
+    arguments = (tensors["gates"], tensors["old_cell"])
+    assert torch.autograd.gradcheck(_CellInTorchOps.apply, arguments, check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(_CellInTorchOps.apply, arguments)
+
+
+def test_torch_op_elu_derivative_at_zero_is_one(generator):
+    """At a candidate pre-activation of 0, d new_cell / d candidate_pre is
+    the input gate (elu'(0) taken as 1, as the C passes take it)."""
+    tensors = {name: tensor.detach() for name, tensor in _pass_inputs(generator, "cpu").items()}
+    gates, state_size = tensors["gates"], tensors["old_cell"].shape[1]
+    gates[:, 2 * state_size:] = 0
+    input_gate = torch.sigmoid(gates[:, :state_size])
+    _, new_cell = derivatives.forward_pass(gates, tensors["old_cell"])
+    d_old_cell, d_gates = derivatives.backward_pass(None, tensors["grad_cell"], new_cell, gates)
+    assert torch.equal(d_gates[:, 2 * state_size:], tensors["grad_cell"] * input_gate)
+    _, new_cell_tangent = derivatives.forward_tangents(
+        gates, new_cell, torch.cat((torch.zeros_like(gates[:, state_size:]),
+                                    tensors["grad_cell"]), dim=1), None)
+    assert torch.equal(new_cell_tangent, input_gate * tensors["grad_cell"])
 
 
 def _compiled_graphs(function, arguments):

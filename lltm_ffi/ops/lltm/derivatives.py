@@ -1,16 +1,21 @@
-"""The cell's pointwise passes and their derivatives written in torch ops,
-for where autograd must differentiate them again or run them forward:
+"""The LLTM cell's math in torch ops, written once: the gate activations,
+the pointwise forward formula (forward_pass, which is also
+lltm_ffi.reference.pointwise) and the cell's local partial derivatives
+(_partials), from which both derivatives are built:
 
-- backward_pass: what the C backward pass computes, used instead of it while
-  autograd records a graph of the backward (create_graph=True, torch.func),
-  so that second derivatives flow through it;
-- forward_tangents: forward-mode AD (torch.func.jvp, jacfwd, forward_ad);
-- forward_pass and recorded_grads: the gradients of passes that have no
-  hand-written derivative (the sequence's loops, backward_pass itself) by
-  autograd of the same math in torch ops, when autograd records them.
+- backward_pass, the vector-Jacobian product: what the C backward pass
+  computes, used instead of it while autograd records a graph of the
+  backward (create_graph=True, torch.func), so that second derivatives flow
+  through it;
+- forward_tangents, the Jacobian-vector product: forward-mode AD
+  (torch.func.jvp, jacfwd, forward_ad).
 
-Both recompute the gate activations from the pre-activation gates, as the C
-passes do. Elu's derivative at 0 is taken as 1, as in C.
+forward_pass and recorded_grads also give the gradients of passes that have
+no hand-written derivative (the sequence's loops, backward_pass itself), by
+autograd of the same math, when autograd records them.
+
+The derivatives recompute the gate activations from the pre-activation
+gates, as the C passes do. Elu's derivative at 0 is taken as 1, as in C.
 """
 
 import torch
@@ -30,9 +35,10 @@ def in_torch_ops(*gradients):
 
 
 def _activations(gates):
-    gate_input, gate_output, gate_candidate = gates.chunk(3, dim=1)
-    return (torch.sigmoid(gate_input), torch.sigmoid(gate_output), F.elu(gate_candidate),
-            gate_candidate)
+    """(input_gate, output_gate, candidate_cell, candidate_pre) from the
+    pre-activation gates (batch, 3 * state): sigmoid, sigmoid, elu."""
+    input_pre, output_pre, candidate_pre = gates.chunk(3, dim=1)
+    return torch.sigmoid(input_pre), torch.sigmoid(output_pre), F.elu(candidate_pre), candidate_pre
 
 
 def _elu_derivative(pre_activation):
@@ -47,38 +53,49 @@ def or_zeros(gradient, like):
 
 
 def forward_pass(gates, old_cell):
-    """(new_h, new_cell), as lltm_ffi::forward_pass."""
+    """(new_h, new_cell) from the pre-activation gates and old_cell, as
+    lltm_ffi::forward_pass: new_cell = old_cell + candidate_cell * input_gate,
+    new_h = tanh(new_cell) * output_gate."""
     input_gate, output_gate, candidate, _ = _activations(gates)
     new_cell = old_cell + candidate * input_gate
     return torch.tanh(new_cell) * output_gate, new_cell
+
+
+def _partials(gates, new_cell):
+    """The cell's local partial derivatives at (gates, new_cell): (d new_cell
+    / d input_pre, d new_cell / d candidate_pre, d new_h / d new_cell,
+    d new_h / d output_pre), elementwise (batch, state) each. d new_cell /
+    d old_cell is 1, and every other partial of an output's element by an
+    input's is 0."""
+    input_gate, output_gate, candidate, candidate_pre = _activations(gates)
+    tanh_cell = torch.tanh(new_cell)
+    return (candidate * input_gate * (1 - input_gate),
+            input_gate * _elu_derivative(candidate_pre),
+            output_gate * (1 - tanh_cell * tanh_cell),
+            tanh_cell * output_gate * (1 - output_gate))
 
 
 def backward_pass(grad_h, grad_cell, new_cell, gates):
     """(d_old_cell, d_gates), as lltm_ffi::backward_pass, differentiable;
     a gradient given as None counts as zeros."""
     grad_h, grad_cell = (or_zeros(grad, new_cell) for grad in (grad_h, grad_cell))
-    input_gate, output_gate, candidate, candidate_pre = _activations(gates)
-    tanh_cell = torch.tanh(new_cell)
-    d_new_cell = grad_cell + grad_h * output_gate * (1 - tanh_cell * tanh_cell)
-    d_gates = torch.cat((d_new_cell * candidate * input_gate * (1 - input_gate),
-                         grad_h * tanh_cell * output_gate * (1 - output_gate),
-                         d_new_cell * input_gate * _elu_derivative(candidate_pre)), dim=1)
+    cell_by_input, cell_by_candidate, h_by_cell, h_by_output = _partials(gates, new_cell)
+    d_new_cell = grad_cell + grad_h * h_by_cell
+    d_gates = torch.cat((d_new_cell * cell_by_input, grad_h * h_by_output,
+                         d_new_cell * cell_by_candidate), dim=1)
     return d_new_cell, d_gates
 
 
 def forward_tangents(gates, new_cell, gates_tangent, old_cell_tangent):
     """(new_h, new_cell) tangents of the forward pass at (gates, new_cell) in
     the direction (gates_tangent, old_cell_tangent); None counts as zeros."""
-    gates_tangent = or_zeros(gates_tangent, gates)
-    input_gate, output_gate, candidate, candidate_pre = _activations(gates)
-    input_tangent, output_tangent, candidate_tangent = gates_tangent.chunk(3, dim=1)
-    new_cell_tangent = (candidate * input_gate * (1 - input_gate) * input_tangent
-                        + input_gate * _elu_derivative(candidate_pre) * candidate_tangent)
+    input_tangent, output_tangent, candidate_tangent = or_zeros(gates_tangent,
+                                                                gates).chunk(3, dim=1)
+    cell_by_input, cell_by_candidate, h_by_cell, h_by_output = _partials(gates, new_cell)
+    new_cell_tangent = cell_by_input * input_tangent + cell_by_candidate * candidate_tangent
     if old_cell_tangent is not None:
         new_cell_tangent = new_cell_tangent + old_cell_tangent
-    tanh_cell = torch.tanh(new_cell)
-    new_h_tangent = (output_gate * (1 - tanh_cell * tanh_cell) * new_cell_tangent
-                     + tanh_cell * output_gate * (1 - output_gate) * output_tangent)
+    new_h_tangent = h_by_cell * new_cell_tangent + h_by_output * output_tangent
     return new_h_tangent, new_cell_tangent
 
 
