@@ -1,9 +1,10 @@
 // CUDA device code, for .cu files only: what the cell's kernels
 // (lltm_kernel.cu, step_kernel.cu) and the sequence's (src/cuda/recurrence/)
 // share, the activations in each math type's precision (lltm_math.cuh:
-// float for float, __half and __nv_bfloat16, double for double) and one
-// element of the cell, forward and backward. Callers convert at their loads
-// and stores.
+// float for float, __half and __nv_bfloat16, double for double) and, from
+// them, one element of the cell, forward and backward (lltm_cell_math.h,
+// the math the CPU passes run too). Callers convert at their loads and
+// stores.
 #ifndef LLTM_CELL_H
 #define LLTM_CELL_H
 
@@ -11,8 +12,10 @@
 
 #include "lltm_math.cuh"
 
-// Overloads rather than one generic call: float math stays in float and
-// double math in double (no float-only intrinsic ever sees a double).
+// The activations the cell's math calls (lltm_cell_math.h), the one place
+// where the kernels' accuracy is chosen. Overloads rather than one generic
+// call: float math stays in float and double math in double (no
+// float-only intrinsic ever sees a double).
 //
 // Float takes the hardware's exponential and reciprocal (ex2.approx through
 // __expf, a few units in the last place over the gates' range, and
@@ -39,54 +42,18 @@ __device__ __forceinline__ float reciprocal_of(float z) {
 // Correctly rounded, so equal to 1 / z, in fewer instructions than a division.
 __device__ __forceinline__ double reciprocal_of(double z) { return __drcp_rn(z); }
 
-template <typename Math>
-__device__ __forceinline__ Math sigmoid(Math z) {
-  return reciprocal_of(Math(1) + exp_of(-z));
-}
-
-// ELU with alpha = 1; expm1 keeps its accuracy near zero.
-template <typename Math>
-__device__ __forceinline__ Math elu(Math z) {
-  return z > Math(0) ? z : expm1_of(z);
-}
-
-template <typename Math>
-__device__ __forceinline__ Math d_elu(Math z) {
-  return z > Math(0) ? Math(1) : exp_of(z);
-}
-
-// One element of the forward pass: new_h and new_cell from the three gate
-// pre-activations and old_cell, in a math type.
-template <typename Math>
-__device__ __forceinline__ void cell_forward(Math input_pre, Math output_pre,
-                                             Math candidate_pre, Math old_cell, Math* new_h,
-                                             Math* new_cell) {
-  static_assert(IsMath<Math>::value, "the cell computes in a math type (math_t)");
-  const Math cell = old_cell + elu(candidate_pre) * sigmoid(input_pre);
-  *new_cell = cell;
-  *new_h = tanh_of(cell) * sigmoid(output_pre);
-}
-
-// One element of the backward pass: d_old_cell and the three gate gradients
-// from the output gradients, new_cell and the gate pre-activations, in a
-// math type.
-template <typename Math>
-__device__ __forceinline__ void cell_backward(Math d_h, Math d_cell, Math new_cell,
-                                              Math input_pre, Math output_pre,
-                                              Math candidate_pre, Math* d_old_cell,
-                                              Math* d_input, Math* d_output,
-                                              Math* d_candidate) {
-  static_assert(IsMath<Math>::value, "the cell computes in a math type (math_t)");
-  const Math input_gate = sigmoid(input_pre);
-  const Math output_gate = sigmoid(output_pre);
-  const Math tanh_new_cell = tanh_of(new_cell);
-  const Math d_new_cell =
-      (Math(1) - tanh_new_cell * tanh_new_cell) * output_gate * d_h + d_cell;
-  *d_old_cell = d_new_cell;
-  *d_input = elu(candidate_pre) * d_new_cell * input_gate * (Math(1) - input_gate);
-  *d_output = tanh_new_cell * d_h * output_gate * (Math(1) - output_gate);
-  *d_candidate = input_gate * d_new_cell * d_elu(candidate_pre);
-}
+// The cell's element, forward and backward (cell_forward_ and
+// cell_backward_), for float and double, with the activations above.
+#define LLTM_CELL_MATH(name) name##_of
+#define SUFFIX
+#define SCALAR float
+#include "lltm_cell_math.h"
+#undef SCALAR
+#define SCALAR double
+#include "lltm_cell_math.h"
+#undef SCALAR
+#undef SUFFIX
+#undef LLTM_CELL_MATH
 
 // The launchers take untyped pointers (one C signature for every element
 // type); the kernels take typed ones.

@@ -31,7 +31,8 @@ template <typename Dtype>
 using math_t = typename MathOf<Dtype>::type;
 
 // Whether Math is a math type, for the code that must never see a 16-bit
-// one (the cell, warp shuffles of partial sums).
+// one (warp shuffles of partial sums). The cell's math (lltm_cell.h) is
+// defined for float and double alone.
 template <typename Math>
 struct IsMath {
   static const bool value = std::is_same<Math, float>::value || std::is_same<Math, double>::value;

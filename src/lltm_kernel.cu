@@ -89,9 +89,9 @@ __global__ void lltm_forward_kernel(const int64_t count, const Index packs_per_r
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
       math_t<Dtype> h_value, cell_value;
-      cell_forward(to_math(pre.input.value[k]), to_math(pre.output.value[k]),
-                   to_math(pre.candidate.value[k]), to_math(old.value[k]), &h_value,
-                   &cell_value);
+      cell_forward_(to_math(pre.input.value[k]), to_math(pre.output.value[k]),
+                    to_math(pre.candidate.value[k]), to_math(old.value[k]), &h_value,
+                    &cell_value);
       h.value[k] = to_storage<Dtype>(h_value);
       cell.value[k] = to_storage<Dtype>(cell_value);
     }
@@ -152,10 +152,10 @@ __global__ void lltm_backward_kernel(const int64_t count, const Index packs_per_
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
       math_t<Dtype> d_old_value, d_input_value, d_output_value, d_candidate_value;
-      cell_backward(to_math(d_h.value[k]), to_math(d_cell.value[k]), to_math(cell.value[k]),
-                    to_math(pre.input.value[k]), to_math(pre.output.value[k]),
-                    to_math(pre.candidate.value[k]), &d_old_value, &d_input_value,
-                    &d_output_value, &d_candidate_value);
+      cell_backward_(to_math(d_h.value[k]), to_math(d_cell.value[k]), to_math(cell.value[k]),
+                     to_math(pre.input.value[k]), to_math(pre.output.value[k]),
+                     to_math(pre.candidate.value[k]), &d_old_value, &d_input_value,
+                     &d_output_value, &d_candidate_value);
       d_old.value[k] = to_storage<Dtype>(d_old_value);
       d_input_gate.value[k] = to_storage<Dtype>(d_input_value);
       d_output_gate.value[k] = to_storage<Dtype>(d_output_value);

@@ -5,8 +5,9 @@
  * and LOAD(x) and STORE(x) (a STORAGE element to SCALAR and back; nothing
  * for float and double) defined, and for the 16-bit types AMX_DTYPE (their
  * lltm_dtype: their products may run on AMX, lltm_amx.h), after defining
- * exp_SCALAR, expm1_SCALAR and tanh_SCALAR. It undefines those parameters at
- * its end, ready for the next type.
+ * exp_SCALAR, expm1_SCALAR, tanh_SCALAR and reciprocal_SCALAR (the
+ * activations of the cell's math, lltm_cell_math.h, which the CUDA paths
+ * share). It undefines those parameters at its end, ready for the next type.
  *
  * The 16-bit types round where their tensors hold a value: each result, and
  * whatever a pass keeps in a tensor between steps (each step's h, cell and
@@ -21,33 +22,24 @@
 
 #ifndef LLTM_MATH
 #define LLTM_MATH(name) LLTM_CONCAT(name, SCALAR)
+/* The cell's activations: exp_float, ..., reciprocal_double (lltm_cpu_math.h). */
+#define LLTM_CELL_MATH(name) LLTM_MATH(name##_)
 /* Whether tensors hold a narrower type than the math (the 16-bit types). */
 #define LLTM_NARROW_STORAGE (sizeof(STORAGE) < sizeof(SCALAR))
 #endif
 
-static LLTM_ALWAYS_INLINE SCALAR LLTM_NAME(sigmoid_)(SCALAR z) {
-  return (SCALAR)1 / ((SCALAR)1 + LLTM_MATH(exp_)(-z));
-}
+/* The cell's element, forward and backward, in SCALAR. */
+#include "lltm_cell_math.h"
 
-/* ELU with alpha = 1. */
-static LLTM_ALWAYS_INLINE SCALAR LLTM_NAME(elu_)(SCALAR z) {
-  return z > (SCALAR)0 ? z : LLTM_MATH(expm1_)(z);
-}
-
-static LLTM_ALWAYS_INLINE SCALAR LLTM_NAME(d_elu_)(SCALAR z) {
-  return z > (SCALAR)0 ? (SCALAR)1 : LLTM_MATH(exp_)(z);
-}
-
-/* One element of the forward pass, from its three pre-activations. */
+/* One element of the forward pass (lltm_cell_math.h), its results rounded
+ * as the tensors hold them. */
 static LLTM_ALWAYS_INLINE void LLTM_NAME(forward_element_)(SCALAR input_pre, SCALAR output_pre,
                                                            SCALAR candidate_pre, SCALAR old_cell,
                                                            STORAGE* new_h, STORAGE* new_cell) {
-  const SCALAR input_gate = LLTM_NAME(sigmoid_)(input_pre);
-  const SCALAR output_gate = LLTM_NAME(sigmoid_)(output_pre);
-  const SCALAR candidate_cell = LLTM_NAME(elu_)(candidate_pre);
-  const SCALAR cell = old_cell + candidate_cell * input_gate;
+  SCALAR h, cell;
+  LLTM_NAME(cell_forward_)(input_pre, output_pre, candidate_pre, old_cell, &h, &cell);
   *new_cell = STORE(cell);
-  *new_h = STORE(LLTM_MATH(tanh_)(cell) * output_gate);
+  *new_h = STORE(h);
 }
 
 /* `columns` elements of one batch row; a gate's pre-activations are
@@ -96,22 +88,20 @@ static int LLTM_NAME(forward_)(int64_t batch_size, int64_t state_size, const STO
   return LLTM_SUCCESS;
 }
 
-/* One element of the backward pass; grad_h and grad_cell are this element's
- * output gradients. */
+/* One element of the backward pass (lltm_cell_math.h), its results
+ * rounded as the tensors hold them; grad_h and grad_cell are this
+ * element's output gradients. */
 static LLTM_ALWAYS_INLINE void LLTM_NAME(backward_element_)(
     SCALAR grad_h, SCALAR grad_cell, SCALAR new_cell, SCALAR input_pre, SCALAR output_pre,
     SCALAR candidate_pre, STORAGE* d_old_cell, STORAGE* d_input_gate, STORAGE* d_output_gate,
     STORAGE* d_candidate_cell) {
-  const SCALAR input_gate = LLTM_NAME(sigmoid_)(input_pre);
-  const SCALAR output_gate = LLTM_NAME(sigmoid_)(output_pre);
-  const SCALAR candidate_cell = LLTM_NAME(elu_)(candidate_pre);
-  const SCALAR tanh_new_cell = LLTM_MATH(tanh_)(new_cell);
-  const SCALAR d_new_cell =
-      ((SCALAR)1 - tanh_new_cell * tanh_new_cell) * output_gate * grad_h + grad_cell;
-  *d_old_cell = STORE(d_new_cell);
-  *d_input_gate = STORE(candidate_cell * d_new_cell * input_gate * ((SCALAR)1 - input_gate));
-  *d_output_gate = STORE(tanh_new_cell * grad_h * output_gate * ((SCALAR)1 - output_gate));
-  *d_candidate_cell = STORE(input_gate * d_new_cell * LLTM_NAME(d_elu_)(candidate_pre));
+  SCALAR d_cell, d_input, d_output, d_candidate;
+  LLTM_NAME(cell_backward_)(grad_h, grad_cell, new_cell, input_pre, output_pre, candidate_pre,
+                            &d_cell, &d_input, &d_output, &d_candidate);
+  *d_old_cell = STORE(d_cell);
+  *d_input_gate = STORE(d_input);
+  *d_output_gate = STORE(d_output);
+  *d_candidate_cell = STORE(d_candidate);
 }
 
 /* As forward_row_, backwards. grad_h and grad_cell step by their column

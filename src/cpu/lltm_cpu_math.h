@@ -1,8 +1,10 @@
 /* What the LLTM's CPU passes of every element type share (each includes it
- * before lltm_cpu_impl.h): float's branch-free exp/expm1/tanh (Cephes'
+ * before lltm_cpu_impl.h): the activations the cell's math calls
+ * (lltm_cell_math.h), float's branch-free exp/expm1/tanh (Cephes'
  * polynomials, within a few ulp of libm) so that each row loop vectorises
  * (glibc's scalar calls run several times slower than ATen's vectorised
- * ops), double's libm, the BLAS's products by type. */
+ * ops), double's libm, and a division for the reciprocal; the BLAS's
+ * products by type. */
 #ifndef LLTM_CPU_MATH_H
 #define LLTM_CPU_MATH_H
 
@@ -86,6 +88,8 @@ static LLTM_ALWAYS_INLINE float tanh_float(float x) {
   return magnitude < 0.625f ? near_zero : copysignf(far, x);
 }
 
+static LLTM_ALWAYS_INLINE float reciprocal_float(float x) { return 1.0f / x; }
+
 /* The BLAS's product of each SCALAR (lltm_blas.h). */
 static inline void blas_gemm_float(int transpose_a, int transpose_b, int64_t m, int64_t n,
                                    int64_t k, const float* a, int64_t lda, const float* b,
@@ -112,5 +116,6 @@ static inline void blas_gemv_double(int transpose, int64_t m, int64_t n, const d
 static inline double exp_double(double x) { return exp(x); }
 static inline double expm1_double(double x) { return expm1(x); }
 static inline double tanh_double(double x) { return tanh(x); }
+static inline double reciprocal_double(double x) { return 1.0 / x; }
 
 #endif

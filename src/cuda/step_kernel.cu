@@ -272,7 +272,7 @@ struct CellEpilogue {
       pre[g] = to_math(kept);
     }
     Math h, cell;
-    cell_forward(pre[0], pre[1], pre[2], to_math(old_cell[element]), &h, &cell);
+    cell_forward_(pre[0], pre[1], pre[2], to_math(old_cell[element]), &h, &cell);
     new_h[element] = to_storage<Dtype>(h);
     new_cell[element] = to_storage<Dtype>(cell);
   }

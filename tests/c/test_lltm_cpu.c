@@ -8,9 +8,11 @@
  * packed passes over sizes short of and past their products' tiles and
  * depth blocks. Each tensor lives in its own malloc'd buffer of exactly the
  * bytes its elements span, so that the tool catches any read or write past
- * either end. Results are compared with a plain double-precision reference
- * computed from the inputs as the pass reads them (rounded to its dtype);
- * the first mismatches are printed. */
+ * either end. Results are compared with a double-precision reference (the
+ * cell's element of lltm_cell_math.h with libm's activations, and plain
+ * loops for the products) computed from the inputs as the pass reads them
+ * (rounded to its dtype); the first mismatches are printed. The formulas
+ * themselves are checked against torch's in the pytest suite. */
 #include <stdint.h>
 
 #include <math.h>
@@ -133,10 +135,16 @@ static int64_t span(int64_t batch, int64_t state, int64_t row, int64_t column) {
   return (batch - 1) * row + (state - 1) * column + 1;
 }
 
-/* The cell in double precision, straight from its definition. */
-static double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
-static double elu(double z) { return z > 0.0 ? z : expm1(z); }
-static double d_elu(double z) { return z > 0.0 ? 1.0 : exp(z); }
+/* The cell in double precision: the passes' own math (lltm_cell_math.h)
+ * with libm's activations, correctly rounded or nearly, for reference. */
+static double reciprocal(double z) { return 1.0 / z; }
+#define LLTM_CELL_MATH(name) name
+#define SCALAR double
+#define SUFFIX double
+#include "lltm_cell_math.h"
+#undef SCALAR
+#undef SUFFIX
+#undef LLTM_CELL_MATH
 
 static long failures;
 static long checked;
@@ -215,30 +223,32 @@ static void check_cell(int dtype, int64_t batch, int64_t state, int layout) {
       const int64_t i = row * state + column;
       const int64_t g = row * 3 * state + column;
       const int64_t d = row * row_stride + column * column_stride;
-      const double ig = sigmoid(get(dtype, gates, g));
-      const double og = sigmoid(get(dtype, gates, g + state));
+      const double input_pre = get(dtype, gates, g);
+      const double output_pre = get(dtype, gates, g + state);
       const double pre = get(dtype, gates, g + 2 * state);
       const double old = get(dtype, old_cell, i);
-      const double cc = elu(pre);
-      const double cell = old + cc * ig;
+      double h, cell;
+      cell_forward_double(input_pre, output_pre, pre, old, &h, &cell);
+      const double cc = elu_double(pre);
       const double forward_scale = 1.0 + fabs(old) + fabs(cc);
       compare("new_cell", dtype, layout_name, batch, state, i, get(dtype, new_cell, i), cell,
               forward_scale);
-      compare("new_h", dtype, layout_name, batch, state, i, get(dtype, new_h, i),
-              tanh(cell) * og, forward_scale);
+      compare("new_h", dtype, layout_name, batch, state, i, get(dtype, new_h, i), h,
+              forward_scale);
       /* The backward pass starts from the new_cell the forward pass gave. */
-      const double t = tanh(get(dtype, new_cell, i));
       const double dh = get(dtype, grad_h, d), dc = get(dtype, grad_cell, d);
-      const double dnc = (1.0 - t * t) * og * dh + dc;
+      double dnc, d_input, d_output, d_candidate;
+      cell_backward_double(dh, dc, get(dtype, new_cell, i), input_pre, output_pre, pre, &dnc,
+                           &d_input, &d_output, &d_candidate);
       const double backward_scale = (1.0 + fabs(dh) + fabs(dc)) * (1.0 + fabs(cc));
       compare("d_old_cell", dtype, layout_name, batch, state, i, get(dtype, d_old_cell, i), dnc,
               backward_scale);
       compare("d_input_gate", dtype, layout_name, batch, state, g, get(dtype, d_gates, g),
-              cc * dnc * ig * (1.0 - ig), backward_scale);
+              d_input, backward_scale);
       compare("d_output_gate", dtype, layout_name, batch, state, g + state,
-              get(dtype, d_gates, g + state), t * dh * og * (1.0 - og), backward_scale);
+              get(dtype, d_gates, g + state), d_output, backward_scale);
       compare("d_candidate_cell", dtype, layout_name, batch, state, g + 2 * state,
-              get(dtype, d_gates, g + 2 * state), ig * dnc * d_elu(pre), backward_scale);
+              get(dtype, d_gates, g + 2 * state), d_candidate, backward_scale);
     }
   }
   free(gates);
@@ -320,9 +330,8 @@ static struct sequence_reference reference_sequence(
         g[j] = sum;
       }
       for (int64_t j = 0; j < S; ++j) {
-        const double cell = c[j] + elu(g[2 * S + j]) * sigmoid(g[j]);
-        r.cells[(t * B + b) * S + j] = cell;
-        r.outputs[(t * B + b) * S + j] = tanh(cell) * sigmoid(g[S + j]);
+        cell_forward_double(g[j], g[S + j], g[2 * S + j], c[j], &r.outputs[(t * B + b) * S + j],
+                            &r.cells[(t * B + b) * S + j]);
       }
     }
   }
@@ -336,13 +345,8 @@ static struct sequence_reference reference_sequence(
         const double dh = r.d_h0[i] + grad_outputs[t * grad_strides[0] + b * grad_strides[1] +
                                                    j * grad_strides[2]];
         const double dc = r.d_c0[i] + (grad_cells ? grad_cells[(t * B + b) * S + j] : 0.0);
-        const double ig = sigmoid(g[j]), og = sigmoid(g[S + j]), pre = g[2 * S + j];
-        const double th = tanh(r.cells[(t * B + b) * S + j]);
-        const double dnc = (1.0 - th * th) * og * dh + dc;
-        r.d_c0[i] = dnc;
-        dg[j] = elu(pre) * dnc * ig * (1.0 - ig);
-        dg[S + j] = th * dh * og * (1.0 - og);
-        dg[2 * S + j] = ig * dnc * d_elu(pre);
+        cell_backward_double(dh, dc, r.cells[(t * B + b) * S + j], g[j], g[S + j], g[2 * S + j],
+                             &r.d_c0[i], &dg[j], &dg[S + j], &dg[2 * S + j]);
       }
       const double* h = t ? r.outputs + ((t - 1) * B + b) * S : h0 + b * S;
       const double* x = inputs + (t * B + b) * F;
@@ -547,14 +551,15 @@ static void check_own_products(struct sequence_shape shape, int dtype, void* con
     }
     for (int64_t j = 0; j < S; ++j) {
       const int64_t g = r * 3 * S + j;
-      const double ig = sigmoid(get(dtype, gates, g)), og = sigmoid(get(dtype, gates, g + S));
-      const double cc = elu(get(dtype, gates, g + 2 * S));
-      const double old = get(dtype, previous_c, previous + j), cell = old + cc * ig;
-      const double scale = 1.0 + fabs(old) + fabs(cc);
+      const double pre = get(dtype, gates, g + 2 * S);
+      const double old = get(dtype, previous_c, previous + j);
+      double h, cell;
+      cell_forward_double(get(dtype, gates, g), get(dtype, gates, g + S), pre, old, &h, &cell);
+      const double scale = 1.0 + fabs(old) + fabs(elu_double(pre));
       compare("cells", dtype, "of the sequence", B, S, r * S + j, get(dtype, cells, r * S + j),
               cell, scale);
       compare("outputs", dtype, "of the sequence", B, S, r * S + j,
-              get(dtype, outputs, r * S + j), tanh(cell) * og, scale);
+              get(dtype, outputs, r * S + j), h, scale);
     }
   }
   for (int64_t j = 0; j < 3 * S; ++j) {
@@ -796,9 +801,8 @@ static struct packed_reference reference_packed(
         g[j] = sum;
       }
       for (int64_t j = 0; j < S; ++j) {
-        const double cell = c[j] + elu(g[2 * S + j]) * sigmoid(g[j]);
-        r.cells[row * S + j] = cell;
-        r.outputs[row * S + j] = tanh(cell) * sigmoid(g[S + j]);
+        cell_forward_double(g[j], g[S + j], g[2 * S + j], c[j], &r.outputs[row * S + j],
+                            &r.cells[row * S + j]);
       }
     }
     const int64_t last = packed_row(shape, offsets, length, b, length - 1);
@@ -817,13 +821,8 @@ static struct packed_reference reference_packed(
         const double d_h = dh[j] + grad_outputs[row * grad_strides[0] + j * grad_strides[1]];
         const double d_c =
             dc[j] + (grad_cells ? grad_cells[row * grad_strides[2] + j * grad_strides[3]] : 0.0);
-        const double ig = sigmoid(g[j]), og = sigmoid(g[S + j]), pre = g[2 * S + j];
-        const double th = tanh(r.cells[row * S + j]);
-        const double dnc = (1.0 - th * th) * og * d_h + d_c;
-        dc[j] = dnc;
-        d_gates[j] = elu(pre) * dnc * ig * (1.0 - ig);
-        d_gates[S + j] = th * d_h * og * (1.0 - og);
-        d_gates[2 * S + j] = ig * dnc * d_elu(pre);
+        cell_backward_double(d_h, d_c, r.cells[row * S + j], g[j], g[S + j], g[2 * S + j], &dc[j],
+                             &d_gates[j], &d_gates[S + j], &d_gates[2 * S + j]);
       }
       for (int64_t i = 0; i < S; ++i) dh[i] = 0.0;
       for (int64_t j = 0; j < 3 * S; ++j) {

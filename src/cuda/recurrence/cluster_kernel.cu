@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
                  __shfl_sync(0xffffffffu, sum, holder_of<kSums>(g * kElements + at.element));
       }
       Math new_h, new_cell;
-      cell_forward(pre[0], pre[1], pre[2], cell, &new_h, &new_cell);
+      cell_forward_(pre[0], pre[1], pre[2], cell, &new_h, &new_cell);
       const Dtype stored_h = static_cast<Dtype>(new_h);
       const Dtype stored_cell = static_cast<Dtype>(new_cell);
       if (!last && at.active) {
@@ -602,8 +602,8 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
       for (int i = 0; i < 6; ++i) inputs[i] = static_cast<Math>(ahead[j][i]);
       const Math d_h = inputs[0] + (visited == 0 ? d_h_final : product(d_next));
       Math d_old_cell, d_gate[3];
-      cell_backward(d_h, d_cell + inputs[1], inputs[2], inputs[3], inputs[4], inputs[5],
-                    &d_old_cell, &d_gate[0], &d_gate[1], &d_gate[2]);
+      cell_backward_(d_h, d_cell + inputs[1], inputs[2], inputs[3], inputs[4], inputs[5],
+                     &d_old_cell, &d_gate[0], &d_gate[1], &d_gate[2]);
       Dtype stored[3];
 #pragma unroll
       for (int g = 0; g < 3; ++g) stored[g] = static_cast<Dtype>(d_gate[g]);

@@ -102,8 +102,8 @@ __device__ __forceinline__ void step_cell_forward(const math_t<Dtype> (&pre)[3],
                                                   int64_t element, Dtype* new_h,
                                                   Dtype* new_cell) {
   math_t<Dtype> h_value, cell_value;
-  cell_forward(pre[0], pre[1], pre[2], to_math(state.old_cell(row)[element]), &h_value,
-               &cell_value);
+  cell_forward_(pre[0], pre[1], pre[2], to_math(state.old_cell(row)[element]), &h_value,
+                &cell_value);
   const Dtype h = to_storage<Dtype>(h_value), cell = to_storage<Dtype>(cell_value);
   new_h[element] = h;
   new_cell[element] = cell;
@@ -163,10 +163,10 @@ __device__ __forceinline__ void step_cell_backward(const StepGradients<Dtype>& g
                           : gradients.final_cell ? to_math(gradients.final_cell[element])
                                                  : Math(0);
   Math d_old_cell, d_input, d_output, d_candidate;
-  cell_backward(gradient_at(gradients.output, gradients.strides.outputs, row, column) + start_h,
-                gradient_at(gradients.cell, gradients.strides.cells, row, column) + start_cell,
-                new_cell, to_math(gate[0]), to_math(gate[state_size]),
-                to_math(gate[2 * state_size]), &d_old_cell, &d_input, &d_output, &d_candidate);
+  cell_backward_(gradient_at(gradients.output, gradients.strides.outputs, row, column) + start_h,
+                 gradient_at(gradients.cell, gradients.strides.cells, row, column) + start_cell,
+                 new_cell, to_math(gate[0]), to_math(gate[state_size]),
+                 to_math(gate[2 * state_size]), &d_old_cell, &d_input, &d_output, &d_candidate);
   d_gate[0] = to_storage<Dtype>(d_input);
   d_gate[state_size] = to_storage<Dtype>(d_output);
   d_gate[2 * state_size] = to_storage<Dtype>(d_candidate);

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
                            to_math(inputs[g]) + to_math(inputs[3 + g]) + sums[g]);
       }
       Math h_value, cell_value;
-      cell_forward(pre[0], pre[1], pre[2], to_math(inputs[6]), &h_value, &cell_value);
+      cell_forward_(pre[0], pre[1], pre[2], to_math(inputs[6]), &h_value, &cell_value);
       const Dtype new_h = to_storage<Dtype>(h_value), new_cell = to_storage<Dtype>(cell_value);
       outputs[t * step + at.element] = new_h;
       cells[t * step + at.element] = new_cell;
@@ -190,9 +190,9 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
       const Math grad_h =
           d_gates_next ? to_math(inputs[0]) : to_math(inputs[0]) + to_math(inputs[7]);
       Math d_old_cell, d_input, d_output, d_candidate;
-      cell_backward(grad_h + sums[0], to_math(inputs[6]) + to_math(inputs[1]), to_math(inputs[2]),
-                    to_math(inputs[3]), to_math(inputs[4]), to_math(inputs[5]), &d_old_cell,
-                    &d_input, &d_output, &d_candidate);
+      cell_backward_(grad_h + sums[0], to_math(inputs[6]) + to_math(inputs[1]), to_math(inputs[2]),
+                     to_math(inputs[3]), to_math(inputs[4]), to_math(inputs[5]), &d_old_cell,
+                     &d_input, &d_output, &d_candidate);
       d_c0[at.element] = to_storage<Dtype>(d_old_cell);
       d_gates[gate] = to_storage<Dtype>(d_input);
       d_gates[gate + state_size] = to_storage<Dtype>(d_output);
