@@ -399,8 +399,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
   mailbox.open(steps > 1, steps > 2);
   // Every block of the cluster runs, its buffers and mailbox ready, before
   // any block pushes into another's.
-  cluster_arrive();
-  cluster_wait();
+  cluster_sync();
 
   // The steps kPrefetch at a time, so that the inputs read ahead have
   // registers of their own (ahead[j] is step base + j's).
@@ -473,8 +472,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
   }
   // A push completes asynchronously: no block leaves while its last ones
   // may be on their way.
-  cluster_arrive();
-  cluster_wait();
+  cluster_sync();
 #endif
 }
 
@@ -581,8 +579,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
       reinterpret_cast<uint64_t*>(buffers + 2 * kRows * kRowSpan),
       (unsigned)(at.rows * 3 * state_size * sizeof(Math))};
   mailbox.open(exchanged(0), exchanged(1));
-  cluster_arrive();
-  cluster_wait();
+  cluster_sync();
 
   // kPrefetch steps at a time, as in the forward kernel.
   for (int64_t base = 0; base < steps; base += kPrefetch) {
@@ -632,8 +629,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   }
   if (d_c0 && at.active && at.lane < kElements) d_c0[state_element] = static_cast<Dtype>(d_cell);
   // As in the forward kernel.
-  cluster_arrive();
-  cluster_wait();
+  cluster_sync();
 #endif
 }
 

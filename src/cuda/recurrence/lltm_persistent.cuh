@@ -422,8 +422,7 @@ struct MulticastStage {
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
-    cluster_arrive();
-    cluster_wait();
+    cluster_sync();
   }
 
   // Whether staging `source` (rows of `length` elements) can take bulk
@@ -472,8 +471,7 @@ struct MulticastStage {
   // write into it.
   __device__ void close() const {
     if (!clustered) return;
-    cluster_arrive();
-    cluster_wait();
+    cluster_sync();
   }
 };
 
