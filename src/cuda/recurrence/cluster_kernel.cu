@@ -155,6 +155,20 @@ struct ClusterVector<double> {
 // (3 gates x kColumns x kChunks x kWidth elements).
 __host__ __device__ constexpr int cluster_warp_columns(int chunks) { return chunks <= 2 ? 2 : 1; }
 
+// The layout of the kernels of kChunks chunks and kRows rows a cluster for
+// the storage type Dtype (see the header comment): the arithmetic's type
+// and its vector, and the sizes both kernels build on.
+template <typename Dtype, int kChunks, int kRows>
+struct ClusterLayout {
+  typedef typename ClusterMath<Dtype>::type Math;
+  typedef typename ClusterVector<Math>::type Vector;
+  static constexpr int kWidth = ClusterVector<Math>::kWidth;
+  static constexpr int kColumns = cluster_warp_columns(kChunks);
+  static constexpr int kElements = kColumns * kRows;  // a warp's (row, column) elements
+  static constexpr int kSpan = kChunks * 32 * kWidth;  // a state row in shared memory
+  static constexpr int kPrefetch = cluster_prefetch<Math>();
+};
+
 #if LLTM_CLUSTER_PTX
 
 // Which cluster of the grid this block's is (its rank and the cluster's
@@ -347,30 +361,25 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
     const Dtype* __restrict__ c0, Dtype* outputs, Dtype* cells, Dtype* gates, Dtype* final_h,
     Dtype* final_cell) {
 #if LLTM_CLUSTER_PTX
-  typedef typename ClusterMath<Dtype>::type Math;
-  typedef typename ClusterVector<Math>::type Vector;
-  const int kWidth = ClusterVector<Math>::kWidth;
-  const int kColumns = cluster_warp_columns(kChunks);
-  const int kElements = kColumns * kRows;  // a warp's (row, column) elements
-  const int kSums = 4 * kElements;         // a warp's gate sums, 3 used of each 4
-  const int kSpan = kChunks * 32 * kWidth;  // a state row in shared memory
-  const int kPrefetch = cluster_prefetch<Math>();
+  typedef ClusterLayout<Dtype, kChunks, kRows> Layout;
+  typedef typename Layout::Math Math;
   extern __shared__ __align__(16) unsigned char shared[];
   Math* buffers = reinterpret_cast<Math*>(shared);
-  const ClusterLane<kColumns, kRows> at(state_size, batch_size);
+  const int kSums = 4 * Layout::kElements;  // a warp's gate sums, 3 used of each 4
+  const ClusterLane<Layout::kColumns, kRows> at(state_size, batch_size);
   const int64_t gates_size = 3 * state_size;
 
   // Row g * state + column of W_h, this lane's vectors of it.
-  Math w[kColumns][3][kChunks][kWidth];
+  Math w[Layout::kColumns][3][kChunks][Layout::kWidth];
   load_lane_weights(at, state_size, w, [&](int u, int g, int64_t k) {
     return static_cast<Math>(
         weights[(g * state_size + at.first_column + u) * weights_row_stride + k]);
   });
   // Buffer 0 holds h0's rows; everything else (the columns past the state,
   // rows past the batch) zeros, which stay so.
-  for (int i = threadIdx.x; i < 2 * kRows * kSpan; i += blockDim.x) {
-    const int64_t row = at.first_row + i / kSpan % kRows, k = i % kSpan;
-    buffers[i] = i < kRows * kSpan && k < state_size && row < batch_size
+  for (int i = threadIdx.x; i < 2 * kRows * Layout::kSpan; i += blockDim.x) {
+    const int64_t row = at.first_row + i / Layout::kSpan % kRows, k = i % Layout::kSpan;
+    buffers[i] = i < kRows * Layout::kSpan && k < state_size && row < batch_size
         ? static_cast<Math>(h0[row * state_size + k]) : Math(0);
   }
   Math bias_of[3];
@@ -386,15 +395,15 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
 #pragma unroll
     for (int g = 0; g < 3; ++g) values[g] = at.active ? gates[gate + g * state_size] : Dtype(0);
   };
-  Dtype ahead[kPrefetch][3];
+  Dtype ahead[Layout::kPrefetch][3];
 #pragma unroll
-  for (int j = 0; j < kPrefetch; ++j) {
+  for (int j = 0; j < Layout::kPrefetch; ++j) {
     if (j < steps) load_inputs(j, ahead[j]);
   }
   Math cell = at.active ? static_cast<Math>(c0[at.row * state_size + at.column]) : Math(0);
   // Exchange n (the new h of step n) happens for every step but the last.
   const ClusterMailbox<Math> mailbox = {
-      reinterpret_cast<uint64_t*>(buffers + 2 * kRows * kSpan),
+      reinterpret_cast<uint64_t*>(buffers + 2 * kRows * Layout::kSpan),
       (unsigned)(at.rows * state_size * sizeof(Math))};
   mailbox.open(steps > 1, steps > 2);
   // Every block of the cluster runs, its buffers and mailbox ready, before
@@ -403,15 +412,15 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
 
   // The steps kPrefetch at a time, so that the inputs read ahead have
   // registers of their own (ahead[j] is step base + j's).
-  for (int64_t base = 0; base < steps; base += kPrefetch) {
+  for (int64_t base = 0; base < steps; base += Layout::kPrefetch) {
 #pragma unroll
-    for (int j = 0; j < kPrefetch; ++j) {
+    for (int j = 0; j < Layout::kPrefetch; ++j) {
       const int64_t order = base + j;
       if (order >= steps) break;
       const int64_t t = reverse ? steps - 1 - order : order;
       const bool last = order + 1 == steps;
-      const Math* h = buffers + (order & 1) * kRows * kSpan;
-      Math* h_next = buffers + ((order + 1) & 1) * kRows * kSpan;
+      const Math* h = buffers + (order & 1) * kRows * Layout::kSpan;
+      Math* h_next = buffers + ((order + 1) & 1) * kRows * Layout::kSpan;
       if (order > 0) mailbox.receive(order - 1, order + 2 < steps);
       // sums[g * kElements + e]: gate g of element e (row e / kColumns,
       // column e % kColumns of the warp's).
@@ -422,16 +431,16 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-          const Vector x =
-              *reinterpret_cast<const Vector*>(h + r * kSpan + (at.lane + 32 * c) * kWidth);
+          const typename Layout::Vector x = *reinterpret_cast<const typename Layout::Vector*>(
+              h + r * Layout::kSpan + (at.lane + 32 * c) * Layout::kWidth);
           const Math* xs = reinterpret_cast<const Math*>(&x);
 #pragma unroll
-          for (int u = 0; u < kColumns; ++u) {
+          for (int u = 0; u < Layout::kColumns; ++u) {
 #pragma unroll
             for (int g = 0; g < 3; ++g) {
 #pragma unroll
-              for (int v = 0; v < kWidth; ++v) {
-                sums[g * kElements + r * kColumns + u] += xs[v] * w[u][g][c][v];
+              for (int v = 0; v < Layout::kWidth; ++v) {
+                sums[g * Layout::kElements + r * Layout::kColumns + u] += xs[v] * w[u][g][c][v];
               }
             }
           }
@@ -442,20 +451,22 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
         pre[g] = static_cast<Math>(ahead[j][g]) + bias_of[g] +
-                 __shfl_sync(0xffffffffu, sum, holder_of<kSums>(g * kElements + at.element));
+                 __shfl_sync(0xffffffffu, sum,
+                             holder_of<kSums>(g * Layout::kElements + at.element));
       }
       Math new_h, new_cell;
       cell_forward(pre[0], pre[1], pre[2], cell, &new_h, &new_cell);
       const Dtype stored_h = static_cast<Dtype>(new_h);
       const Dtype stored_cell = static_cast<Dtype>(new_cell);
       if (!last && at.active) {
-        Math* target = h_next + at.row_offset * kSpan + at.column;
-        for (unsigned rank = at.lane / kElements; rank < at.blocks; rank += 32 / kElements) {
+        Math* target = h_next + at.row_offset * Layout::kSpan + at.column;
+        for (unsigned rank = at.lane / Layout::kElements; rank < at.blocks;
+             rank += 32 / Layout::kElements) {
           mailbox.send(target, rank, static_cast<Math>(stored_h), order);
         }
       }
-      if (order + kPrefetch < steps) load_inputs(order + kPrefetch, ahead[j]);
-      if (at.active && at.lane < kElements) {
+      if (order + Layout::kPrefetch < steps) load_inputs(order + Layout::kPrefetch, ahead[j]);
+      if (at.active && at.lane < Layout::kElements) {
         const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
 #pragma unroll
         for (int g = 0; g < 3; ++g) gates[gate + g * state_size] = static_cast<Dtype>(pre[g]);
@@ -494,21 +505,16 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
     const Dtype* __restrict__ grad_final_cell, const Dtype* __restrict__ cells,
     const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
 #if LLTM_CLUSTER_PTX
-  typedef typename ClusterMath<Dtype>::type Math;
-  typedef typename ClusterVector<Math>::type Vector;
-  const int kWidth = ClusterVector<Math>::kWidth;
-  const int kColumns = cluster_warp_columns(kChunks);
-  const int kElements = kColumns * kRows;
-  const int kSpan = kChunks * 32 * kWidth;
-  const int kRowSpan = 3 * kSpan;  // a row's d_gates in shared memory
-  const int kPrefetch = cluster_prefetch<Math>();
+  typedef ClusterLayout<Dtype, kChunks, kRows> Layout;
+  typedef typename Layout::Math Math;
   extern __shared__ __align__(16) unsigned char shared[];
   Math* buffers = reinterpret_cast<Math*>(shared);
-  const ClusterLane<kColumns, kRows> at(state_size, batch_size);
+  const int kRowSpan = 3 * Layout::kSpan;  // a row's d_gates in shared memory
+  const ClusterLane<Layout::kColumns, kRows> at(state_size, batch_size);
   const int64_t gates_size = 3 * state_size;
 
   // Column `column` of W_h, rows g * state + k: this lane's vectors of it.
-  Math w[kColumns][3][kChunks][kWidth];
+  Math w[Layout::kColumns][3][kChunks][Layout::kWidth];
   load_lane_weights(at, state_size, w, [&](int u, int g, int64_t k) {
     return static_cast<Math>(
         weights[(g * state_size + k) * weights_row_stride + at.first_column + u]);
@@ -538,28 +544,30 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   // d_h of the lane's element from the d_gates in `d_next`: their dot
   // product with its column of W_h, summed over the warp.
   auto product = [&](const Math* d_next) {
-    Math sums[kElements];
+    Math sums[Layout::kElements];
 #pragma unroll
-    for (int i = 0; i < kElements; ++i) sums[i] = Math(0);
+    for (int i = 0; i < Layout::kElements; ++i) sums[i] = Math(0);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-          const Vector x = *reinterpret_cast<const Vector*>(d_next + r * kRowSpan + g * kSpan +
-                                                            (at.lane + 32 * c) * kWidth);
+          const typename Layout::Vector x = *reinterpret_cast<const typename Layout::Vector*>(
+              d_next + r * kRowSpan + g * Layout::kSpan + (at.lane + 32 * c) * Layout::kWidth);
           const Math* xs = reinterpret_cast<const Math*>(&x);
 #pragma unroll
-          for (int u = 0; u < kColumns; ++u) {
+          for (int u = 0; u < Layout::kColumns; ++u) {
 #pragma unroll
-            for (int v = 0; v < kWidth; ++v) sums[r * kColumns + u] += xs[v] * w[u][g][c][v];
+            for (int v = 0; v < Layout::kWidth; ++v) {
+              sums[r * Layout::kColumns + u] += xs[v] * w[u][g][c][v];
+            }
           }
         }
       }
     }
     const Math sum = warp_reduce_scatter(sums, at.lane);
-    return __shfl_sync(0xffffffffu, sum, holder_of<kElements>(at.element));
+    return __shfl_sync(0xffffffffu, sum, holder_of<Layout::kElements>(at.element));
   };
   const int64_t state_element = at.row * state_size + at.column;
   const Math d_h_final =
@@ -567,9 +575,9 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   // The gradient carried to the lane's cell, from the final cell's.
   Math d_cell =
       at.active && grad_final_cell ? static_cast<Math>(grad_final_cell[state_element]) : Math(0);
-  Dtype ahead[kPrefetch][6];
+  Dtype ahead[Layout::kPrefetch][6];
 #pragma unroll
-  for (int j = 0; j < kPrefetch; ++j) {
+  for (int j = 0; j < Layout::kPrefetch; ++j) {
     if (j < steps) load_inputs(steps - 1 - j, ahead[j]);
   }
   // Exchange n (the d_gates of the n-th step visited) happens for every step
@@ -582,9 +590,9 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   cluster_sync();
 
   // kPrefetch steps at a time, as in the forward kernel.
-  for (int64_t base = 0; base < steps; base += kPrefetch) {
+  for (int64_t base = 0; base < steps; base += Layout::kPrefetch) {
 #pragma unroll
-    for (int j = 0; j < kPrefetch; ++j) {
+    for (int j = 0; j < Layout::kPrefetch; ++j) {
       const int64_t visited = base + j;  // steps done before this one
       if (visited >= steps) break;
       const int64_t order = steps - 1 - visited;
@@ -606,15 +614,16 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
       for (int g = 0; g < 3; ++g) stored[g] = static_cast<Dtype>(d_gate[g]);
       if (exchanged(visited) && at.active) {
         Math* target = d_here + at.row_offset * kRowSpan + at.column;
-        for (unsigned rank = at.lane / kElements; rank < at.blocks; rank += 32 / kElements) {
+        for (unsigned rank = at.lane / Layout::kElements; rank < at.blocks;
+             rank += 32 / Layout::kElements) {
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
-            mailbox.send(target + g * kSpan, rank, static_cast<Math>(stored[g]), visited);
+            mailbox.send(target + g * Layout::kSpan, rank, static_cast<Math>(stored[g]), visited);
           }
         }
       }
-      if (visited + kPrefetch < steps) load_inputs(order - kPrefetch, ahead[j]);
-      if (at.active && at.lane < kElements) {
+      if (visited + Layout::kPrefetch < steps) load_inputs(order - Layout::kPrefetch, ahead[j]);
+      if (at.active && at.lane < Layout::kElements) {
         const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
 #pragma unroll
         for (int g = 0; g < 3; ++g) d_gates[gate + g * state_size] = stored[g];
@@ -625,9 +634,11 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   if (d_h0) {
     mailbox.receive(steps - 1, false);
     const Math d_h = product(buffers + (steps & 1) * kRows * kRowSpan);
-    if (at.active && at.lane < kElements) d_h0[state_element] = static_cast<Dtype>(d_h);
+    if (at.active && at.lane < Layout::kElements) d_h0[state_element] = static_cast<Dtype>(d_h);
   }
-  if (d_c0 && at.active && at.lane < kElements) d_c0[state_element] = static_cast<Dtype>(d_cell);
+  if (d_c0 && at.active && at.lane < Layout::kElements) {
+    d_c0[state_element] = static_cast<Dtype>(d_cell);
+  }
   // As in the forward kernel.
   cluster_sync();
 #endif
