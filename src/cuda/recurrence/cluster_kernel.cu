@@ -1,6 +1,7 @@
 // The recurrence of a dense sequence pass held in thread-block clusters
-// (compute capability 9.0 and newer), Caffe style behind the extern "C"
-// launchers of lltm_cluster.h; the plan (src/plan.c) decides when it runs.
+// (compute capability 9.0 and newer): its plan (lltm_cluster.h), which the
+// plan of a pass (src/plan.c) asks for, and its launch, launch_clusters,
+// with the arguments the persistent kernels take too (lltm_recurrence.cuh).
 //
 // Why clusters. The persistent kernels (persistent_kernel.cu) synchronise the
 // whole grid once a step (about 1.1 us on an H200) and stage the whole
@@ -75,11 +76,8 @@
 
 #include <mutex>
 
-#include "caffe_cuda_macro.h"
-#include "lltm_cell.h"
-#include "lltm_cluster.h"
 #include "lltm_cluster_ptx.cuh"
-#include "lltm_op.h"
+#include "lltm_recurrence.cuh"
 
 // The plan's thresholds. Measured on an H200 (lltm_sequence forward and
 // backward in float32, F = 32, microseconds a step: the cluster kernels,
@@ -350,7 +348,7 @@ __device__ __forceinline__ void load_lane_weights(const ClusterLane<kColumns, kR
   }
 }
 
-// The forward recurrence (lltm_cluster.h, lltm_launch_cluster_forward): the
+// The forward recurrence (ForwardRecurrence, lltm_recurrence.cuh): the
 // layout and the step as the header comment says. Shared memory: the state
 // of the cluster's rows, twice (kRows rows of kSpan elements each).
 template <typename Dtype, int kChunks, int kRows>
@@ -487,13 +485,8 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
 #endif
 }
 
-// The output gradients' (step, row, column) strides, outputs' then cells'.
-struct ClusterGradStrides {
-  int64_t outputs[3], cells[3];
-};
-
-// The backward recurrence (lltm_cluster.h, lltm_launch_cluster_backward):
-// the steps in the reverse of the walk's order, then d_h0. Shared memory:
+// The backward recurrence (BackwardRecurrence, lltm_recurrence.cuh): the
+// steps in the reverse of the walk's order, then d_h0. Shared memory:
 // the d_gates of the cluster's rows, twice (kRows x 3 gates x kSpan
 // elements, each gate's state columns from the start of its span).
 template <typename Dtype, int kChunks, int kRows>
@@ -501,7 +494,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
     const int64_t weights_row_stride, const int reverse, const Dtype* __restrict__ weights,
     const Dtype* __restrict__ grad_outputs, const Dtype* __restrict__ grad_cells,
-    const ClusterGradStrides strides, const Dtype* __restrict__ grad_final_h,
+    const GradStrides strides, const Dtype* __restrict__ grad_final_h,
     const Dtype* __restrict__ grad_final_cell, const Dtype* __restrict__ cells,
     const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
 #if LLTM_CLUSTER_PTX
@@ -644,7 +637,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
 #endif
 }
 
-// The host side: the plan and the launches.
+// The host side: the plan and the launch.
 
 // True (with the runtime's last error cleared) when a call failed: the plan
 // then gives no plan instead of failing the pass.
@@ -791,77 +784,13 @@ extern "C" lltm_cluster_plan lltm_plan_cluster(int dtype, int backward, int64_t 
   return LLTM_TYPED_CALL_WITH_HALF(dtype, plan_cluster, backward, steps, batch_size, state_size);
 }
 
-// Launches plan->kernel with `arguments` as a grid of clusters.
-static cudaError_t launch_clusters(const lltm_cluster_plan* plan, void** arguments,
-                                   cudaStream_t stream) {
+cudaError_t launch_clusters(const lltm_cluster_plan& plan, void** arguments,
+                            cudaStream_t stream) {
   cudaLaunchAttribute attribute[1];
   const cudaLaunchConfig_t config = cluster_launch_config(
-      (unsigned)(plan->cluster_size * plan->clusters), (unsigned)plan->threads,
-      plan->shared_bytes, (unsigned)plan->cluster_size, stream, attribute);
-  const cudaError_t status = cudaLaunchKernelExC(&config, plan->kernel, arguments);
+      (unsigned)(plan.cluster_size * plan.clusters), (unsigned)plan.threads, plan.shared_bytes,
+      (unsigned)plan.cluster_size, stream, attribute);
+  const cudaError_t status = cudaLaunchKernelExC(&config, plan.kernel, arguments);
   if (status != cudaSuccess) (void)cudaGetLastError();
   return status;
-}
-
-template <typename Dtype>
-static cudaError_t launch_forward(const lltm_cluster_plan* plan, int64_t steps,
-                                  int64_t batch_size, int64_t state_size,
-                                  int64_t weights_row_stride, int reverse, const void* bias,
-                                  const void* weights, const void* h0, const void* c0,
-                                  void* outputs, void* cells, void* gates, void* final_h,
-                                  void* final_cell, cudaStream_t stream) {
-  const Dtype *bias_ = as<Dtype>(bias), *weights_ = as<Dtype>(weights), *h0_ = as<Dtype>(h0),
-              *c0_ = as<Dtype>(c0);
-  Dtype *outputs_ = as<Dtype>(outputs), *cells_ = as<Dtype>(cells), *gates_ = as<Dtype>(gates),
-        *final_h_ = as<Dtype>(final_h), *final_cell_ = as<Dtype>(final_cell);
-  void* arguments[] = {&steps,    &batch_size, &state_size, &weights_row_stride,
-                       &reverse,  &bias_,      &weights_,   &h0_,
-                       &c0_,      &outputs_,   &cells_,     &gates_,
-                       &final_h_, &final_cell_};
-  return launch_clusters(plan, arguments, stream);
-}
-
-template <typename Dtype>
-static cudaError_t launch_backward(const lltm_cluster_plan* plan, int64_t steps,
-                                   int64_t batch_size, int64_t state_size,
-                                   int64_t weights_row_stride, int reverse, const void* weights,
-                                   const void* grad_outputs, const void* grad_cells,
-                                   const int64_t* grad_strides, const void* grad_final_h,
-                                   const void* grad_final_cell, const void* cells,
-                                   const void* gates, void* d_gates, void* d_h0, void* d_c0,
-                                   cudaStream_t stream) {
-  const Dtype *weights_ = as<Dtype>(weights), *grad_outputs_ = as<Dtype>(grad_outputs),
-              *grad_cells_ = as<Dtype>(grad_cells), *grad_final_h_ = as<Dtype>(grad_final_h),
-              *grad_final_cell_ = as<Dtype>(grad_final_cell), *cells_ = as<Dtype>(cells),
-              *gates_ = as<Dtype>(gates);
-  Dtype *d_gates_ = as<Dtype>(d_gates), *d_h0_ = as<Dtype>(d_h0), *d_c0_ = as<Dtype>(d_c0);
-  ClusterGradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
-                                {grad_strides[3], grad_strides[4], grad_strides[5]}};
-  void* arguments[] = {&steps,         &batch_size,     &state_size,       &weights_row_stride,
-                       &reverse,       &weights_,       &grad_outputs_,    &grad_cells_,
-                       &strides,       &grad_final_h_,  &grad_final_cell_, &cells_,
-                       &gates_,        &d_gates_,       &d_h0_,            &d_c0_};
-  return launch_clusters(plan, arguments, stream);
-}
-
-extern "C" cudaError_t lltm_launch_cluster_forward(
-    const lltm_cluster_plan* plan, int dtype, int64_t steps, int64_t batch_size,
-    int64_t state_size, int64_t weights_row_stride, int reverse, const void* bias,
-    const void* weights, const void* h0, const void* c0, void* outputs, void* cells,
-    void* gates, void* final_h, void* final_cell, cudaStream_t stream) {
-  return LLTM_TYPED_CALL_WITH_HALF(dtype, launch_forward, plan, steps, batch_size, state_size,
-                         weights_row_stride, reverse, bias, weights, h0, c0, outputs, cells,
-                         gates, final_h, final_cell, stream);
-}
-
-extern "C" cudaError_t lltm_launch_cluster_backward(
-    const lltm_cluster_plan* plan, int dtype, int64_t steps, int64_t batch_size,
-    int64_t state_size, int64_t weights_row_stride, int reverse, const void* weights,
-    const void* grad_outputs, const void* grad_cells, const int64_t* grad_strides,
-    const void* grad_final_h, const void* grad_final_cell, const void* cells, const void* gates,
-    void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream) {
-  return LLTM_TYPED_CALL_WITH_HALF(dtype, launch_backward, plan, steps, batch_size, state_size,
-                         weights_row_stride, reverse, weights, grad_outputs, grad_cells,
-                         grad_strides, grad_final_h, grad_final_cell, cells, gates, d_gates,
-                         d_h0, d_c0, stream);
 }
