@@ -17,6 +17,7 @@ import torch
 
 import lltm_ffi
 from lltm_ffi.diagnostics import covering_arch
+from conftest import set_or_unset, shape_id
 
 # (steps, batch, input_features, state_size): batches of 1, 3 and 16 rows;
 # states off every tile (5, 33, 130) and at the edges of the kernels'
@@ -50,16 +51,9 @@ def tolerance(dtype, steps):
 PATHS = {"cluster": None, "no_cluster": "0"}
 
 
-def shape_id(shape):
-    return "x".join(map(str, shape))
-
-
 def use_path(monkeypatch, path):
     """LLTM_CLUSTER as the path asks (unset: the cluster kernels where they apply)."""
-    if PATHS[path] is None:
-        monkeypatch.delenv("LLTM_CLUSTER", raising=False)
-    else:
-        monkeypatch.setenv("LLTM_CLUSTER", PATHS[path])
+    set_or_unset(monkeypatch, "LLTM_CLUSTER", PATHS[path])
 
 
 def random_arguments(shape, generator, bias=True):
