@@ -36,7 +36,7 @@ __global__ void lltm_sequence_gates_forward_kernel(
 template <typename Dtype>
 int sequence_forward_cublas_steps(const ForwardRecurrence<Dtype>& r, cudaStream_t stream) {
   const int64_t state_size = r.state_size, gates_size = 3 * state_size;
-  for (lltm_step step = lltm_first_step(&r.walk);; step = lltm_next_step(&r.walk, &step)) {
+  return for_each_step(r.walk, [&](const lltm_step& step) -> int {
     Dtype* step_gates = r.gates + step.offset * gates_size;
     int code = LLTM_SUCCESS;
     if (step.carried) {
@@ -57,9 +57,8 @@ int sequence_forward_cublas_steps(const ForwardRecurrence<Dtype>& r, cudaStream_
             elements, state_size, r.bias, step_state(r, step), step_gates,
             r.outputs + step.offset * state_size, r.cells + step.offset * state_size);
     CUDA_POST_KERNEL_CHECK;
-    if (step.order + 1 == r.walk.steps) break;
-  }
-  return LLTM_SUCCESS;
+    return LLTM_SUCCESS;
+  });
 }
 
 // Backward step's gate math: d_h_next holds the gradient reaching h from the
@@ -100,9 +99,7 @@ static cudaError_t launch_gates_backward(int64_t count, int64_t state_size, cons
 template <typename Dtype>
 int sequence_backward_cublas_steps(const BackwardRecurrence<Dtype>& r, cudaStream_t stream) {
   const int64_t state_size = r.state_size, gates_size = 3 * state_size;
-  lltm_step step = lltm_last_step(&r.walk);
-  int64_t next_offset = 0;  // the first row of the step visited after `step`
-  for (;;) {
+  return for_each_step_backward(r.walk, [&](const lltm_step& step, int64_t next_offset) -> int {
     if (step.continued) {
       const int code = product<Dtype>(true, stream, step.continued, state_size, gates_size,
                                       r.d_gates + next_offset * gates_size, gates_size, false,
@@ -110,16 +107,12 @@ int sequence_backward_cublas_steps(const BackwardRecurrence<Dtype>& r, cudaStrea
                                       state_size);
       if (code != LLTM_SUCCESS) return code;
     }
-    const cudaError_t status = launch_gates_backward<Dtype>(
-        step.rows * state_size, state_size, r.d_h0, step_gradients(r, step),
-        r.cells + step.offset * state_size, r.gates + step.offset * gates_size, r.d_c0,
-        r.d_gates + step.offset * gates_size, stream);
-    if (status != cudaSuccess) return status;
-    if (step.order == 0) break;
-    next_offset = step.offset;
-    step = lltm_previous_step(&r.walk, &step);
-  }
-  return LLTM_SUCCESS;
+    return launch_gates_backward<Dtype>(step.rows * state_size, state_size, r.d_h0,
+                                        step_gradients(r, step),
+                                        r.cells + step.offset * state_size,
+                                        r.gates + step.offset * gates_size, r.d_c0,
+                                        r.d_gates + step.offset * gates_size, stream);
+  });
 }
 // A single step's cell backward pass, for step_kernel.cu (lltm_kernels.h).
 template <typename Dtype>

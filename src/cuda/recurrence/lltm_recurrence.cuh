@@ -176,6 +176,31 @@ static StepGradients<Dtype> step_gradients(const BackwardRecurrence<Dtype>& r,
   return gradients;
 }
 
+// The step-wise paths' loops over a walk: launch(step) for each step in
+// the walk's order, or backward launch(step, next_offset) for each in the
+// reverse order, next_offset the first row of the step visited after it (0
+// for the first visited). A code other than LLTM_SUCCESS ends the loop and
+// is returned.
+template <typename Launch>
+static int for_each_step(const lltm_walk& walk, Launch launch) {
+  for (lltm_step step = lltm_first_step(&walk);; step = lltm_next_step(&walk, &step)) {
+    const int code = launch(step);
+    if (code != LLTM_SUCCESS || step.order + 1 == walk.steps) return code;
+  }
+}
+
+template <typename Launch>
+static int for_each_step_backward(const lltm_walk& walk, Launch launch) {
+  lltm_step step = lltm_last_step(&walk);
+  int64_t next_offset = 0;
+  for (;;) {
+    const int code = launch(step, next_offset);
+    if (code != LLTM_SUCCESS || step.order == 0) return code;
+    next_offset = step.offset;
+    step = lltm_previous_step(&walk, &step);
+  }
+}
+
 // The cell's backward math on element `element` (row, column) of a step:
 // the gradients reaching its h and cell are carried_h and carried_cell (the
 // next step's, read only for the rows it continues) or the final states',
@@ -269,10 +294,8 @@ int sequence_backward_cublas_steps(const BackwardRecurrence<Dtype>& r, cudaStrea
 
 // step_by_step_kernel.cu: one fused kernel a step, product and gate math.
 template <typename Dtype>
-cudaError_t launch_sequence_forward_by_step(const ForwardRecurrence<Dtype>& r,
-                                            cudaStream_t stream);
+int launch_sequence_forward_by_step(const ForwardRecurrence<Dtype>& r, cudaStream_t stream);
 template <typename Dtype>
-cudaError_t launch_sequence_backward_by_step(const BackwardRecurrence<Dtype>& r,
-                                             cudaStream_t stream);
+int launch_sequence_backward_by_step(const BackwardRecurrence<Dtype>& r, cudaStream_t stream);
 
 #endif  // LLTM_RECURRENCE_CUH

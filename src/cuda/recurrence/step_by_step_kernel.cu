@@ -85,19 +85,17 @@ __global__ void lltm_sequence_forward_kernel(
 }
 
 template <typename Dtype>
-cudaError_t launch_sequence_forward_by_step(const ForwardRecurrence<Dtype>& r,
-                                            cudaStream_t stream) {
+int launch_sequence_forward_by_step(const ForwardRecurrence<Dtype>& r, cudaStream_t stream) {
   const int64_t state_size = r.state_size;
-  for (lltm_step step = lltm_first_step(&r.walk);; step = lltm_next_step(&r.walk, &step)) {
+  return for_each_step(r.walk, [&](const lltm_step& step) -> int {
     lltm_sequence_forward_kernel<Dtype>
         <<<tile_blocks(step.rows, state_size), kTileThreads, 0, stream>>>(
             step.rows, state_size, r.bias, r.weights, r.weights_row_stride, step_state(r, step),
             r.outputs + step.offset * state_size, r.cells + step.offset * state_size,
             r.gates + step.offset * 3 * state_size);
     CUDA_POST_KERNEL_CHECK;
-    if (step.order + 1 == r.walk.steps) break;
-  }
-  return cudaSuccess;
+    return cudaSuccess;
+  });
 }
 
 // Backward step: d_h = d_gates_next W (the gradient reaching h from the
@@ -145,12 +143,9 @@ __global__ void lltm_sequence_backward_kernel(
 
 // d_h0 is left alone (initial_state_grads gives it after the loop).
 template <typename Dtype>
-cudaError_t launch_sequence_backward_by_step(const BackwardRecurrence<Dtype>& r,
-                                             cudaStream_t stream) {
+int launch_sequence_backward_by_step(const BackwardRecurrence<Dtype>& r, cudaStream_t stream) {
   const int64_t state_size = r.state_size, gates_size = 3 * state_size;
-  lltm_step step = lltm_last_step(&r.walk);
-  int64_t next_offset = 0;  // the first row of the step visited after `step`
-  for (;;) {
+  return for_each_step_backward(r.walk, [&](const lltm_step& step, int64_t next_offset) -> int {
     lltm_sequence_backward_kernel<Dtype>
         <<<tile_blocks(step.rows, state_size), kTileThreads, 0, stream>>>(
             step.rows, state_size, r.weights, r.weights_row_stride,
@@ -158,18 +153,15 @@ cudaError_t launch_sequence_backward_by_step(const BackwardRecurrence<Dtype>& r,
             r.cells + step.offset * state_size, r.gates + step.offset * gates_size, r.d_c0,
             r.d_gates + step.offset * gates_size);
     CUDA_POST_KERNEL_CHECK;
-    if (step.order == 0) break;
-    next_offset = step.offset;
-    step = lltm_previous_step(&r.walk, &step);
-  }
-  return cudaSuccess;
+    return cudaSuccess;
+  });
 }
 
 // What the other files of the recurrence call (lltm_recurrence.cuh), for
 // every element type.
 #define LLTM_INSTANTIATE(Dtype)                                                              \
-  template cudaError_t launch_sequence_forward_by_step<Dtype>(const ForwardRecurrence<Dtype>&, \
-                                                              cudaStream_t);                 \
-  template cudaError_t launch_sequence_backward_by_step<Dtype>(                              \
-      const BackwardRecurrence<Dtype>&, cudaStream_t);
+  template int launch_sequence_forward_by_step<Dtype>(const ForwardRecurrence<Dtype>&,       \
+                                                      cudaStream_t);                         \
+  template int launch_sequence_backward_by_step<Dtype>(const BackwardRecurrence<Dtype>&,     \
+                                                       cudaStream_t);
 LLTM_FOR_EVERY_DTYPE(LLTM_INSTANTIATE)
