@@ -131,21 +131,6 @@ struct ClusterMath<__nv_bfloat16> {
   typedef float type;
 };
 
-// The 16-byte vector of the arithmetic's type: what a lane reads of the
-// shared state at once.
-template <typename Math>
-struct ClusterVector;
-template <>
-struct ClusterVector<float> {
-  typedef float4 type;
-  static const int kWidth = 4;
-};
-template <>
-struct ClusterVector<double> {
-  typedef double2 type;
-  static const int kWidth = 2;
-};
-
 }  // namespace
 
 // Columns a warp owns, by kChunks (vectors a lane holds of each weight row):
@@ -154,13 +139,13 @@ struct ClusterVector<double> {
 __host__ __device__ constexpr int cluster_warp_columns(int chunks) { return chunks <= 2 ? 2 : 1; }
 
 // The layout of the kernels of kChunks chunks and kRows rows a cluster for
-// the storage type Dtype (see the header comment): the arithmetic's type
-// and its vector, and the sizes both kernels build on.
+// the storage type Dtype (see the header comment): the arithmetic's type,
+// and the sizes both kernels build on (a lane reads the shared state a
+// Vector<Math> at a time, kWidth elements).
 template <typename Dtype, int kChunks, int kRows>
 struct ClusterLayout {
   typedef typename ClusterMath<Dtype>::type Math;
-  typedef typename ClusterVector<Math>::type Vector;
-  static constexpr int kWidth = ClusterVector<Math>::kWidth;
+  static constexpr int kWidth = Vector<Math>::kWidth;
   static constexpr int kColumns = cluster_warp_columns(kChunks);
   static constexpr int kElements = kColumns * kRows;  // a warp's (row, column) elements
   static constexpr int kSpan = kChunks * 32 * kWidth;  // a state row in shared memory
@@ -429,8 +414,9 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-          const typename Layout::Vector x = *reinterpret_cast<const typename Layout::Vector*>(
-              h + r * Layout::kSpan + (at.lane + 32 * c) * Layout::kWidth);
+          const typename Vector<Math>::type x =
+              *reinterpret_cast<const typename Vector<Math>::type*>(
+                  h + r * Layout::kSpan + (at.lane + 32 * c) * Layout::kWidth);
           const Math* xs = reinterpret_cast<const Math*>(&x);
 #pragma unroll
           for (int u = 0; u < Layout::kColumns; ++u) {
@@ -546,8 +532,9 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
       for (int g = 0; g < 3; ++g) {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-          const typename Layout::Vector x = *reinterpret_cast<const typename Layout::Vector*>(
-              d_next + r * kRowSpan + g * Layout::kSpan + (at.lane + 32 * c) * Layout::kWidth);
+          const typename Vector<Math>::type x =
+              *reinterpret_cast<const typename Vector<Math>::type*>(
+                  d_next + r * kRowSpan + g * Layout::kSpan + (at.lane + 32 * c) * Layout::kWidth);
           const Math* xs = reinterpret_cast<const Math*>(&x);
 #pragma unroll
           for (int u = 0; u < Layout::kColumns; ++u) {
@@ -666,7 +653,7 @@ static const void* cluster_kernel(bool backward, int chunks, int rows) {
   typedef typename ClusterMath<Dtype>::type Math;
   if (chunks == 1) return cluster_kernel_of_rows<Dtype, 1>(backward, rows);
   if (chunks == 2) return cluster_kernel_of_rows<Dtype, 2>(backward, rows);
-  if constexpr (ClusterVector<Math>::kWidth == 2) {
+  if constexpr (Vector<Math>::kWidth == 2) {
     if (chunks == 4) return cluster_kernel_of_rows<Dtype, 4>(backward, rows);
   }
   return NULL;
@@ -741,7 +728,7 @@ static lltm_cluster_plan plan_cluster(int backward, int64_t steps, int64_t batch
       major < 9) {
     return plan;
   }
-  const int width = ClusterVector<Math>::kWidth;
+  const int width = Vector<Math>::kWidth;
   int chunks = (int)((state_size + 32 * width - 1) / (32 * width));
   if (chunks > 2) chunks = 4;
   const int columns = cluster_warp_columns(chunks);

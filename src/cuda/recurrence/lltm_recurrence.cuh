@@ -38,6 +38,25 @@ static inline int tile_blocks(int64_t rows, int64_t columns, int64_t tile = kTil
   return (int)(tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS);
 }
 
+// The 16-byte vector of an element type, and its elements: what a lane
+// reads of shared memory at once; eight elements' bits for the 16-bit types.
+template <typename Dtype>
+struct Vector {
+  static_assert(sizeof(Dtype) == 2, "float, double or a 16-bit type");
+  typedef uint4 type;
+  static const int kWidth = 8;
+};
+template <>
+struct Vector<float> {
+  typedef float4 type;
+  static const int kWidth = 4;
+};
+template <>
+struct Vector<double> {
+  typedef double2 type;
+  static const int kWidth = 2;
+};
+
 template <typename Dtype>
 __host__ __device__ static const Dtype* offset_or_null(const Dtype* tensor, int64_t offset) {
   return tensor ? tensor + offset : NULL;
