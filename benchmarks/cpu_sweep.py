@@ -166,18 +166,13 @@ def write_chart(path, results, threads):
                         axis.plot(*zip(*points), styles[batch], color=colours[name],
                                   label=f"{name}, batch {batch}")
             axis.set_xscale("log", base=2)
-            axis.set_yscale("log")
             axis.set_xticks(STATES, [str(state) for state in STATES])
-            axis.set_xlabel("state (= input features)")
-            axis.set_ylabel("median us per time step")
-            axis.set_title(f"{harness.dtype_name(dtype)}, {mode}")
+            harness.label_log_axis(axis, "state (= input features)", "median us per time step",
+                                   f"{harness.dtype_name(dtype)}, {mode}")
     axes[0][0].legend(fontsize="small", ncol=3)
-    figure.suptitle(f"LLTM over {STEPS} steps on the CPU, {harness.cpu_model()}, "
-                    f"{threads} threads")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    pyplot.close(figure)
-    return True
+    return harness.save_figure(
+        pyplot, figure, path,
+        f"LLTM over {STEPS} steps on the CPU, {harness.cpu_model()}, {threads} threads", dpi=110)
 
 
 def blas_line():

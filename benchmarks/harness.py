@@ -248,14 +248,24 @@ def write_bar_chart(path, title, group_labels, panels, xlabel, ylabel):
             axis.bar([group + offset for group in range(len(group_labels))], values, width,
                      label=name)
         axis.set_xticks(range(len(group_labels)), group_labels)
-        axis.set_yscale("log")
-        axis.set_xlabel(xlabel)
-        axis.set_ylabel(ylabel)
-        axis.set_title(panel_title)
+        label_log_axis(axis, xlabel, ylabel, panel_title)
     axes[0].legend()
+    return save_figure(pyplot, figure, path, title, dpi=120)
+
+
+def label_log_axis(axis, xlabel, ylabel, title):
+    """A panel's labels and title, its y axis on a log scale."""
+    axis.set_yscale("log")
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+
+
+def save_figure(pyplot, figure, path, title, dpi):
+    """Titles `figure`, lays it out, writes it to `path` and closes it; True."""
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=dpi)
     pyplot.close(figure)
     return True
 

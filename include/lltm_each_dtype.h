@@ -21,55 +21,41 @@
 #include "lltm_half.h"
 #include "lltm_op.h"
 
-#define STORAGE float
-#define SCALAR float
+/* float and double: stored and computed as themselves. */
+#define STORAGE SUFFIX
+#define SCALAR SUFFIX
+#define LOAD(x) (x)
+#define STORE(x) (x)
 #define SUFFIX float
-#define LOAD(x) (x)
-#define STORE(x) (x)
 #include LLTM_TYPED_FILE
-#undef STORAGE
-#undef SCALAR
 #undef SUFFIX
-#undef LOAD
-#undef STORE
-
-#define STORAGE double
-#define SCALAR double
 #define SUFFIX double
-#define LOAD(x) (x)
-#define STORE(x) (x)
 #include LLTM_TYPED_FILE
-#undef STORAGE
-#undef SCALAR
 #undef SUFFIX
-#undef LOAD
-#undef STORE
 
 #ifdef LLTM_TYPED_HALF
-#define STORAGE lltm_float16
+/* float16 and bfloat16: stored as their bits (lltm_float16, lltm_bfloat16),
+ * computed in float, converted by lltm_half.h's lltm_<SUFFIX>_to_float and
+ * lltm_float_to_<SUFFIX>. */
+#undef STORAGE
+#undef SCALAR
+#undef LOAD
+#undef STORE
+#define STORAGE LLTM_CONCAT(lltm_, SUFFIX)
 #define SCALAR float
+#define LOAD(x) LLTM_CONCAT(LLTM_CONCAT(lltm_, SUFFIX), _to_float)(x)
+#define STORE(x) LLTM_CONCAT(lltm_float_to_, SUFFIX)(x)
 #define SUFFIX float16
-#define LOAD(x) lltm_float16_to_float(x)
-#define STORE(x) lltm_float_to_float16(x)
 #include LLTM_TYPED_FILE
-#undef STORAGE
-#undef SCALAR
 #undef SUFFIX
-#undef LOAD
-#undef STORE
-
-#define STORAGE lltm_bfloat16
-#define SCALAR float
 #define SUFFIX bfloat16
-#define LOAD(x) lltm_bfloat16_to_float(x)
-#define STORE(x) lltm_float_to_bfloat16(x)
 #include LLTM_TYPED_FILE
-#undef STORAGE
-#undef SCALAR
 #undef SUFFIX
-#undef LOAD
-#undef STORE
 #undef LLTM_TYPED_HALF
 #endif
 
+#undef STORAGE
+#undef SCALAR
+#undef LOAD
+#undef STORE
 #undef LLTM_TYPED_FILE

@@ -73,6 +73,15 @@ def shape_id(shape):
     return "x".join(str(size) for size in shape)
 
 
+def set_or_unset(monkeypatch, name, value):
+    """The environment variable `name` set to `value` for the test, or unset
+    where value is None."""
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+
+
 def as_leaves(tensors, requires_grad=True):
     """Leaf tensors sharing the values and strides of `tensors`."""
     return [tensor.detach().requires_grad_(requires_grad) for tensor in tensors]

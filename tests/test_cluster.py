@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import lltm_ffi
+from conftest import set_or_unset, shape_id
 from lltm_ffi.testing import compiled_capability
 
 # (steps, batch, input_features, state_size): batches of 1, 3 and 16 rows;
@@ -48,16 +49,9 @@ def tolerance(dtype, steps):
 PATHS = {"cluster": None, "no_cluster": "0"}
 
 
-def shape_id(shape):
-    return "x".join(map(str, shape))
-
-
 def use_path(monkeypatch, path):
     """LLTM_CLUSTER as the path asks (unset: the cluster kernels where they apply)."""
-    if PATHS[path] is None:
-        monkeypatch.delenv("LLTM_CLUSTER", raising=False)
-    else:
-        monkeypatch.setenv("LLTM_CLUSTER", PATHS[path])
+    set_or_unset(monkeypatch, "LLTM_CLUSTER", PATHS[path])
 
 
 def random_arguments(shape, generator, bias=True):

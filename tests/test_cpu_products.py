@@ -21,7 +21,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 import lltm_ffi
 from lltm_ffi import _blas, _extension
 from lltm_ffi.ops.lltm import sequence as sequence_module
-from conftest import REPO_ROOT, reference_sequence, shape_id
+from conftest import REPO_ROOT, reference_sequence, set_or_unset, shape_id
 
 # {path: LLTM_BLAS}; None leaves it unset: the default plan.
 PATHS = {"own": "0", "blas": "1", "default": None}
@@ -37,10 +37,7 @@ SEED = 20240531
 
 
 def use_path(monkeypatch, path):
-    if PATHS[path] is None:
-        monkeypatch.delenv("LLTM_BLAS", raising=False)
-    else:
-        monkeypatch.setenv("LLTM_BLAS", PATHS[path])
+    set_or_unset(monkeypatch, "LLTM_BLAS", PATHS[path])
 
 
 def random_arguments(shape, dtype, seed=SEED):

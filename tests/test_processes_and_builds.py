@@ -242,9 +242,16 @@ def run_scenario(code, timeout=SCENARIO_TIMEOUT_S):
     return output
 
 
+def run_scenario_to_its_end(code):
+    """run_scenario(code), and that it ran to its end: the last line it
+    prints is the "ok" printed after `code`."""
+    output = run_scenario(textwrap.dedent(code) + 'print("ok")\n')
+    assert output.splitlines()[-1] == "ok", output
+
+
 @pytest.mark.slow
 def test_os_fork_children_compute_after_the_parent_ran_big_passes():
-    output = run_scenario("""
+    run_scenario_to_its_end("""
         start_openmp_threads()
         for shapes in ([SMALL, BIG], [BIG, SMALL]):
             pid = os.fork()
@@ -260,9 +267,7 @@ def test_os_fork_children_compute_after_the_parent_ran_big_passes():
             assert wait_for(pid, 120) == 0, f"child computing {shapes} failed"
         # The parent's own threads still work.
         assert not disagreements(BIG)
-        print("ok")
     """)
-    assert output.splitlines()[-1] == "ok", output
 
 
 @pytest.mark.slow
@@ -270,7 +275,7 @@ def test_forked_child_c_passes_stay_off_openmp_even_with_torch_threads_restored(
     """The C passes do not rely on torch's thread count: a child that sets it
     back to 2 (its own torch ops may then hang, torch's affair) still gets
     the passes' results, computed without OpenMP, identical to the parent's."""
-    output = run_scenario("""
+    run_scenario_to_its_end("""
         start_openmp_threads()
         generator = torch.Generator().manual_seed(0)
         batch, _, state = BIG
@@ -292,14 +297,12 @@ def test_forked_child_c_passes_stay_off_openmp_even_with_torch_threads_restored(
                     os._exit(1)
             os._exit(0)
         assert wait_for(pid, 60) == 0, "the child's passes disagree with the parent's"
-        print("ok")
     """)
-    assert output.splitlines()[-1] == "ok", output
 
 
 @pytest.mark.slow
 def test_fork_pool_workers_compute_after_the_parent_ran_big_passes():
-    output = run_scenario("""
+    run_scenario_to_its_end("""
         import multiprocessing
 
         def check(shape):
@@ -309,14 +312,12 @@ def test_fork_pool_workers_compute_after_the_parent_ran_big_passes():
         with multiprocessing.get_context("fork").Pool(2) as pool:
             results = pool.map_async(check, [SMALL, BIG, BIG, SMALL]).get(timeout=120)
         assert results == [[]] * 4, results
-        print("ok")
     """)
-    assert output.splitlines()[-1] == "ok", output
 
 
 @pytest.mark.slow
 def test_dataloader_fork_workers_compute_after_the_parent_ran_big_passes():
-    output = run_scenario("""
+    run_scenario_to_its_end("""
         from torch.utils.data import DataLoader, Dataset
 
         class Cells(Dataset):
@@ -334,9 +335,7 @@ def test_dataloader_fork_workers_compute_after_the_parent_ran_big_passes():
         items = list(loader)
         assert len(items) == 6 and all(problems == [] for _, problems in items), items
         assert len({pid for pid, _ in items} - {os.getpid()}) == 2, items
-        print("ok")
     """)
-    assert output.splitlines()[-1] == "ok", output
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 // The recurrence of a dense sequence pass held in thread-block clusters
-// (compute capability 9.0 and newer), Caffe style behind the extern "C"
-// launchers of lltm_cluster.h; the plan (src/plan.c) decides when it runs.
+// (compute capability 9.0 and newer): its plan (lltm_cluster.h), which the
+// plan of a pass (src/plan.c) asks for, and its launch, launch_clusters,
+// with the arguments the persistent kernels take too (lltm_recurrence.cuh).
 //
 // Why clusters. The persistent kernels (persistent_kernel.cu) synchronise the
 // whole grid once a step (about 1.1 us on an H200) and stage the whole
@@ -75,11 +76,8 @@
 
 #include <mutex>
 
-#include "caffe_cuda_macro.h"
-#include "lltm_cell.h"
-#include "lltm_cluster.h"
 #include "lltm_cluster_ptx.cuh"
-#include "lltm_op.h"
+#include "lltm_recurrence.cuh"
 
 // The plan's thresholds. Measured on an H200 (lltm_sequence forward and
 // backward in float32, F = 32, microseconds a step: the cluster kernels,
@@ -133,27 +131,26 @@ struct ClusterMath<__nv_bfloat16> {
   typedef float type;
 };
 
-// The 16-byte vector of the arithmetic's type: what a lane reads of the
-// shared state at once.
-template <typename Math>
-struct ClusterVector;
-template <>
-struct ClusterVector<float> {
-  typedef float4 type;
-  static const int kWidth = 4;
-};
-template <>
-struct ClusterVector<double> {
-  typedef double2 type;
-  static const int kWidth = 2;
-};
-
 }  // namespace
 
 // Columns a warp owns, by kChunks (vectors a lane holds of each weight row):
 // 2, or 1 for 4 chunks, so that a lane's weights are 24 or 48 registers
 // (3 gates x kColumns x kChunks x kWidth elements).
 __host__ __device__ constexpr int cluster_warp_columns(int chunks) { return chunks <= 2 ? 2 : 1; }
+
+// The layout of the kernels of kChunks chunks and kRows rows a cluster for
+// the storage type Dtype (see the header comment): the arithmetic's type,
+// and the sizes both kernels build on (a lane reads the shared state a
+// Vector<Math> at a time, kWidth elements).
+template <typename Dtype, int kChunks, int kRows>
+struct ClusterLayout {
+  typedef typename ClusterMath<Dtype>::type Math;
+  static constexpr int kWidth = Vector<Math>::kWidth;
+  static constexpr int kColumns = cluster_warp_columns(kChunks);
+  static constexpr int kElements = kColumns * kRows;  // a warp's (row, column) elements
+  static constexpr int kSpan = kChunks * 32 * kWidth;  // a state row in shared memory
+  static constexpr int kPrefetch = cluster_prefetch<Math>();
+};
 
 #if LLTM_CLUSTER_PTX
 
@@ -336,7 +333,7 @@ __device__ __forceinline__ void load_lane_weights(const ClusterLane<kColumns, kR
   }
 }
 
-// The forward recurrence (lltm_cluster.h, lltm_launch_cluster_forward): the
+// The forward recurrence (ForwardRecurrence, lltm_recurrence.cuh): the
 // layout and the step as the header comment says. Shared memory: the state
 // of the cluster's rows, twice (kRows rows of kSpan elements each).
 template <typename Dtype, int kChunks, int kRows>
@@ -347,30 +344,25 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
     const Dtype* __restrict__ c0, Dtype* outputs, Dtype* cells, Dtype* gates, Dtype* final_h,
     Dtype* final_cell) {
 #if LLTM_CLUSTER_PTX
-  typedef typename ClusterMath<Dtype>::type Math;
-  typedef typename ClusterVector<Math>::type Vector;
-  const int kWidth = ClusterVector<Math>::kWidth;
-  const int kColumns = cluster_warp_columns(kChunks);
-  const int kElements = kColumns * kRows;  // a warp's (row, column) elements
-  const int kSums = 4 * kElements;         // a warp's gate sums, 3 used of each 4
-  const int kSpan = kChunks * 32 * kWidth;  // a state row in shared memory
-  const int kPrefetch = cluster_prefetch<Math>();
+  typedef ClusterLayout<Dtype, kChunks, kRows> Layout;
+  typedef typename Layout::Math Math;
   extern __shared__ __align__(16) unsigned char shared[];
   Math* buffers = reinterpret_cast<Math*>(shared);
-  const ClusterLane<kColumns, kRows> at(state_size, batch_size);
+  const int kSums = 4 * Layout::kElements;  // a warp's gate sums, 3 used of each 4
+  const ClusterLane<Layout::kColumns, kRows> at(state_size, batch_size);
   const int64_t gates_size = 3 * state_size;
 
   // Row g * state + column of W_h, this lane's vectors of it.
-  Math w[kColumns][3][kChunks][kWidth];
+  Math w[Layout::kColumns][3][kChunks][Layout::kWidth];
   load_lane_weights(at, state_size, w, [&](int u, int g, int64_t k) {
     return static_cast<Math>(
         weights[(g * state_size + at.first_column + u) * weights_row_stride + k]);
   });
   // Buffer 0 holds h0's rows; everything else (the columns past the state,
   // rows past the batch) zeros, which stay so.
-  for (int i = threadIdx.x; i < 2 * kRows * kSpan; i += blockDim.x) {
-    const int64_t row = at.first_row + i / kSpan % kRows, k = i % kSpan;
-    buffers[i] = i < kRows * kSpan && k < state_size && row < batch_size
+  for (int i = threadIdx.x; i < 2 * kRows * Layout::kSpan; i += blockDim.x) {
+    const int64_t row = at.first_row + i / Layout::kSpan % kRows, k = i % Layout::kSpan;
+    buffers[i] = i < kRows * Layout::kSpan && k < state_size && row < batch_size
         ? static_cast<Math>(h0[row * state_size + k]) : Math(0);
   }
   Math bias_of[3];
@@ -386,33 +378,32 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
 #pragma unroll
     for (int g = 0; g < 3; ++g) values[g] = at.active ? gates[gate + g * state_size] : Dtype(0);
   };
-  Dtype ahead[kPrefetch][3];
+  Dtype ahead[Layout::kPrefetch][3];
 #pragma unroll
-  for (int j = 0; j < kPrefetch; ++j) {
+  for (int j = 0; j < Layout::kPrefetch; ++j) {
     if (j < steps) load_inputs(j, ahead[j]);
   }
   Math cell = at.active ? static_cast<Math>(c0[at.row * state_size + at.column]) : Math(0);
   // Exchange n (the new h of step n) happens for every step but the last.
   const ClusterMailbox<Math> mailbox = {
-      reinterpret_cast<uint64_t*>(buffers + 2 * kRows * kSpan),
+      reinterpret_cast<uint64_t*>(buffers + 2 * kRows * Layout::kSpan),
       (unsigned)(at.rows * state_size * sizeof(Math))};
   mailbox.open(steps > 1, steps > 2);
   // Every block of the cluster runs, its buffers and mailbox ready, before
   // any block pushes into another's.
-  cluster_arrive();
-  cluster_wait();
+  cluster_sync();
 
   // The steps kPrefetch at a time, so that the inputs read ahead have
   // registers of their own (ahead[j] is step base + j's).
-  for (int64_t base = 0; base < steps; base += kPrefetch) {
+  for (int64_t base = 0; base < steps; base += Layout::kPrefetch) {
 #pragma unroll
-    for (int j = 0; j < kPrefetch; ++j) {
+    for (int j = 0; j < Layout::kPrefetch; ++j) {
       const int64_t order = base + j;
       if (order >= steps) break;
       const int64_t t = reverse ? steps - 1 - order : order;
       const bool last = order + 1 == steps;
-      const Math* h = buffers + (order & 1) * kRows * kSpan;
-      Math* h_next = buffers + ((order + 1) & 1) * kRows * kSpan;
+      const Math* h = buffers + (order & 1) * kRows * Layout::kSpan;
+      Math* h_next = buffers + ((order + 1) & 1) * kRows * Layout::kSpan;
       if (order > 0) mailbox.receive(order - 1, order + 2 < steps);
       // sums[g * kElements + e]: gate g of element e (row e / kColumns,
       // column e % kColumns of the warp's).
@@ -423,16 +414,17 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-          const Vector x =
-              *reinterpret_cast<const Vector*>(h + r * kSpan + (at.lane + 32 * c) * kWidth);
+          const typename Vector<Math>::type x =
+              *reinterpret_cast<const typename Vector<Math>::type*>(
+                  h + r * Layout::kSpan + (at.lane + 32 * c) * Layout::kWidth);
           const Math* xs = reinterpret_cast<const Math*>(&x);
 #pragma unroll
-          for (int u = 0; u < kColumns; ++u) {
+          for (int u = 0; u < Layout::kColumns; ++u) {
 #pragma unroll
             for (int g = 0; g < 3; ++g) {
 #pragma unroll
-              for (int v = 0; v < kWidth; ++v) {
-                sums[g * kElements + r * kColumns + u] += xs[v] * w[u][g][c][v];
+              for (int v = 0; v < Layout::kWidth; ++v) {
+                sums[g * Layout::kElements + r * Layout::kColumns + u] += xs[v] * w[u][g][c][v];
               }
             }
           }
@@ -443,20 +435,22 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
         pre[g] = static_cast<Math>(ahead[j][g]) + bias_of[g] +
-                 __shfl_sync(0xffffffffu, sum, holder_of<kSums>(g * kElements + at.element));
+                 __shfl_sync(0xffffffffu, sum,
+                             holder_of<kSums>(g * Layout::kElements + at.element));
       }
       Math new_h, new_cell;
       cell_forward_(pre[0], pre[1], pre[2], cell, &new_h, &new_cell);
       const Dtype stored_h = static_cast<Dtype>(new_h);
       const Dtype stored_cell = static_cast<Dtype>(new_cell);
       if (!last && at.active) {
-        Math* target = h_next + at.row_offset * kSpan + at.column;
-        for (unsigned rank = at.lane / kElements; rank < at.blocks; rank += 32 / kElements) {
+        Math* target = h_next + at.row_offset * Layout::kSpan + at.column;
+        for (unsigned rank = at.lane / Layout::kElements; rank < at.blocks;
+             rank += 32 / Layout::kElements) {
           mailbox.send(target, rank, static_cast<Math>(stored_h), order);
         }
       }
-      if (order + kPrefetch < steps) load_inputs(order + kPrefetch, ahead[j]);
-      if (at.active && at.lane < kElements) {
+      if (order + Layout::kPrefetch < steps) load_inputs(order + Layout::kPrefetch, ahead[j]);
+      if (at.active && at.lane < Layout::kElements) {
         const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
 #pragma unroll
         for (int g = 0; g < 3; ++g) gates[gate + g * state_size] = static_cast<Dtype>(pre[g]);
@@ -473,18 +467,12 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
   }
   // A push completes asynchronously: no block leaves while its last ones
   // may be on their way.
-  cluster_arrive();
-  cluster_wait();
+  cluster_sync();
 #endif
 }
 
-// The output gradients' (step, row, column) strides, outputs' then cells'.
-struct ClusterGradStrides {
-  int64_t outputs[3], cells[3];
-};
-
-// The backward recurrence (lltm_cluster.h, lltm_launch_cluster_backward):
-// the steps in the reverse of the walk's order, then d_h0. Shared memory:
+// The backward recurrence (BackwardRecurrence, lltm_recurrence.cuh): the
+// steps in the reverse of the walk's order, then d_h0. Shared memory:
 // the d_gates of the cluster's rows, twice (kRows x 3 gates x kSpan
 // elements, each gate's state columns from the start of its span).
 template <typename Dtype, int kChunks, int kRows>
@@ -492,25 +480,20 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
     const int64_t weights_row_stride, const int reverse, const Dtype* __restrict__ weights,
     const Dtype* __restrict__ grad_outputs, const Dtype* __restrict__ grad_cells,
-    const ClusterGradStrides strides, const Dtype* __restrict__ grad_final_h,
+    const GradStrides strides, const Dtype* __restrict__ grad_final_h,
     const Dtype* __restrict__ grad_final_cell, const Dtype* __restrict__ cells,
     const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
 #if LLTM_CLUSTER_PTX
-  typedef typename ClusterMath<Dtype>::type Math;
-  typedef typename ClusterVector<Math>::type Vector;
-  const int kWidth = ClusterVector<Math>::kWidth;
-  const int kColumns = cluster_warp_columns(kChunks);
-  const int kElements = kColumns * kRows;
-  const int kSpan = kChunks * 32 * kWidth;
-  const int kRowSpan = 3 * kSpan;  // a row's d_gates in shared memory
-  const int kPrefetch = cluster_prefetch<Math>();
+  typedef ClusterLayout<Dtype, kChunks, kRows> Layout;
+  typedef typename Layout::Math Math;
   extern __shared__ __align__(16) unsigned char shared[];
   Math* buffers = reinterpret_cast<Math*>(shared);
-  const ClusterLane<kColumns, kRows> at(state_size, batch_size);
+  const int kRowSpan = 3 * Layout::kSpan;  // a row's d_gates in shared memory
+  const ClusterLane<Layout::kColumns, kRows> at(state_size, batch_size);
   const int64_t gates_size = 3 * state_size;
 
   // Column `column` of W_h, rows g * state + k: this lane's vectors of it.
-  Math w[kColumns][3][kChunks][kWidth];
+  Math w[Layout::kColumns][3][kChunks][Layout::kWidth];
   load_lane_weights(at, state_size, w, [&](int u, int g, int64_t k) {
     return static_cast<Math>(
         weights[(g * state_size + k) * weights_row_stride + at.first_column + u]);
@@ -540,28 +523,31 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   // d_h of the lane's element from the d_gates in `d_next`: their dot
   // product with its column of W_h, summed over the warp.
   auto product = [&](const Math* d_next) {
-    Math sums[kElements];
+    Math sums[Layout::kElements];
 #pragma unroll
-    for (int i = 0; i < kElements; ++i) sums[i] = Math(0);
+    for (int i = 0; i < Layout::kElements; ++i) sums[i] = Math(0);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
-          const Vector x = *reinterpret_cast<const Vector*>(d_next + r * kRowSpan + g * kSpan +
-                                                            (at.lane + 32 * c) * kWidth);
+          const typename Vector<Math>::type x =
+              *reinterpret_cast<const typename Vector<Math>::type*>(
+                  d_next + r * kRowSpan + g * Layout::kSpan + (at.lane + 32 * c) * Layout::kWidth);
           const Math* xs = reinterpret_cast<const Math*>(&x);
 #pragma unroll
-          for (int u = 0; u < kColumns; ++u) {
+          for (int u = 0; u < Layout::kColumns; ++u) {
 #pragma unroll
-            for (int v = 0; v < kWidth; ++v) sums[r * kColumns + u] += xs[v] * w[u][g][c][v];
+            for (int v = 0; v < Layout::kWidth; ++v) {
+              sums[r * Layout::kColumns + u] += xs[v] * w[u][g][c][v];
+            }
           }
         }
       }
     }
     const Math sum = warp_reduce_scatter(sums, at.lane);
-    return __shfl_sync(0xffffffffu, sum, holder_of<kElements>(at.element));
+    return __shfl_sync(0xffffffffu, sum, holder_of<Layout::kElements>(at.element));
   };
   const int64_t state_element = at.row * state_size + at.column;
   const Math d_h_final =
@@ -569,9 +555,9 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   // The gradient carried to the lane's cell, from the final cell's.
   Math d_cell =
       at.active && grad_final_cell ? static_cast<Math>(grad_final_cell[state_element]) : Math(0);
-  Dtype ahead[kPrefetch][6];
+  Dtype ahead[Layout::kPrefetch][6];
 #pragma unroll
-  for (int j = 0; j < kPrefetch; ++j) {
+  for (int j = 0; j < Layout::kPrefetch; ++j) {
     if (j < steps) load_inputs(steps - 1 - j, ahead[j]);
   }
   // Exchange n (the d_gates of the n-th step visited) happens for every step
@@ -581,13 +567,12 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
       reinterpret_cast<uint64_t*>(buffers + 2 * kRows * kRowSpan),
       (unsigned)(at.rows * 3 * state_size * sizeof(Math))};
   mailbox.open(exchanged(0), exchanged(1));
-  cluster_arrive();
-  cluster_wait();
+  cluster_sync();
 
   // kPrefetch steps at a time, as in the forward kernel.
-  for (int64_t base = 0; base < steps; base += kPrefetch) {
+  for (int64_t base = 0; base < steps; base += Layout::kPrefetch) {
 #pragma unroll
-    for (int j = 0; j < kPrefetch; ++j) {
+    for (int j = 0; j < Layout::kPrefetch; ++j) {
       const int64_t visited = base + j;  // steps done before this one
       if (visited >= steps) break;
       const int64_t order = steps - 1 - visited;
@@ -609,15 +594,16 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
       for (int g = 0; g < 3; ++g) stored[g] = static_cast<Dtype>(d_gate[g]);
       if (exchanged(visited) && at.active) {
         Math* target = d_here + at.row_offset * kRowSpan + at.column;
-        for (unsigned rank = at.lane / kElements; rank < at.blocks; rank += 32 / kElements) {
+        for (unsigned rank = at.lane / Layout::kElements; rank < at.blocks;
+             rank += 32 / Layout::kElements) {
 #pragma unroll
           for (int g = 0; g < 3; ++g) {
-            mailbox.send(target + g * kSpan, rank, static_cast<Math>(stored[g]), visited);
+            mailbox.send(target + g * Layout::kSpan, rank, static_cast<Math>(stored[g]), visited);
           }
         }
       }
-      if (visited + kPrefetch < steps) load_inputs(order - kPrefetch, ahead[j]);
-      if (at.active && at.lane < kElements) {
+      if (visited + Layout::kPrefetch < steps) load_inputs(order - Layout::kPrefetch, ahead[j]);
+      if (at.active && at.lane < Layout::kElements) {
         const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
 #pragma unroll
         for (int g = 0; g < 3; ++g) d_gates[gate + g * state_size] = stored[g];
@@ -628,16 +614,17 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   if (d_h0) {
     mailbox.receive(steps - 1, false);
     const Math d_h = product(buffers + (steps & 1) * kRows * kRowSpan);
-    if (at.active && at.lane < kElements) d_h0[state_element] = static_cast<Dtype>(d_h);
+    if (at.active && at.lane < Layout::kElements) d_h0[state_element] = static_cast<Dtype>(d_h);
   }
-  if (d_c0 && at.active && at.lane < kElements) d_c0[state_element] = static_cast<Dtype>(d_cell);
+  if (d_c0 && at.active && at.lane < Layout::kElements) {
+    d_c0[state_element] = static_cast<Dtype>(d_cell);
+  }
   // As in the forward kernel.
-  cluster_arrive();
-  cluster_wait();
+  cluster_sync();
 #endif
 }
 
-// The host side: the plan and the launches.
+// The host side: the plan and the launch.
 
 // True (with the runtime's last error cleared) when a call failed: the plan
 // then gives no plan instead of failing the pass.
@@ -666,7 +653,7 @@ static const void* cluster_kernel(bool backward, int chunks, int rows) {
   typedef typename ClusterMath<Dtype>::type Math;
   if (chunks == 1) return cluster_kernel_of_rows<Dtype, 1>(backward, rows);
   if (chunks == 2) return cluster_kernel_of_rows<Dtype, 2>(backward, rows);
-  if constexpr (ClusterVector<Math>::kWidth == 2) {
+  if constexpr (Vector<Math>::kWidth == 2) {
     if (chunks == 4) return cluster_kernel_of_rows<Dtype, 4>(backward, rows);
   }
   return NULL;
@@ -741,7 +728,7 @@ static lltm_cluster_plan plan_cluster(int backward, int64_t steps, int64_t batch
       major < 9) {
     return plan;
   }
-  const int width = ClusterVector<Math>::kWidth;
+  const int width = Vector<Math>::kWidth;
   int chunks = (int)((state_size + 32 * width - 1) / (32 * width));
   if (chunks > 2) chunks = 4;
   const int columns = cluster_warp_columns(chunks);
@@ -784,77 +771,13 @@ extern "C" lltm_cluster_plan lltm_plan_cluster(int dtype, int backward, int64_t 
   return LLTM_TYPED_CALL_WITH_HALF(dtype, plan_cluster, backward, steps, batch_size, state_size);
 }
 
-// Launches plan->kernel with `arguments` as a grid of clusters.
-static cudaError_t launch_clusters(const lltm_cluster_plan* plan, void** arguments,
-                                   cudaStream_t stream) {
+cudaError_t launch_clusters(const lltm_cluster_plan& plan, void** arguments,
+                            cudaStream_t stream) {
   cudaLaunchAttribute attribute[1];
   const cudaLaunchConfig_t config = cluster_launch_config(
-      (unsigned)(plan->cluster_size * plan->clusters), (unsigned)plan->threads,
-      plan->shared_bytes, (unsigned)plan->cluster_size, stream, attribute);
-  const cudaError_t status = cudaLaunchKernelExC(&config, plan->kernel, arguments);
+      (unsigned)(plan.cluster_size * plan.clusters), (unsigned)plan.threads, plan.shared_bytes,
+      (unsigned)plan.cluster_size, stream, attribute);
+  const cudaError_t status = cudaLaunchKernelExC(&config, plan.kernel, arguments);
   if (status != cudaSuccess) (void)cudaGetLastError();
   return status;
-}
-
-template <typename Dtype>
-static cudaError_t launch_forward(const lltm_cluster_plan* plan, int64_t steps,
-                                  int64_t batch_size, int64_t state_size,
-                                  int64_t weights_row_stride, int reverse, const void* bias,
-                                  const void* weights, const void* h0, const void* c0,
-                                  void* outputs, void* cells, void* gates, void* final_h,
-                                  void* final_cell, cudaStream_t stream) {
-  const Dtype *bias_ = as<Dtype>(bias), *weights_ = as<Dtype>(weights), *h0_ = as<Dtype>(h0),
-              *c0_ = as<Dtype>(c0);
-  Dtype *outputs_ = as<Dtype>(outputs), *cells_ = as<Dtype>(cells), *gates_ = as<Dtype>(gates),
-        *final_h_ = as<Dtype>(final_h), *final_cell_ = as<Dtype>(final_cell);
-  void* arguments[] = {&steps,    &batch_size, &state_size, &weights_row_stride,
-                       &reverse,  &bias_,      &weights_,   &h0_,
-                       &c0_,      &outputs_,   &cells_,     &gates_,
-                       &final_h_, &final_cell_};
-  return launch_clusters(plan, arguments, stream);
-}
-
-template <typename Dtype>
-static cudaError_t launch_backward(const lltm_cluster_plan* plan, int64_t steps,
-                                   int64_t batch_size, int64_t state_size,
-                                   int64_t weights_row_stride, int reverse, const void* weights,
-                                   const void* grad_outputs, const void* grad_cells,
-                                   const int64_t* grad_strides, const void* grad_final_h,
-                                   const void* grad_final_cell, const void* cells,
-                                   const void* gates, void* d_gates, void* d_h0, void* d_c0,
-                                   cudaStream_t stream) {
-  const Dtype *weights_ = as<Dtype>(weights), *grad_outputs_ = as<Dtype>(grad_outputs),
-              *grad_cells_ = as<Dtype>(grad_cells), *grad_final_h_ = as<Dtype>(grad_final_h),
-              *grad_final_cell_ = as<Dtype>(grad_final_cell), *cells_ = as<Dtype>(cells),
-              *gates_ = as<Dtype>(gates);
-  Dtype *d_gates_ = as<Dtype>(d_gates), *d_h0_ = as<Dtype>(d_h0), *d_c0_ = as<Dtype>(d_c0);
-  ClusterGradStrides strides = {{grad_strides[0], grad_strides[1], grad_strides[2]},
-                                {grad_strides[3], grad_strides[4], grad_strides[5]}};
-  void* arguments[] = {&steps,         &batch_size,     &state_size,       &weights_row_stride,
-                       &reverse,       &weights_,       &grad_outputs_,    &grad_cells_,
-                       &strides,       &grad_final_h_,  &grad_final_cell_, &cells_,
-                       &gates_,        &d_gates_,       &d_h0_,            &d_c0_};
-  return launch_clusters(plan, arguments, stream);
-}
-
-extern "C" cudaError_t lltm_launch_cluster_forward(
-    const lltm_cluster_plan* plan, int dtype, int64_t steps, int64_t batch_size,
-    int64_t state_size, int64_t weights_row_stride, int reverse, const void* bias,
-    const void* weights, const void* h0, const void* c0, void* outputs, void* cells,
-    void* gates, void* final_h, void* final_cell, cudaStream_t stream) {
-  return LLTM_TYPED_CALL_WITH_HALF(dtype, launch_forward, plan, steps, batch_size, state_size,
-                         weights_row_stride, reverse, bias, weights, h0, c0, outputs, cells,
-                         gates, final_h, final_cell, stream);
-}
-
-extern "C" cudaError_t lltm_launch_cluster_backward(
-    const lltm_cluster_plan* plan, int dtype, int64_t steps, int64_t batch_size,
-    int64_t state_size, int64_t weights_row_stride, int reverse, const void* weights,
-    const void* grad_outputs, const void* grad_cells, const int64_t* grad_strides,
-    const void* grad_final_h, const void* grad_final_cell, const void* cells, const void* gates,
-    void* d_gates, void* d_h0, void* d_c0, cudaStream_t stream) {
-  return LLTM_TYPED_CALL_WITH_HALF(dtype, launch_backward, plan, steps, batch_size, state_size,
-                         weights_row_stride, reverse, weights, grad_outputs, grad_cells,
-                         grad_strides, grad_final_h, grad_final_cell, cells, gates, d_gates,
-                         d_h0, d_c0, stream);
 }

@@ -34,37 +34,31 @@ __global__ void lltm_sequence_gates_forward_kernel(
 // carries from the previous step and those that start from h0, each block
 // of rows one product.
 template <typename Dtype>
-int sequence_forward_cublas_steps(const lltm_walk& walk, int64_t state_size,
-                                  int64_t weights_row_stride, const Dtype* bias,
-                                  const Dtype* weights, const Dtype* h0, const Dtype* c0,
-                                  Dtype* outputs, Dtype* cells, Dtype* gates,
-                                  Dtype* final_h, Dtype* final_cell, cudaStream_t stream) {
-  const int64_t gates_size = 3 * state_size;
-  for (lltm_step step = lltm_first_step(&walk);; step = lltm_next_step(&walk, &step)) {
-    Dtype* step_gates = gates + step.offset * gates_size;
+int sequence_forward_cublas_steps(const ForwardRecurrence<Dtype>& r, cudaStream_t stream) {
+  const int64_t state_size = r.state_size, gates_size = 3 * state_size;
+  return for_each_step(r.walk, [&](const lltm_step& step) -> int {
+    Dtype* step_gates = r.gates + step.offset * gates_size;
     int code = LLTM_SUCCESS;
     if (step.carried) {
       code = product<Dtype>(true, stream, step.carried, gates_size, state_size,
-                            outputs + step.previous_offset * state_size, state_size, false,
-                            weights, weights_row_stride, true, true, step_gates, gates_size);
+                            r.outputs + step.previous_offset * state_size, state_size, false,
+                            r.weights, r.weights_row_stride, true, true, step_gates, gates_size);
     }
     if (code == LLTM_SUCCESS && step.carried < step.rows) {
       code = product<Dtype>(true, stream, step.rows - step.carried, gates_size, state_size,
-                            h0 + step.carried * state_size, state_size, false, weights,
-                            weights_row_stride, true, true,
+                            r.h0 + step.carried * state_size, state_size, false, r.weights,
+                            r.weights_row_stride, true, true,
                             step_gates + step.carried * gates_size, gates_size);
     }
     if (code != LLTM_SUCCESS) return code;
     const int64_t elements = step.rows * state_size;
     lltm_sequence_gates_forward_kernel<Dtype>
         <<<CAFFE_GET_BLOCKS(elements), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
-            elements, state_size, bias,
-            step_state<Dtype>(step, state_size, h0, c0, outputs, cells, final_h, final_cell),
-            step_gates, outputs + step.offset * state_size, cells + step.offset * state_size);
+            elements, state_size, r.bias, step_state(r, step), step_gates,
+            r.outputs + step.offset * state_size, r.cells + step.offset * state_size);
     CUDA_POST_KERNEL_CHECK;
-    if (step.order + 1 == walk.steps) break;
-  }
-  return LLTM_SUCCESS;
+    return LLTM_SUCCESS;
+  });
 }
 
 // Backward step's gate math: d_h_next holds the gradient reaching h from the
@@ -103,36 +97,22 @@ static cudaError_t launch_gates_backward(int64_t count, int64_t state_size, cons
 // d_h0 holds the gradient reaching each step's h from the step after it;
 // the gradient of h0 itself comes after the loop (initial_state_grads).
 template <typename Dtype>
-int sequence_backward_cublas_steps(const lltm_walk& walk, int64_t state_size,
-                                   int64_t weights_row_stride, const Dtype* weights,
-                                   const Dtype* grad_outputs, const Dtype* grad_cells,
-                                   const GradStrides& strides, const Dtype* grad_final_h,
-                                   const Dtype* grad_final_cell, const Dtype* cells,
-                                   const Dtype* gates, Dtype* d_gates, Dtype* d_h0,
-                                   Dtype* d_c0, cudaStream_t stream) {
-  const int64_t gates_size = 3 * state_size;
-  lltm_step step = lltm_last_step(&walk);
-  int64_t next_offset = 0;  // the first row of the step visited after `step`
-  for (;;) {
+int sequence_backward_cublas_steps(const BackwardRecurrence<Dtype>& r, cudaStream_t stream) {
+  const int64_t state_size = r.state_size, gates_size = 3 * state_size;
+  return for_each_step_backward(r.walk, [&](const lltm_step& step, int64_t next_offset) -> int {
     if (step.continued) {
       const int code = product<Dtype>(true, stream, step.continued, state_size, gates_size,
-                                      d_gates + next_offset * gates_size, gates_size, false,
-                                      weights, weights_row_stride, false, false, d_h0,
+                                      r.d_gates + next_offset * gates_size, gates_size, false,
+                                      r.weights, r.weights_row_stride, false, false, r.d_h0,
                                       state_size);
       if (code != LLTM_SUCCESS) return code;
     }
-    const cudaError_t status = launch_gates_backward<Dtype>(
-        step.rows * state_size, state_size, d_h0,
-        step_gradients<Dtype>(walk, step, grad_outputs, grad_cells, strides, grad_final_h,
-                              grad_final_cell),
-        cells + step.offset * state_size, gates + step.offset * gates_size, d_c0,
-        d_gates + step.offset * gates_size, stream);
-    if (status != cudaSuccess) return status;
-    if (step.order == 0) break;
-    next_offset = step.offset;
-    step = lltm_previous_step(&walk, &step);
-  }
-  return LLTM_SUCCESS;
+    return launch_gates_backward<Dtype>(step.rows * state_size, state_size, r.d_h0,
+                                        step_gradients(r, step),
+                                        r.cells + step.offset * state_size,
+                                        r.gates + step.offset * gates_size, r.d_c0,
+                                        r.d_gates + step.offset * gates_size, stream);
+  });
 }
 // A single step's cell backward pass, for step_kernel.cu (lltm_kernels.h).
 template <typename Dtype>
@@ -161,12 +141,9 @@ extern "C" cudaError_t lltm_launch_step_gates_backward(
 
 // What the other files of the recurrence call (lltm_recurrence.cuh), for
 // every element type.
-#define LLTM_INSTANTIATE(Dtype)                                                           \
-  template int sequence_forward_cublas_steps<Dtype>(                                      \
-      const lltm_walk&, int64_t, int64_t, const Dtype*, const Dtype*, const Dtype*,       \
-      const Dtype*, Dtype*, Dtype*, Dtype*, Dtype*, Dtype*, cudaStream_t);                \
-  template int sequence_backward_cublas_steps<Dtype>(                                     \
-      const lltm_walk&, int64_t, int64_t, const Dtype*, const Dtype*, const Dtype*,       \
-      const GradStrides&, const Dtype*, const Dtype*, const Dtype*, const Dtype*, Dtype*, \
-      Dtype*, Dtype*, cudaStream_t);
+#define LLTM_INSTANTIATE(Dtype)                                                              \
+  template int sequence_forward_cublas_steps<Dtype>(const ForwardRecurrence<Dtype>&,         \
+                                                    cudaStream_t);                           \
+  template int sequence_backward_cublas_steps<Dtype>(const BackwardRecurrence<Dtype>&,       \
+                                                     cudaStream_t);
 LLTM_FOR_EVERY_DTYPE(LLTM_INSTANTIATE)

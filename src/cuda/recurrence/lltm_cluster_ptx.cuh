@@ -14,44 +14,29 @@
 #define LLTM_CLUSTER_PTX 0
 #endif
 
+#if LLTM_CLUSTER_PTX
+
 // This block's rank in its cluster, and the cluster's size (1 where the
 // launch has no clusters).
 __device__ __forceinline__ unsigned cluster_rank() {
-  unsigned rank = 0;
-#if LLTM_CLUSTER_PTX
+  unsigned rank;
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-#endif
   return rank;
 }
 
 __device__ __forceinline__ unsigned cluster_blocks() {
-  unsigned size = 1;
-#if LLTM_CLUSTER_PTX
+  unsigned size;
   asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
-#endif
   return size;
 }
 
-// The cluster barrier in its two halves: arrive publishes this thread's
-// earlier writes (release, cluster scope), wait returns once every thread of
-// the cluster has arrived and makes their writes visible (acquire). Every
+// The cluster barrier: arriving publishes this thread's earlier writes
+// (release, cluster scope); the wait returns once every thread of the
+// cluster has arrived and makes their writes visible (acquire). Every
 // thread of every block takes part in each barrier.
-__device__ __forceinline__ void cluster_arrive() {
-#if LLTM_CLUSTER_PTX
+__device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void cluster_wait() {
-#if LLTM_CLUSTER_PTX
   asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-#endif
-}
-
-// The shared-memory address of `pointer` (into this block's shared memory),
-// as the PTX of mbarriers and copies takes it.
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-  return (unsigned)__cvta_generic_to_shared(pointer);
 }
 
 // Sets up the mbarrier at `barrier` (its shared-memory address) for one
@@ -59,24 +44,19 @@ __device__ __forceinline__ unsigned shared_address(const void* pointer) {
 // it once that thread's fence.mbarrier_init has been followed by a cluster
 // barrier.
 __device__ __forceinline__ void mbarrier_init(unsigned barrier) {
-#if LLTM_CLUSTER_PTX
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(barrier) : "memory");
-#endif
 }
 
 // This thread's arrival on the current phase of the mbarrier at `barrier`,
 // which then completes once `bytes` of copies have also landed.
 __device__ __forceinline__ void mbarrier_arrive_expecting(unsigned barrier, unsigned bytes) {
-#if LLTM_CLUSTER_PTX
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                ::"r"(barrier), "r"(bytes) : "memory");
-#endif
 }
 
 // Returns once the phase of parity `parity` of the mbarrier at `barrier`
 // (its shared-memory address) has completed.
 __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity) {
-#if LLTM_CLUSTER_PTX
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
@@ -84,7 +64,23 @@ __device__ __forceinline__ void mbarrier_wait(unsigned barrier, unsigned parity)
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra waiting;\n"
       "}\n" ::"r"(barrier), "r"(parity) : "memory");
-#endif
+}
+
+#else  // older targets: no clusters, a block is rank 0 of 1 and never waits
+
+__device__ __forceinline__ unsigned cluster_rank() { return 0; }
+__device__ __forceinline__ unsigned cluster_blocks() { return 1; }
+__device__ __forceinline__ void cluster_sync() {}
+__device__ __forceinline__ void mbarrier_init(unsigned) {}
+__device__ __forceinline__ void mbarrier_arrive_expecting(unsigned, unsigned) {}
+__device__ __forceinline__ void mbarrier_wait(unsigned, unsigned) {}
+
+#endif  // LLTM_CLUSTER_PTX
+
+// The shared-memory address of `pointer` (into this block's shared memory),
+// as the PTX of mbarriers and copies takes it.
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+  return (unsigned)__cvta_generic_to_shared(pointer);
 }
 
 // The configuration of a launch of `blocks` blocks of `threads` threads and

@@ -19,29 +19,6 @@
 // sizeof(Dtype)), and staging the state is a plain copy. The products read
 // the elements as they are and sum in the math type.
 template <typename Dtype>
-struct Vector;
-template <>
-struct Vector<float> {
-  typedef float4 type;
-  static const int kWidth = 4;
-};
-template <>
-struct Vector<double> {
-  typedef double2 type;
-  static const int kWidth = 2;
-};
-template <>
-struct Vector<__half> {
-  typedef uint4 type;
-  static const int kWidth = 8;
-};
-template <>
-struct Vector<__nv_bfloat16> {
-  typedef uint4 type;
-  static const int kWidth = 8;
-};
-
-template <typename Dtype>
 __host__ __device__ static int64_t padded(int64_t length) {
   const int64_t width = Vector<Dtype>::kWidth;
   return (length + width - 1) / width * width + width;
@@ -422,8 +399,7 @@ struct MulticastStage {
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
-    cluster_arrive();
-    cluster_wait();
+    cluster_sync();
   }
 
   // Whether staging `source` (rows of `length` elements) can take bulk
@@ -472,8 +448,7 @@ struct MulticastStage {
   // write into it.
   __device__ void close() const {
     if (!clustered) return;
-    cluster_arrive();
-    cluster_wait();
+    cluster_sync();
   }
 };
 

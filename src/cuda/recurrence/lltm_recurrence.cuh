@@ -13,8 +13,10 @@
 //
 // Here: the device code the step-by-step kernels, the cuBLAS loop and the
 // persistent kernels share (a step's state and gradients, the cell's math
-// on a step's element), and the functions each file gives the others, each
-// instantiated for every element type in the file that defines it.
+// on a step's element), the recurrence as every path takes it
+// (ForwardRecurrence, BackwardRecurrence), and the functions each file gives
+// the others, each instantiated for every element type in the file that
+// defines it.
 #ifndef LLTM_RECURRENCE_CUH
 #define LLTM_RECURRENCE_CUH
 
@@ -36,6 +38,25 @@ static inline int tile_blocks(int64_t rows, int64_t columns, int64_t tile = kTil
   return (int)(tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS);
 }
 
+// The 16-byte vector of an element type, and its elements: what a lane
+// reads of shared memory at once; eight elements' bits for the 16-bit types.
+template <typename Dtype>
+struct Vector {
+  static_assert(sizeof(Dtype) == 2, "float, double or a 16-bit type");
+  typedef uint4 type;
+  static const int kWidth = 8;
+};
+template <>
+struct Vector<float> {
+  typedef float4 type;
+  static const int kWidth = 4;
+};
+template <>
+struct Vector<double> {
+  typedef double2 type;
+  static const int kWidth = 2;
+};
+
 template <typename Dtype>
 __host__ __device__ static const Dtype* offset_or_null(const Dtype* tensor, int64_t offset) {
   return tensor ? tensor + offset : NULL;
@@ -46,6 +67,41 @@ __host__ __device__ static const Dtype* offset_or_null(const Dtype* tensor, int6
 // views (stride 0), which the kernels read as they are.
 struct GradStrides {
   int64_t outputs[3], cells[3];
+};
+
+// A pass's recurrence as every path takes it: the steps (walk), the state's
+// size, and the hidden weights, the first state_size columns of `weights`
+// (rows weights_row_stride apart). The other tensors are laid out as
+// sequence_kernel.cu says, dense but for the output gradients.
+//
+// Forward: on entry gates (rows, 3 * state) holds every step's input part;
+// each step adds the bias (NULL: none) and old_h times the hidden weights,
+// keeps the sum in gates, and writes the step's outputs and cells; the
+// last step visited leaves its state in final_h and final_cell too, where
+// final_h is not NULL.
+template <typename Dtype>
+struct ForwardRecurrence {
+  lltm_walk walk;
+  int64_t state_size, weights_row_stride;
+  const Dtype *bias, *weights, *h0, *c0;
+  Dtype *outputs, *cells, *gates, *final_h, *final_cell;
+};
+
+// Backward: d_gates of every step from the output gradients grad_outputs
+// and grad_cells (NULL: zeros; read through strides) and the final state's
+// (dense (batch, state), NULL: zeros), beside the cells and gates the
+// forward pass kept. d_h0 and d_c0 end with the gradients of h0 and c0
+// where the path gives them (the cluster and persistent kernels; the
+// others leave d_h0 to initial_state_grads); past one step the paths carry
+// the gradients between steps in them.
+template <typename Dtype>
+struct BackwardRecurrence {
+  lltm_walk walk;
+  int64_t state_size, weights_row_stride;
+  const Dtype *weights, *grad_outputs, *grad_cells;
+  GradStrides strides;
+  const Dtype *grad_final_h, *grad_final_cell, *cells, *gates;
+  Dtype *d_gates, *d_h0, *d_c0;
 };
 
 // Element (row, column) of one step of an output gradient (that step's
@@ -85,12 +141,10 @@ struct StepState {
 };
 
 template <typename Dtype>
-static StepState<Dtype> step_state(const lltm_step& step, int64_t state_size, const Dtype* h0,
-                                   const Dtype* c0, const Dtype* outputs, const Dtype* cells,
-                                   Dtype* final_h, Dtype* final_cell) {
-  const int64_t previous = step.previous_offset * state_size;
-  const StepState<Dtype> state = {outputs + previous, cells + previous, h0, c0, step.carried,
-                                  final_h, final_cell, step.continued};
+static StepState<Dtype> step_state(const ForwardRecurrence<Dtype>& r, const lltm_step& step) {
+  const int64_t previous = step.previous_offset * r.state_size;
+  const StepState<Dtype> state = {r.outputs + previous, r.cells + previous, r.h0, r.c0,
+                                  step.carried, r.final_h, r.final_cell, step.continued};
   return state;
 }
 
@@ -129,16 +183,41 @@ struct StepGradients {
 };
 
 template <typename Dtype>
-static StepGradients<Dtype> step_gradients(const lltm_walk& walk, const lltm_step& step,
-                                           const Dtype* grad_outputs, const Dtype* grad_cells,
-                                           const GradStrides& strides, const Dtype* grad_final_h,
-                                           const Dtype* grad_final_cell) {
+static StepGradients<Dtype> step_gradients(const BackwardRecurrence<Dtype>& r,
+                                           const lltm_step& step) {
+  const GradStrides& strides = r.strides;
   const StepGradients<Dtype> gradients = {
-      offset_or_null(grad_outputs,
-                     lltm_step_start(&walk, &step, strides.outputs[0], strides.outputs[1])),
-      offset_or_null(grad_cells, lltm_step_start(&walk, &step, strides.cells[0], strides.cells[1])),
-      strides, grad_final_h, grad_final_cell, step.continued};
+      offset_or_null(r.grad_outputs,
+                     lltm_step_start(&r.walk, &step, strides.outputs[0], strides.outputs[1])),
+      offset_or_null(r.grad_cells,
+                     lltm_step_start(&r.walk, &step, strides.cells[0], strides.cells[1])),
+      strides, r.grad_final_h, r.grad_final_cell, step.continued};
   return gradients;
+}
+
+// The step-wise paths' loops over a walk: launch(step) for each step in
+// the walk's order, or backward launch(step, next_offset) for each in the
+// reverse order, next_offset the first row of the step visited after it (0
+// for the first visited). A code other than LLTM_SUCCESS ends the loop and
+// is returned.
+template <typename Launch>
+static int for_each_step(const lltm_walk& walk, Launch launch) {
+  for (lltm_step step = lltm_first_step(&walk);; step = lltm_next_step(&walk, &step)) {
+    const int code = launch(step);
+    if (code != LLTM_SUCCESS || step.order + 1 == walk.steps) return code;
+  }
+}
+
+template <typename Launch>
+static int for_each_step_backward(const lltm_walk& walk, Launch launch) {
+  lltm_step step = lltm_last_step(&walk);
+  int64_t next_offset = 0;
+  for (;;) {
+    const int code = launch(step, next_offset);
+    if (code != LLTM_SUCCESS || step.order == 0) return code;
+    next_offset = step.offset;
+    step = lltm_previous_step(&walk, &step);
+  }
 }
 
 // The cell's backward math on element `element` (row, column) of a step:
@@ -212,10 +291,14 @@ int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
                         int64_t state_size, int64_t columns, const Dtype* d_gates,
                         const Dtype* h0, const Dtype* outputs, Dtype* d_weights);
 
-// The recurrence's paths past the cluster kernels (lltm_cluster.h), in the
-// order of the plan's table (src/plan.c). persistent_kernel.cu: a launch's
-// plan (blocks == 0: none), and the launch of the kernel it names with
-// `arguments`, the kernel's own.
+// The recurrence's paths, in the order of the plan's table (src/plan.c).
+// The cluster and persistent kernels take the same arguments, `arguments`
+// (the kernels' own, in their order: sequence_kernel.cu builds them):
+// cluster_kernel.cu launches the kernel of a cluster plan
+// (lltm_plan_cluster, lltm_cluster.h), persistent_kernel.cu plans a
+// persistent launch (blocks == 0: none) and launches the kernel it names.
+cudaError_t launch_clusters(const lltm_cluster_plan& plan, void** arguments,
+                            cudaStream_t stream);
 template <typename Dtype>
 PersistentPlan plan_persistent(bool backward, int64_t steps, int64_t batch_size,
                                int64_t state_size, bool clusters);
@@ -224,36 +307,14 @@ int launch_persistent(const PersistentPlan& plan, void** arguments, cudaStream_t
 // cublas_loop_kernel.cu: each step's recurrent product by cuBLAS, then a
 // pointwise kernel for its gate math.
 template <typename Dtype>
-int sequence_forward_cublas_steps(const lltm_walk& walk, int64_t state_size,
-                                  int64_t weights_row_stride, const Dtype* bias,
-                                  const Dtype* weights, const Dtype* h0, const Dtype* c0,
-                                  Dtype* outputs, Dtype* cells, Dtype* gates, Dtype* final_h,
-                                  Dtype* final_cell, cudaStream_t stream);
+int sequence_forward_cublas_steps(const ForwardRecurrence<Dtype>& r, cudaStream_t stream);
 template <typename Dtype>
-int sequence_backward_cublas_steps(const lltm_walk& walk, int64_t state_size,
-                                   int64_t weights_row_stride, const Dtype* weights,
-                                   const Dtype* grad_outputs, const Dtype* grad_cells,
-                                   const GradStrides& strides, const Dtype* grad_final_h,
-                                   const Dtype* grad_final_cell, const Dtype* cells,
-                                   const Dtype* gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0,
-                                   cudaStream_t stream);
+int sequence_backward_cublas_steps(const BackwardRecurrence<Dtype>& r, cudaStream_t stream);
 
 // step_by_step_kernel.cu: one fused kernel a step, product and gate math.
 template <typename Dtype>
-cudaError_t launch_sequence_forward_by_step(const lltm_walk& walk, int64_t state_size,
-                                            int64_t weights_row_stride, const Dtype* bias,
-                                            const Dtype* weights, const Dtype* h0,
-                                            const Dtype* c0, Dtype* outputs, Dtype* cells,
-                                            Dtype* gates, Dtype* final_h, Dtype* final_cell,
-                                            cudaStream_t stream);
+int launch_sequence_forward_by_step(const ForwardRecurrence<Dtype>& r, cudaStream_t stream);
 template <typename Dtype>
-cudaError_t launch_sequence_backward_by_step(const lltm_walk& walk, int64_t state_size,
-                                             int64_t weights_row_stride, const Dtype* weights,
-                                             const Dtype* grad_outputs, const Dtype* grad_cells,
-                                             const GradStrides& strides,
-                                             const Dtype* grad_final_h,
-                                             const Dtype* grad_final_cell, const Dtype* cells,
-                                             const Dtype* gates, Dtype* d_gates, Dtype* d_c0,
-                                             cudaStream_t stream);
+int launch_sequence_backward_by_step(const BackwardRecurrence<Dtype>& r, cudaStream_t stream);
 
 #endif  // LLTM_RECURRENCE_CUH

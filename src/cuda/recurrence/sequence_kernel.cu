@@ -28,7 +28,6 @@
 // goes up: the launchers, run_pass (the CUDA graphs of cublas.c), the forward
 // or backward pass, which asks the plan for its recurrence's path.
 
-#include "lltm_cluster.h"
 #include "lltm_cublas.h"
 #include "lltm_kernels.h"
 #include "lltm_recurrence.cuh"
@@ -70,45 +69,30 @@ static int run_pass(const lltm_pass_key& key, int dtype, cudaStream_t stream,
   return steps(false, stream);
 }
 
-// The forward pass: every step's input part of its gates, then the
-// recurrence by the path the plan gives. final_h NULL: no final state kept.
+// The forward pass: every step's input part of its gates (the inputs times
+// the weights' input columns), then the recurrence by the path the plan
+// gives.
 template <typename Dtype>
 static int sequence_forward_steps(bool cublas, cudaStream_t stream,
-                                  const lltm_sequence_options* options,
-                                  const lltm_walk& walk, int64_t input_features,
-                                  int64_t state_size,
-                                  const Dtype* inputs, const Dtype* weights, const Dtype* bias,
-                                  const Dtype* h0, const Dtype* c0, Dtype* outputs, Dtype* cells,
-                                  Dtype* gates, Dtype* final_h, Dtype* final_cell) {
-  int64_t columns = state_size + input_features;  // the weights' row stride
-  const lltm_recurrence_plan plan = plan_of<Dtype>(false, walk, state_size, options, cublas);
+                                  const lltm_sequence_options* options, int64_t input_features,
+                                  const Dtype* inputs, ForwardRecurrence<Dtype> r) {
+  const int64_t gates_size = 3 * r.state_size;
+  const lltm_recurrence_plan plan = plan_of<Dtype>(false, r.walk, r.state_size, options, cublas);
   if (plan.path < 0) return plan.path;
-  const int code = product<Dtype>(cublas, stream, walk.rows, 3 * state_size, input_features,
-                                  inputs, input_features, false, weights + state_size, columns,
-                                  true, false, gates, 3 * state_size);
+  const int code = product<Dtype>(cublas, stream, r.walk.rows, gates_size, input_features, inputs,
+                                  input_features, false, r.weights + r.state_size,
+                                  r.weights_row_stride, true, false, r.gates, gates_size);
   if (code != LLTM_SUCCESS) return code;
-  if (plan.path == LLTM_PATH_CLUSTER) {
-    return lltm_launch_cluster_forward(&plan.cluster, lltm_dtype_of<Dtype>(), walk.steps,
-                                       walk.batch_size, state_size, columns, walk.reverse, bias,
-                                       weights, h0, c0, outputs, cells, gates, final_h,
-                                       final_cell, stream);
+  if (plan.path == LLTM_PATH_CLUSTER || plan.path == LLTM_PATH_PERSISTENT) {
+    // The whole-pass kernels' arguments (either path's), in their order.
+    void* arguments[] = {&r.walk.steps, &r.walk.batch_size, &r.state_size, &r.weights_row_stride,
+                         &r.walk.reverse, &r.bias, &r.weights, &r.h0, &r.c0, &r.outputs,
+                         &r.cells, &r.gates, &r.final_h, &r.final_cell};
+    return plan.path == LLTM_PATH_CLUSTER ? launch_clusters(plan.cluster, arguments, stream)
+                                          : launch_persistent(plan.persistent, arguments, stream);
   }
-  if (plan.path == LLTM_PATH_PERSISTENT) {
-    int64_t steps = walk.steps, batch_size = walk.batch_size;
-    int reverse = walk.reverse;
-    void* arguments[] = {&steps,   &batch_size, &state_size, &columns, &reverse,
-                         &bias,    &weights,    &h0,         &c0,      &outputs,
-                         &cells,   &gates,      &final_h,    &final_cell};
-    return launch_persistent(plan.persistent, arguments, stream);
-  }
-  if (cublas && plan.path == LLTM_PATH_CUBLAS) {
-    return sequence_forward_cublas_steps<Dtype>(walk, state_size, columns, bias, weights, h0, c0,
-                                                outputs, cells, gates, final_h, final_cell,
-                                                stream);
-  }
-  return launch_sequence_forward_by_step<Dtype>(walk, state_size, columns, bias, weights, h0, c0,
-                                                outputs, cells, gates, final_h, final_cell,
-                                                stream);
+  if (cublas && plan.path == LLTM_PATH_CUBLAS) return sequence_forward_cublas_steps(r, stream);
+  return launch_sequence_forward_by_step(r, stream);
 }
 // The gradient of h0: each row's sequence starts there, so it is that row
 // of its first step's d_gates times the hidden weights, one product a block
@@ -170,48 +154,32 @@ __global__ void __launch_bounds__(kSumThreads) lltm_column_sums_kernel(
 // row), each where wanted.
 template <typename Dtype>
 static int sequence_backward_steps(bool cublas, cudaStream_t stream,
-                                   const lltm_sequence_options* options,
-                                   const lltm_walk& walk, int64_t input_features,
-                                   int64_t state_size,
-                                   const Dtype* inputs, const Dtype* weights, const Dtype* h0,
-                                   const Dtype* outputs, const Dtype* cells, const Dtype* gates,
-                                   const Dtype* grad_outputs, const Dtype* grad_cells,
-                                   GradStrides strides, const Dtype* grad_final_h,
-                                   const Dtype* grad_final_cell, Dtype* d_gates,
-                                   Dtype* d_inputs, Dtype* d_weights, Dtype* d_bias, Dtype* d_h0,
-                                   Dtype* d_c0) {
-  int64_t columns = state_size + input_features;
+                                   const lltm_sequence_options* options, int64_t input_features,
+                                   const Dtype* inputs, const Dtype* h0, const Dtype* outputs,
+                                   BackwardRecurrence<Dtype> r, Dtype* d_inputs,
+                                   Dtype* d_weights, Dtype* d_bias) {
+  const lltm_walk& walk = r.walk;
+  const int64_t state_size = r.state_size, columns = r.weights_row_stride;
   const int64_t gates_size = 3 * state_size;
+  const Dtype* weights = r.weights;
+  Dtype* d_gates = r.d_gates;
   const lltm_recurrence_plan plan = plan_of<Dtype>(true, walk, state_size, options, cublas);
   if (plan.path < 0) return plan.path;
   int code;
-  if (plan.path == LLTM_PATH_CLUSTER) {
-    const int64_t grad_strides[6] = {strides.outputs[0], strides.outputs[1], strides.outputs[2],
-                                     strides.cells[0],   strides.cells[1],   strides.cells[2]};
-    code = lltm_launch_cluster_backward(&plan.cluster, lltm_dtype_of<Dtype>(), walk.steps,
-                                        walk.batch_size, state_size, columns, walk.reverse,
-                                        weights, grad_outputs, grad_cells, grad_strides,
-                                        grad_final_h, grad_final_cell, cells, gates, d_gates,
-                                        d_h0, d_c0, stream);
-  } else if (plan.path == LLTM_PATH_PERSISTENT) {
-    int64_t steps = walk.steps, batch_size = walk.batch_size;
-    int reverse = walk.reverse;
-    void* arguments[] = {&steps,      &batch_size,   &state_size,      &columns,
-                         &reverse,    &weights,      &grad_outputs,    &grad_cells,
-                         &strides,    &grad_final_h, &grad_final_cell, &cells,
-                         &gates,      &d_gates,      &d_h0,            &d_c0};
-    code = launch_persistent(plan.persistent, arguments, stream);
+  if (plan.path == LLTM_PATH_CLUSTER || plan.path == LLTM_PATH_PERSISTENT) {
+    // As in the forward pass.
+    void* arguments[] = {&r.walk.steps, &r.walk.batch_size, &r.state_size, &r.weights_row_stride,
+                         &r.walk.reverse, &r.weights, &r.grad_outputs, &r.grad_cells, &r.strides,
+                         &r.grad_final_h, &r.grad_final_cell, &r.cells, &r.gates, &r.d_gates,
+                         &r.d_h0, &r.d_c0};
+    code = plan.path == LLTM_PATH_CLUSTER ? launch_clusters(plan.cluster, arguments, stream)
+                                          : launch_persistent(plan.persistent, arguments, stream);
   } else {
-    code = cublas && plan.path == LLTM_PATH_CUBLAS
-               ? sequence_backward_cublas_steps<Dtype>(
-                     walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
-                     grad_final_h, grad_final_cell, cells, gates, d_gates, d_h0, d_c0, stream)
-               : launch_sequence_backward_by_step<Dtype>(
-                     walk, state_size, columns, weights, grad_outputs, grad_cells, strides,
-                     grad_final_h, grad_final_cell, cells, gates, d_gates, d_c0, stream);
-    if (code == LLTM_SUCCESS && d_h0) {
+    code = cublas && plan.path == LLTM_PATH_CUBLAS ? sequence_backward_cublas_steps(r, stream)
+                                                   : launch_sequence_backward_by_step(r, stream);
+    if (code == LLTM_SUCCESS && r.d_h0) {
       code = initial_state_grads<Dtype>(cublas, stream, walk, state_size, columns, weights,
-                                        d_gates, d_h0);
+                                        d_gates, r.d_h0);
     }
   }
   if (code == LLTM_SUCCESS && d_inputs) {
@@ -262,12 +230,13 @@ static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
                              walk.batch_sizes,
                              walk.batch_sizes ? walk.steps : 0};
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  const ForwardRecurrence<Dtype> recurrence = {
+      walk, state_size, state_size + input_features, as<Dtype>(bias), as<Dtype>(weights),
+      as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
+      as<Dtype>(final_h), as<Dtype>(final_cell)};
   return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
-    return sequence_forward_steps<Dtype>(cublas, on, options, walk, input_features, state_size,
-                                         as<Dtype>(inputs), as<Dtype>(weights), as<Dtype>(bias),
-                                         as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs),
-                                         as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(final_h),
-                                         as<Dtype>(final_cell));
+    return sequence_forward_steps<Dtype>(cublas, on, options, input_features, as<Dtype>(inputs),
+                                         recurrence);
   });
 }
 
@@ -300,13 +269,15 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
   // Past one step d_h0 and d_c0 carry the gradients between steps.
   if (walk.steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  const BackwardRecurrence<Dtype> recurrence = {
+      walk, state_size, state_size + input_features, as<Dtype>(weights), as<Dtype>(grad_outputs),
+      as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h), as<Dtype>(grad_final_cell),
+      as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(d_gates), as<Dtype>(d_h0), as<Dtype>(d_c0)};
   return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
-    return sequence_backward_steps<Dtype>(
-        cublas, on, options, walk, input_features, state_size, as<Dtype>(inputs),
-        as<Dtype>(weights), as<Dtype>(h0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
-        as<Dtype>(grad_outputs), as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h),
-        as<Dtype>(grad_final_cell), as<Dtype>(d_gates), as<Dtype>(d_inputs),
-        as<Dtype>(d_weights), as<Dtype>(d_bias), as<Dtype>(d_h0), as<Dtype>(d_c0));
+    return sequence_backward_steps<Dtype>(cublas, on, options, input_features, as<Dtype>(inputs),
+                                          as<Dtype>(h0), as<Dtype>(outputs), recurrence,
+                                          as<Dtype>(d_inputs), as<Dtype>(d_weights),
+                                          as<Dtype>(d_bias));
   });
 }
 // The passes, in the argument order of their declarations in sequence.py,

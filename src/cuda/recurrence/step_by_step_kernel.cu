@@ -85,21 +85,17 @@ __global__ void lltm_sequence_forward_kernel(
 }
 
 template <typename Dtype>
-cudaError_t launch_sequence_forward_by_step(
-    const lltm_walk& walk, int64_t state_size, int64_t weights_row_stride, const Dtype* bias,
-    const Dtype* weights, const Dtype* h0, const Dtype* c0, Dtype* outputs, Dtype* cells,
-    Dtype* gates, Dtype* final_h, Dtype* final_cell, cudaStream_t stream) {
-  for (lltm_step step = lltm_first_step(&walk);; step = lltm_next_step(&walk, &step)) {
+int launch_sequence_forward_by_step(const ForwardRecurrence<Dtype>& r, cudaStream_t stream) {
+  const int64_t state_size = r.state_size;
+  return for_each_step(r.walk, [&](const lltm_step& step) -> int {
     lltm_sequence_forward_kernel<Dtype>
         <<<tile_blocks(step.rows, state_size), kTileThreads, 0, stream>>>(
-            step.rows, state_size, bias, weights, weights_row_stride,
-            step_state<Dtype>(step, state_size, h0, c0, outputs, cells, final_h, final_cell),
-            outputs + step.offset * state_size, cells + step.offset * state_size,
-            gates + step.offset * 3 * state_size);
+            step.rows, state_size, r.bias, r.weights, r.weights_row_stride, step_state(r, step),
+            r.outputs + step.offset * state_size, r.cells + step.offset * state_size,
+            r.gates + step.offset * 3 * state_size);
     CUDA_POST_KERNEL_CHECK;
-    if (step.order + 1 == walk.steps) break;
-  }
-  return cudaSuccess;
+    return cudaSuccess;
+  });
 }
 
 // Backward step: d_h = d_gates_next W (the gradient reaching h from the
@@ -145,40 +141,27 @@ __global__ void lltm_sequence_backward_kernel(
   }
 }
 
+// d_h0 is left alone (initial_state_grads gives it after the loop).
 template <typename Dtype>
-cudaError_t launch_sequence_backward_by_step(
-    const lltm_walk& walk, int64_t state_size, int64_t weights_row_stride, const Dtype* weights,
-    const Dtype* grad_outputs, const Dtype* grad_cells, const GradStrides& strides,
-    const Dtype* grad_final_h, const Dtype* grad_final_cell, const Dtype* cells,
-    const Dtype* gates, Dtype* d_gates, Dtype* d_c0, cudaStream_t stream) {
-  const int64_t gates_size = 3 * state_size;
-  lltm_step step = lltm_last_step(&walk);
-  int64_t next_offset = 0;  // the first row of the step visited after `step`
-  for (;;) {
+int launch_sequence_backward_by_step(const BackwardRecurrence<Dtype>& r, cudaStream_t stream) {
+  const int64_t state_size = r.state_size, gates_size = 3 * state_size;
+  return for_each_step_backward(r.walk, [&](const lltm_step& step, int64_t next_offset) -> int {
     lltm_sequence_backward_kernel<Dtype>
         <<<tile_blocks(step.rows, state_size), kTileThreads, 0, stream>>>(
-            step.rows, state_size, weights, weights_row_stride,
-            step.continued ? d_gates + next_offset * gates_size : NULL,
-            step_gradients<Dtype>(walk, step, grad_outputs, grad_cells, strides,
-                                  grad_final_h, grad_final_cell),
-            cells + step.offset * state_size, gates + step.offset * gates_size, d_c0,
-            d_gates + step.offset * gates_size);
+            step.rows, state_size, r.weights, r.weights_row_stride,
+            step.continued ? r.d_gates + next_offset * gates_size : NULL, step_gradients(r, step),
+            r.cells + step.offset * state_size, r.gates + step.offset * gates_size, r.d_c0,
+            r.d_gates + step.offset * gates_size);
     CUDA_POST_KERNEL_CHECK;
-    if (step.order == 0) break;
-    next_offset = step.offset;
-    step = lltm_previous_step(&walk, &step);
-  }
-  return cudaSuccess;
+    return cudaSuccess;
+  });
 }
 
 // What the other files of the recurrence call (lltm_recurrence.cuh), for
 // every element type.
-#define LLTM_INSTANTIATE(Dtype)                                                           \
-  template cudaError_t launch_sequence_forward_by_step<Dtype>(                            \
-      const lltm_walk&, int64_t, int64_t, const Dtype*, const Dtype*, const Dtype*,       \
-      const Dtype*, Dtype*, Dtype*, Dtype*, Dtype*, Dtype*, cudaStream_t);                \
-  template cudaError_t launch_sequence_backward_by_step<Dtype>(                           \
-      const lltm_walk&, int64_t, int64_t, const Dtype*, const Dtype*, const Dtype*,       \
-      const GradStrides&, const Dtype*, const Dtype*, const Dtype*, const Dtype*, Dtype*, \
-      Dtype*, cudaStream_t);
+#define LLTM_INSTANTIATE(Dtype)                                                              \
+  template int launch_sequence_forward_by_step<Dtype>(const ForwardRecurrence<Dtype>&,       \
+                                                      cudaStream_t);                         \
+  template int launch_sequence_backward_by_step<Dtype>(const BackwardRecurrence<Dtype>&,     \
+                                                       cudaStream_t);
 LLTM_FOR_EVERY_DTYPE(LLTM_INSTANTIATE)
