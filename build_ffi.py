@@ -73,7 +73,7 @@ PTX_ARCHS = ("-gencode arch=compute_75,code=compute_75 "
 # the tensor-core (8.0) and cluster (9.0) kernels are compiled empty, so
 # the plan takes the other paths; `make` on a GPU's machine rebuilds for
 # it. Those two kernels' compute_80 and compute_90 front ends were a
-# quarter of the clean build's processor time (docs/BUILDING.md).
+# third of the clean build's processor time (docs/BUILDING.md).
 NO_GPU_ARCHS = "-gencode arch=compute_75,code=compute_75"
 _VIRTUAL = (75, 80, 90)
 # -O1: the level of the host code nvcc compiles (the launchers); the
