@@ -60,10 +60,16 @@ def covering_arch(arch_names, major, minor):
     return best[1] if best else None
 
 
+def capability_of(covering):
+    """The compute capability, as a number (90), whose code a name that
+    covering_arch returns is: 'sm_90', 'compute_75 (PTX, ...)'."""
+    return int(re.search(r"_(\d+)", covering).group(1))
+
+
 def _kernels_left_out(covering, major, minor):
     """What a GPU misses in code of an older architecture than its own (a
     module built where there was no GPU: compute_75 alone), as a row's end."""
-    compiled = int(re.search(r"_(\d+)", covering).group(1)) if covering else major * 10 + minor
+    compiled = capability_of(covering) if covering else major * 10 + minor
     missing = [kernels for kernels, needed in (("tensor-core", 80), ("cluster", 90))
                if compiled < needed <= major * 10 + minor]
     if not missing:

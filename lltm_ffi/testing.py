@@ -20,7 +20,6 @@ GPU scripts select by them (`pytest -m gpu`).
 
 import os
 import random
-import re
 import zlib
 
 import pytest
@@ -60,13 +59,12 @@ def compiled_capability(device):
     tensor-core and cluster kernels are empty); what a test expects a path
     of those kernels on. None where the module has no code for the GPU."""
     from . import _extension
-    from .diagnostics import covering_arch
+    from .diagnostics import capability_of, covering_arch
     archs = _extension.ffi.string(_extension.lib.lltm_cuda_archs()).decode()
     covering = covering_arch(archs, *torch.cuda.get_device_capability(device))
     if covering is None:
         return None
-    number = int(re.search(r"_(\d+)", covering).group(1))
-    return number // 10, number % 10
+    return divmod(capability_of(covering), 10)
 
 
 @pytest.fixture
