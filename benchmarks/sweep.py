@@ -36,6 +36,7 @@ VARIANTS = {
     "LLTM_CLUSTER=0": {"LLTM_CLUSTER": "0"},
     "LLTM_CUBLAS=0": {"LLTM_CUBLAS": "0"},
     "LLTM_CLUSTER=0 LLTM_CUBLAS=0": {"LLTM_CLUSTER": "0", "LLTM_CUBLAS": "0"},
+    "LLTM_PAD=0": {"LLTM_PAD": "0"},
 }
 # Only the GPU passes read them: on the CPU the default alone is timed.
 CPU_VARIANTS = ("default",)

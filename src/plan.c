@@ -40,6 +40,18 @@
  *  sequence, CPU:
  *   cpu         every pass: src/cpu's recurrence (its products portable or
  *               on AMX, LLTM_AMX). The CPU's one path: nothing to measure.
+ *  the sequence's state (lltm_sequence_state), CUDA device: where a state's
+ *               rows are not whole 16 bytes and the padded state's forward
+ *               takes the persistent or the cublas row, the call runs at
+ *               the padded state (zero units; Python pads and cuts back):
+ *               the persistent kernels then stage rows in 16-byte copies,
+ *               bulk copies multicast to a cluster for 16-bit types, and
+ *               cuBLAS takes its 16-byte-aligned kernels. H200, T=1024
+ *               B=16, bfloat16 autocast training, us a step: S=650 14.8,
+ *               S=656 8.2, S=768 8.6; T=64 B=64 S=1500 (cublas) 63.7,
+ *               S=1504 33.5, S=1536 33.5. The cluster row stages through
+ *               shared memory: at T=64 B=16 S=100 and 200, within noise
+ *               of 104 and 208 (BENCHMARKS.md's sweep, LLTM_PAD=0 beside).
  *  cell (lltm), CUDA device:
  *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
  *               32-bit indices hold such a step), of
@@ -78,7 +90,7 @@ const char* lltm_path_name(int path) {
   return path >= 0 && path < LLTM_PATH_COUNT ? path_names[path] : NULL;
 }
 
-static const lltm_sequence_options default_options = {LLTM_PATH_PLANNED, 0, 1, 1, -1, -1};
+static const lltm_sequence_options default_options = {LLTM_PATH_PLANNED, 0, 1, 1, -1, -1, -1};
 
 static int sequence_path_on_device(int path) {
   return path >= LLTM_PATH_CLUSTER && path <= LLTM_PATH_STEPS;
@@ -157,6 +169,19 @@ int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64
   (void)dtype, (void)backward, (void)steps, (void)batch_size, (void)state_size, (void)packed;
   return LLTM_ERROR_NO_CUDA;
 #endif
+}
+
+int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_size,
+                            int64_t state_size, int packed, const lltm_sequence_options* options) {
+  if (!options) options = &default_options;
+  const int64_t row = dtype == LLTM_FLOAT64 ? 2 : dtype == LLTM_FLOAT32 ? 4 : 8;
+  const int64_t padded = (state_size + row - 1) / row * row;
+  if (options->pad == 0 || padded == state_size) return state_size;
+  if (options->pad == 1) return padded;
+  if (device == LLTM_CPU) return state_size;
+  const int path =
+      lltm_sequence_path(dtype, device, 0, steps, batch_size, padded, packed, options);
+  return path == LLTM_PATH_PERSISTENT || path == LLTM_PATH_CUBLAS ? padded : state_size;
 }
 
 /* Whether the cell's step passes are compiled for `dtype` (asked once). */

@@ -17,6 +17,8 @@ from lltm_ffi.ops.lltm.cell import step_forward
 from lltm_ffi.ops.lltm.sequence import packed_forward, packed_in_torch
 from lltm_ffi.testing import compiled_capability
 
+from conftest import set_or_unset
+
 # The relative errors allowed against float64, by dtype: float64's and
 # float32's as the other sequence tests allow them (over a thousand steps
 # float64's own rounding grows, test_cluster.py); the 16-bit types' about
@@ -43,14 +45,21 @@ GPU_SHAPES = {"cluster": [(1, 1, 3, 37), (6, 17, 5, 37), (LONG_STEPS, 3, 4, 130)
 CPU_SHAPES = [(1, 1, 3, 37), (6, 17, 5, 37), (3, 2, 3, 650), (LONG_STEPS, 1, 2, 9)]
 # The paths that take dense steps only.
 DENSE_ONLY = ("cluster", "persistent")
+# The paths whose states the plan pads to rows of whole 16 bytes: their
+# kernels are also run on the rows as given (LLTM_PAD=0), as a call that
+# does not ask the plan (torch.compile's) gives them.
+PADDED = ("persistent", "cublas")
 
 
 def _sequence_cases():
-    cases = [pytest.param("cpu", shape, id=f"cpu-{'x'.join(map(str, shape))}")
+    cases = [pytest.param("cpu", shape, None, id=f"cpu-{'x'.join(map(str, shape))}")
              for shape in CPU_SHAPES]
     for path, shapes in GPU_SHAPES.items():
-        cases += [pytest.param(path, shape, id=f"{path}-{'x'.join(map(str, shape))}",
-                               marks=pytest.mark.gpu) for shape in shapes]
+        for pad in (None, "0") if path in PADDED else (None,):
+            cases += [pytest.param(path, shape, pad, marks=pytest.mark.gpu,
+                                   id=f"{path}-{'x'.join(map(str, shape))}"
+                                      f"{'-unpadded' if pad else ''}")
+                      for shape in shapes if not (pad and shape[0] >= LONG_STEPS)]
     return cases
 
 
@@ -125,10 +134,11 @@ NAMES = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-@pytest.mark.parametrize("path, shape", _sequence_cases())
-def test_each_sequence_path_agrees_with_the_float64_cpu_pass(path, shape, reverse, packed,
+@pytest.mark.parametrize("path, shape, pad", _sequence_cases())
+def test_each_sequence_path_agrees_with_the_float64_cpu_pass(path, shape, pad, reverse, packed,
                                                              generator, monkeypatch):
     device = _device_of(path)
+    set_or_unset(monkeypatch, "LLTM_PAD", pad)
     arguments, batch_sizes, grads = _arguments(shape, packed, generator)
     monkeypatch.delenv("LLTM_PATH", raising=False)
     expected = _results(arguments, batch_sizes, reverse, grads)

@@ -279,9 +279,9 @@ struct sequence_shape {
  * again). */
 #define PRODUCT_PATHS 3
 static const lltm_sequence_options product_paths[PRODUCT_PATHS] = {
-    {LLTM_PATH_PLANNED, 0, 1, 1, 1, -1},
-    {LLTM_PATH_PLANNED, 0, 1, 1, 0, 0},
-    {LLTM_PATH_PLANNED, 0, 1, 1, 0, 1}};
+    {LLTM_PATH_PLANNED, 0, 1, 1, 1, -1, -1},
+    {LLTM_PATH_PLANNED, 0, 1, 1, 0, 0, -1},
+    {LLTM_PATH_PLANNED, 0, 1, 1, 0, 1, -1}};
 static const lltm_sequence_options* products_options;
 
 static double* zeros(int64_t count) {
@@ -1081,7 +1081,7 @@ static void path_results(struct sequence_shape shape, int dtype, int amx,
   void* d_gates = allocate(T * 3 * step, size);
   void* const results_in_order[9] = {outputs[0], outputs[1], gates, d_gates, outputs[2],
                                      outputs[3], outputs[4], outputs[5], outputs[6]};
-  const lltm_sequence_options products = {LLTM_PATH_PLANNED, 0, 1, 1, amx, -1};
+  const lltm_sequence_options products = {LLTM_PATH_PLANNED, 0, 1, 1, amx, -1, -1};
   if (run_dense_passes(shape, dtype, &products, grad_strides, arguments, results_in_order) !=
       LLTM_SUCCESS) {
     fprintf(stderr, "a sequence pass (%s, amx %d) returned an error\n", dtype_names[dtype],

@@ -12,7 +12,8 @@ keeps cuBLAS out of the sequence's products and paths; LLTM_CLUSTER=0 keeps
 thread-block clusters out of its recurrence; LLTM_AMX=0 or 1 picks the
 CPU's 16-bit products (never AMX, or AMX for every product it takes);
 LLTM_BLAS=0 or 1 the CPU's products through the BLAS (never, or the
-recurrence's too at every size).
+recurrence's too at every size); LLTM_PAD=0 or 1 the sequence's state
+padded to rows of whole 16 bytes (never, or on every call, on any device).
 """
 
 import os
@@ -53,14 +54,14 @@ _OPTIONS = {}
 def sequence_options(function):
     """The sequence passes' lltm_sequence_options for this call, from the
     environment and torch.backends.cuda.matmul.allow_tf32."""
-    amx, blas = os.environ.get("LLTM_AMX"), os.environ.get("LLTM_BLAS")
+    amx, blas, pad = (os.environ.get(name) for name in ("LLTM_AMX", "LLTM_BLAS", "LLTM_PAD"))
     key = (forced_path(function), int(torch.backends.cuda.matmul.allow_tf32),
            int(os.environ.get("LLTM_CUBLAS") != "0"), int(os.environ.get("LLTM_CLUSTER") != "0"),
-           int(amx) if amx in ("0", "1") else -1, int(blas) if blas in ("0", "1") else -1)
+           *(int(setting) if setting in ("0", "1") else -1 for setting in (amx, blas, pad)))
     options = _OPTIONS.get(key)
     if options is None:
         options = _OPTIONS[key] = ffi.new("lltm_sequence_options *", dict(
-            zip(("path", "tf32", "cublas", "clusters", "amx", "blas"), key)))
+            zip(("path", "tf32", "cublas", "clusters", "amx", "blas", "pad"), key)))
     return options
 
 
@@ -69,9 +70,11 @@ def _on_device(device, ask):
     made current for the question."""
     if device.type != "cuda":
         return ask(lib.LLTM_CPU)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with torch.cuda.device(index):
-        return ask(index)
+    current = torch.cuda.current_device()
+    if device.index is None or device.index == current:
+        return ask(current)
+    with torch.cuda.device(device.index):
+        return ask(device.index)
 
 
 def _name_or_refusal(function, number, forced, call):
@@ -99,6 +102,15 @@ def sequence_path(function, dtype, device, backward, steps, batch_size, state_si
     return _name_or_refusal(function, number, options.path, lambda: (
         f"{'packed' if packed else 'dense'} steps ({steps} of {batch_size} x {state_size}, "
         f"{dtype}, {device}, {'backward' if backward else 'forward'})"))
+
+
+def sequence_state(dtype, device, steps, batch_size, state_size, packed, options):
+    """The state size a sequence pass of these sizes runs at (sequence_path's
+    arguments): state_size, or more where the plan pads the state with zero
+    units to rows of whole 16 bytes."""
+    return _on_device(device, lambda index: lib.lltm_sequence_state(
+        _extension._DTYPE_CODES[dtype], index, steps, batch_size, state_size, int(packed),
+        options))
 
 
 def check_forced_sequence(function, dtype, device, backward, steps, batch_size, state_size,

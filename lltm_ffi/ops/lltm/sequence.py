@@ -360,6 +360,9 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         packed_forward.check(arguments, "lltm_sequence")
         if inputs.shape[0] == 0:
             return inputs.new_empty(0, h0.shape[1]), (h0, c0)
+        state_size = _planned_state(inputs, h0, batch_sizes) if plain else h0.shape[1]
+        if state_size != h0.shape[1]:
+            return _on_padded_state(state_size, *arguments)
         if plain and not _records_backward(*tensors):
             return _forward_alone(*arguments)
         outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
@@ -372,12 +375,44 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         # One step is a call of the cell, in its step kernels.
         new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
         return new_h.unsqueeze(0), (new_h, new_cell)
+    state_size = _planned_state(inputs, h0, None) if plain else h0.shape[1]
+    if state_size != h0.shape[1]:
+        return _on_padded_state(state_size, inputs, weights, bias, h0, c0, None, reverse)
     if plain and not _records_backward(*tensors):
         return _forward_alone(inputs, weights, bias, h0, c0, None, reverse)
     outputs, _, _, h_n, c_n = _forward(
         packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0, None,
                  bool(reverse)), plain)
     return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
+
+
+def _planned_state(inputs, h0, batch_sizes):
+    """The state size the plan runs a call of these checked arguments at
+    (plan.sequence_state): h0's, or more where it pads the state."""
+    batch_size, state_size = h0.shape
+    steps = inputs.shape[0] if batch_sizes is None else batch_sizes.shape[0]
+    return plan.sequence_state(inputs.dtype, inputs.device, steps, batch_size, state_size,
+                               batch_sizes is not None, plan.sequence_options("lltm_sequence"))
+
+
+def _on_padded_state(state_size, inputs, weights, bias, h0, c0, batch_sizes, reverse):
+    """lltm_sequence of checked arguments run at a state of state_size
+    columns, and its results cut back to h0's. The units added have zero
+    weights, bias and initial state: they stay zero, and the others' zero
+    weights from them keep every other unit's arithmetic as it was. Autograd
+    differentiates the padding and the cutting back as any torch op's."""
+    size = h0.shape[1]
+    extra = state_size - size
+    gates = weights.reshape(3, size, -1)
+    weights = torch.cat((F.pad(gates[..., :size], (0, extra, 0, extra)),
+                         F.pad(gates[..., size:], (0, 0, 0, extra))), dim=2).view(3 * state_size, -1)
+    if bias is not None:
+        bias = F.pad(bias.reshape(*bias.shape[:-1], 3, size), (0, extra)).flatten(-2)
+    h0, c0 = F.pad(h0, (0, extra)), F.pad(c0, (0, extra))
+    outputs, states = lltm_sequence(inputs, weights, bias, h0, c0, batch_sizes=batch_sizes,
+                                    reverse=reverse)
+    return outputs[..., :size].contiguous(), tuple(state[:, :size].contiguous()
+                                                   for state in states)
 
 
 def _one_step_in_cell(inputs, bias, h0, reverse):
@@ -421,8 +456,8 @@ def recurrence_path(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=
     if not steps * batch_size * state_size:
         return None
     return plan.sequence_path("lltm_sequence", inputs.dtype, inputs.device, backward, steps,
-                              batch_size, state_size, batch_sizes is not None,
-                              plan.sequence_options("lltm_sequence"))
+                              batch_size, _planned_state(inputs, h0, batch_sizes),
+                              batch_sizes is not None, plan.sequence_options("lltm_sequence"))
 
 
 def _in_packed_order(name, state, data, sorted_indices):

@@ -1,0 +1,155 @@
+"""The sequence's state padded to rows of whole 16 bytes (src/plan.c's
+lltm_sequence_state, sequence.py's _on_padded_state): where the plan pads,
+which sizes it pads to, and that a padded call gives the results and
+gradients of the unpadded one, to any order, dense and packed, either
+direction, with each form of bias. LLTM_PAD=1 pads on the CPU too, so that
+the padding itself is checked here without a GPU; the GPU's padded paths
+are also walked by test_paths.py's table test, padded and not."""
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import lltm_ffi
+from lltm_ffi.ops.lltm import plan
+from lltm_ffi.testing import compiled_capability
+
+from conftest import set_or_unset
+
+# The state whose rows are whole 16 bytes, by dtype, for a state of 37.
+PADDED_37 = {torch.float64: 38, torch.float32: 40, torch.float16: 40, torch.bfloat16: 40}
+
+
+def _state(dtype, state_size, device="cpu", steps=4, batch_size=3, packed=False):
+    return plan.sequence_state(dtype, torch.device(device), steps, batch_size, state_size, packed,
+                               plan.sequence_options("test"))
+
+
+@pytest.mark.parametrize("dtype", list(PADDED_37), ids=str)
+def test_lltm_pad_1_pads_to_whole_16_byte_rows_and_0_never(dtype, monkeypatch):
+    monkeypatch.setenv("LLTM_PAD", "1")
+    assert _state(dtype, 37) == PADDED_37[dtype]
+    assert _state(dtype, 1) == 16 // dtype.itemsize
+    assert _state(dtype, 40) == 40  # whole 16-byte rows already
+    monkeypatch.setenv("LLTM_PAD", "0")
+    assert _state(dtype, 37) == 37
+
+
+@pytest.mark.parametrize("setting", [None, "", "2"])
+def test_the_plan_pads_no_state_on_the_cpu(setting, monkeypatch):
+    set_or_unset(monkeypatch, "LLTM_PAD", setting)
+    assert _state(torch.bfloat16, 650, steps=64, batch_size=16) == 650
+    assert _state(torch.float32, 37, packed=True) == 37
+
+
+def _leaves(steps, batch_size, features, state, bias_shape, generator):
+    tensors = [torch.randn(steps, batch_size, features, generator=generator, dtype=torch.float64),
+               torch.randn(3 * state, state + features, generator=generator,
+                           dtype=torch.float64) / state ** 0.5,
+               None if bias_shape is None else torch.randn(
+                   *bias_shape(state), generator=generator, dtype=torch.float64),
+               torch.randn(batch_size, state, generator=generator, dtype=torch.float64),
+               torch.randn(batch_size, state, generator=generator, dtype=torch.float64)]
+    return [None if tensor is None else tensor.requires_grad_(True) for tensor in tensors]
+
+
+def _results_and_gradients(leaves, packed, reverse, grads):
+    inputs, *rest = leaves
+    if packed:
+        lengths = [inputs.shape[0] - index for index in range(inputs.shape[1])]
+        inputs = pack_padded_sequence(inputs, lengths)
+    outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(inputs, *rest, reverse=reverse)
+    if packed:
+        outputs = outputs.data
+    results = (outputs, h_n, c_n)
+    loss = sum((result * grads(result)).sum() for result in results)
+    wanted = [leaf for leaf in leaves if leaf is not None]
+    return [*results, *torch.autograd.grad(loss, wanted)]
+
+
+BIASES = {"no-bias": None, "bias": lambda state: (3 * state,),
+          "bias-row": lambda state: (1, 3 * state)}
+
+
+@pytest.mark.parametrize("bias", list(BIASES))
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape", [(1, 1, 3, 5), (6, 3, 4, 7), (4, 2, 5, 9)],
+                         ids=lambda shape: "x".join(map(str, shape)))
+def test_a_padded_call_gives_the_unpadded_results(shape, reverse, packed, bias, generator,
+                                                  monkeypatch):
+    leaves = _leaves(*shape, BIASES[bias], generator)
+    weights = torch.linspace(-1, 1, 4096, dtype=torch.float64)
+
+    def grads(result):  # fixed, different for every element
+        return weights[:result.numel()].view_as(result)
+
+    monkeypatch.setenv("LLTM_PAD", "0")
+    expected = _results_and_gradients(leaves, packed, reverse, grads)
+    monkeypatch.setenv("LLTM_PAD", "1")
+    got = _results_and_gradients(leaves, packed, reverse, grads)
+    for value, wanted in zip(got, expected, strict=True):
+        assert value.shape == wanted.shape and value.is_contiguous()
+        torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
+
+
+def test_a_padded_call_passes_gradcheck_and_gradgradcheck(generator, monkeypatch):
+    monkeypatch.setenv("LLTM_PAD", "1")
+    leaves = _leaves(2, 2, 2, 3, BIASES["bias"], generator)
+
+    def flat(*tensors):
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*tensors)
+        return outputs, h_n, c_n
+
+    assert torch.autograd.gradcheck(flat, leaves)
+    assert torch.autograd.gradgradcheck(flat, leaves, fast_mode=True)
+
+
+def test_a_padded_forward_alone_gives_the_unpadded_outputs(generator, monkeypatch):
+    leaves = [leaf.detach() for leaf in _leaves(5, 3, 4, 7, BIASES["bias"], generator)]
+    with torch.inference_mode():
+        monkeypatch.setenv("LLTM_PAD", "0")
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves)
+        monkeypatch.setenv("LLTM_PAD", "1")
+        padded, (padded_h_n, padded_c_n) = lltm_ffi.lltm_sequence(*leaves)
+    for value, wanted in ((padded, outputs), (padded_h_n, h_n), (padded_c_n, c_n)):
+        torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_the_plan_pads_where_the_persistent_and_cublas_rows_run(cuda_device, monkeypatch):
+    monkeypatch.delenv("LLTM_PAD", raising=False)
+    monkeypatch.delenv("LLTM_PATH", raising=False)
+    if compiled_capability(cuda_device) < (8, 0):
+        pytest.skip("the persistent kernels' 16-bit types need compute capability 8.0")
+    # bfloat16 rows of 650 elements are 1,300 bytes: padded to 656.
+    assert _state(torch.bfloat16, 650, cuda_device, steps=64, batch_size=16) == 656
+    assert _state(torch.bfloat16, 1500, cuda_device, steps=64, batch_size=64) == 1504
+    assert _state(torch.bfloat16, 656, cuda_device, steps=64, batch_size=16) == 656
+    monkeypatch.setenv("LLTM_PAD", "0")
+    assert _state(torch.bfloat16, 650, cuda_device, steps=64, batch_size=16) == 650
+    monkeypatch.delenv("LLTM_PAD")
+    # The step-by-step kernels' rows are not padded.
+    monkeypatch.setenv("LLTM_PATH", "steps")
+    assert _state(torch.bfloat16, 650, cuda_device, steps=64, batch_size=16) == 650
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["persistent", "cublas"])
+def test_a_padded_gpu_call_gives_the_unpadded_results(path, cuda_device, generator,
+                                                      monkeypatch):
+    leaves = [leaf.detach().to(cuda_device).requires_grad_(True)
+              for leaf in _leaves(6, 3, 4, 7, BIASES["bias"], generator)]
+    weights = torch.linspace(-1, 1, 4096, dtype=torch.float64, device=cuda_device)
+
+    def grads(result):
+        return weights[:result.numel()].view_as(result)
+
+    monkeypatch.setenv("LLTM_PATH", path)
+    monkeypatch.setenv("LLTM_PAD", "0")
+    expected = _results_and_gradients(leaves, False, False, grads)
+    monkeypatch.delenv("LLTM_PAD")
+    assert _state(torch.float64, 7, cuda_device, steps=6, batch_size=3) == 8
+    got = _results_and_gradients(leaves, False, False, grads)
+    for value, wanted in zip(got, expected, strict=True):
+        torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
