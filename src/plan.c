@@ -41,9 +41,11 @@
  *   cpu         every pass: src/cpu's recurrence (its products portable or
  *               on AMX, LLTM_AMX). The CPU's one path: nothing to measure.
  *  the sequence's state (lltm_sequence_state), CUDA device: where a state's
- *               rows are not whole 16 bytes and the padded state's forward
- *               takes the persistent or the cublas row, the call runs at
- *               the padded state (zero units; Python pads and cuts back):
+ *               rows are not whole 16 bytes, the call has LLTM_PAD_STEPS
+ *               steps or more and the padded state's forward takes the
+ *               persistent or the cublas row, the call runs at the padded
+ *               state (zero units, the inputs' features padded alike;
+ *               Python pads and cuts back):
  *               the persistent kernels then stage rows in 16-byte copies,
  *               bulk copies multicast to a cluster for 16-bit types, and
  *               cuBLAS takes its 16-byte-aligned kernels. H200, T=1024
@@ -171,6 +173,11 @@ int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64
 #endif
 }
 
+/* The fewest steps for which the plan pads the state: the padding and the
+ * cutting back cost a call 0.2 to 1 ms on the host (H200, T=64: e.g. a
+ * bfloat16 state of 650 trained at 2.2 ms a call padded, 1.4 not). */
+#define LLTM_PAD_STEPS 256
+
 int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_size,
                             int64_t state_size, int packed, const lltm_sequence_options* options) {
   if (!options) options = &default_options;
@@ -178,7 +185,7 @@ int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_
   const int64_t padded = (state_size + row - 1) / row * row;
   if (options->pad == 0 || padded == state_size) return state_size;
   if (options->pad == 1) return padded;
-  if (device == LLTM_CPU) return state_size;
+  if (device == LLTM_CPU || steps < LLTM_PAD_STEPS) return state_size;
   const int path =
       lltm_sequence_path(dtype, device, 0, steps, batch_size, padded, packed, options);
   return path == LLTM_PATH_PERSISTENT || path == LLTM_PATH_CUBLAS ? padded : state_size;

@@ -122,16 +122,18 @@ def test_the_plan_pads_where_the_persistent_and_cublas_rows_run(cuda_device, mon
     monkeypatch.delenv("LLTM_PATH", raising=False)
     if compiled_capability(cuda_device) < (8, 0):
         pytest.skip("the persistent kernels' 16-bit types need compute capability 8.0")
-    # bfloat16 rows of 650 elements are 1,300 bytes: padded to 656.
-    assert _state(torch.bfloat16, 650, cuda_device, steps=64, batch_size=16) == 656
-    assert _state(torch.bfloat16, 1500, cuda_device, steps=64, batch_size=64) == 1504
-    assert _state(torch.bfloat16, 656, cuda_device, steps=64, batch_size=16) == 656
-    monkeypatch.setenv("LLTM_PAD", "0")
+    # bfloat16 rows of 650 elements are 1,300 bytes: padded to 656, on a
+    # long sequence (a short one's call would spend more on the padding).
+    assert _state(torch.bfloat16, 650, cuda_device, steps=1024, batch_size=16) == 656
+    assert _state(torch.bfloat16, 1500, cuda_device, steps=1024, batch_size=64) == 1504
+    assert _state(torch.bfloat16, 656, cuda_device, steps=1024, batch_size=16) == 656
     assert _state(torch.bfloat16, 650, cuda_device, steps=64, batch_size=16) == 650
+    monkeypatch.setenv("LLTM_PAD", "0")
+    assert _state(torch.bfloat16, 650, cuda_device, steps=1024, batch_size=16) == 650
     monkeypatch.delenv("LLTM_PAD")
     # The step-by-step kernels' rows are not padded.
     monkeypatch.setenv("LLTM_PATH", "steps")
-    assert _state(torch.bfloat16, 650, cuda_device, steps=64, batch_size=16) == 650
+    assert _state(torch.bfloat16, 650, cuda_device, steps=1024, batch_size=16) == 650
 
 
 @pytest.mark.gpu
@@ -148,7 +150,7 @@ def test_a_padded_gpu_call_gives_the_unpadded_results(path, cuda_device, generat
     monkeypatch.setenv("LLTM_PATH", path)
     monkeypatch.setenv("LLTM_PAD", "0")
     expected = _results_and_gradients(leaves, False, False, grads)
-    monkeypatch.delenv("LLTM_PAD")
+    monkeypatch.setenv("LLTM_PAD", "1")
     assert _state(torch.float64, 7, cuda_device, steps=6, batch_size=3) == 8
     got = _results_and_gradients(leaves, False, False, grads)
     for value, wanted in zip(got, expected, strict=True):

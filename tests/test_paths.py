@@ -45,9 +45,8 @@ GPU_SHAPES = {"cluster": [(1, 1, 3, 37), (6, 17, 5, 37), (LONG_STEPS, 3, 4, 130)
 CPU_SHAPES = [(1, 1, 3, 37), (6, 17, 5, 37), (3, 2, 3, 650), (LONG_STEPS, 1, 2, 9)]
 # The paths that take dense steps only.
 DENSE_ONLY = ("cluster", "persistent")
-# The paths whose states the plan pads to rows of whole 16 bytes: their
-# kernels are also run on the rows as given (LLTM_PAD=0), as a call that
-# does not ask the plan (torch.compile's) gives them.
+# The paths whose states the plan pads to rows of whole 16 bytes, on long
+# sequences: they also run padded at every size (LLTM_PAD=1).
 PADDED = ("persistent", "cublas")
 
 
@@ -55,10 +54,10 @@ def _sequence_cases():
     cases = [pytest.param("cpu", shape, None, id=f"cpu-{'x'.join(map(str, shape))}")
              for shape in CPU_SHAPES]
     for path, shapes in GPU_SHAPES.items():
-        for pad in (None, "0") if path in PADDED else (None,):
+        for pad in (None, "1") if path in PADDED else (None,):
             cases += [pytest.param(path, shape, pad, marks=pytest.mark.gpu,
                                    id=f"{path}-{'x'.join(map(str, shape))}"
-                                      f"{'-unpadded' if pad else ''}")
+                                      f"{'-padded' if pad else ''}")
                       for shape in shapes if not (pad and shape[0] >= LONG_STEPS)]
     return cases
 
