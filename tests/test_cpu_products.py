@@ -251,9 +251,8 @@ def test_a_forward_without_backward_gives_the_training_forwards_bits(shape, dtyp
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_a_gpu_forward_without_backward_agrees_with_the_training_forward(packed, reverse,
                                                                          cuda_device):
-    """On a GPU the forward alone is the packed pass too, which there keeps
-    its cells and gates all the same (the CUDA launchers write them) and
-    may take other kernels than the training forward's dense pass."""
+    """On a GPU the forward alone is the packed pass too, keeping no cells
+    or gates there either (test_paths.py checks its bits path by path)."""
     shape = (9, 40, 7, 130)
     inputs, weights, bias, h0, c0 = (tensor.to(cuda_device) for tensor in
                                      random_arguments(shape, torch.float32))

@@ -2,9 +2,11 @@
 each path forced with LLTM_PATH, on every dtype its passes take, against
 the float64 CPU pass: both directions, dense and packed steps (where the
 path takes packed ones; where not, its refusal), odd sizes (batch 1, states
-off every tile, one step, a thousand steps), and gradcheck in float64. The
-GPU rows skip without a GPU; recurrence_path must name the path forced,
-and the refusals name the path and why."""
+off every tile, one step, a thousand steps), and gradcheck in float64; on
+each GPU path the forward alone (torch.inference_mode) gives the training
+forward's bits and allocates no cells. The GPU rows skip without a GPU;
+recurrence_path must name the path forced, and the refusals name the path
+and why."""
 
 import pytest
 import torch
@@ -228,6 +230,79 @@ def test_each_sequence_path_passes_gradcheck_in_float64(path, reverse, packed, g
         return outputs, h_n, c_n
 
     assert torch.autograd.gradcheck(flat, leaves)
+
+
+# The forward alone (torch.inference_mode): nothing kept for a backward -------------
+
+# (steps, batch, input_features, state): one shape every GPU path takes.
+FORWARD_ALONE_SHAPE = (7, 17, 5, 37)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("path", list(GPU_SHAPES))
+def test_each_gpu_paths_forward_alone_gives_the_training_forwards_bits(path, reverse, packed,
+                                                                       generator, monkeypatch):
+    """The forward no backward follows stores no cells and no gates, and its
+    outputs, h_n and c_n are the training forward's, bit for bit, in every
+    dtype the path takes."""
+    device = _device_of(path)
+    if packed and path in DENSE_ONLY:
+        pytest.skip("the path takes dense steps only (its refusal: the tests above)")
+    arguments, batch_sizes, _ = _arguments(FORWARD_ALONE_SHAPE, packed, generator)
+    monkeypatch.setenv("LLTM_PATH", path)
+    for dtype in _dtypes_of(path):
+        _skip_where_the_gpu_lacks(path, dtype, device)
+        inputs, weights, *rest = [argument.to(dtype).to(device) for argument in arguments]
+        assert lltm_ffi.recurrence_path(inputs, weights, *rest, batch_sizes=batch_sizes,
+                                        reverse=reverse) == path
+        trained, (trained_h, trained_c) = lltm_ffi.lltm_sequence(
+            inputs, weights.clone().requires_grad_(True), *rest, batch_sizes=batch_sizes,
+            reverse=reverse)
+        assert trained.requires_grad, "the training forward took the forward alone"
+        with torch.inference_mode():
+            outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(inputs, weights, *rest,
+                                                         batch_sizes=batch_sizes,
+                                                         reverse=reverse)
+        for name, got, wanted in (("outputs", outputs, trained), ("h_n", h_n, trained_h),
+                                  ("c_n", c_n, trained_c)):
+            assert torch.equal(got, wanted.detach()), (
+                f"{dtype} {name}: the forward alone differs from the training forward")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", list(GPU_SHAPES))
+def test_each_gpu_paths_forward_alone_allocates_no_cells(path, generator, monkeypatch):
+    """Under torch.inference_mode the forward allocates its outputs, the
+    gates' workspace and the final states, and no cells: at least the cells'
+    bytes less than a training forward at its peak."""
+    device = _device_of(path)
+    _skip_where_the_gpu_lacks(path, torch.float32, device)
+    # Each tensor a whole number of the caching allocator's 512-byte blocks.
+    steps, batch_size, _, state_size = shape = (8, 16, 5, 128)
+    arguments, _, _ = _arguments(shape, False, generator)
+    inputs, weights, *rest = [argument.float().to(device) for argument in arguments]
+    trained_weights = weights.clone().requires_grad_(True)
+    monkeypatch.setenv("LLTM_PATH", path)
+    assert lltm_ffi.recurrence_path(inputs, weights, *rest) == path
+
+    def peak_allocated(forward):
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        forward()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+
+    trained = peak_allocated(lambda: lltm_ffi.lltm_sequence(inputs, trained_weights, *rest))
+    with torch.inference_mode():
+        alone = peak_allocated(lambda: lltm_ffi.lltm_sequence(inputs, weights, *rest))
+    element = torch.float32.itemsize
+    cells = steps * batch_size * state_size * element
+    outputs_gates_and_states = 4 * cells + 2 * batch_size * state_size * element
+    assert alone <= outputs_gates_and_states, (alone, outputs_gates_and_states)
+    assert trained - alone >= cells, (trained, alone, cells)
 
 
 # The cell's rows ----------------------------------------------------------------

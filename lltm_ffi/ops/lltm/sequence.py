@@ -35,7 +35,9 @@ as one lltm_sequence_options (plan.sequence_options).
 
 A forward whose backward will not run (torch.no_grad, torch.inference_mode,
 no argument requiring grad) calls the packed forward pass directly, which
-on the CPU keeps no cells or gates.
+keeps nothing for a backward: no cells on any device, and on the CPU no
+gates either; a CUDA pass writes every step's input part of the gates into
+a buffer of their size, its workspace, dropped after the call.
 """
 
 import torch
@@ -138,14 +140,20 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     the steps' rows as batch_sizes lays them out, or without batch_sizes
     dense steps of the whole batch; h0 and c0 (batch, state), in the packed
     order; bias None: none. saved=False, for a forward no backward follows:
-    cells and gates are None, the CPU pass keeping neither (a CUDA pass
-    writes them all the same, into memory dropped after the call)."""
+    cells and gates are None, the pass storing neither, and outputs, h_n
+    and c_n are bit for bit saved=True's. No cells are allocated on any
+    device (a CUDA pass carries each sequence's cell in c_n or in
+    registers). A CUDA pass still gets a (rows, 3 * state) buffer, its
+    workspace, dropped after the call: one product puts every step's input
+    part of the gates there before the recurrence, which reads each step's
+    from it (a product a step instead would cost a launch a step and might
+    give other bits). The CPU pass takes a block of steps' at a time in
+    memory of its own."""
     rows, input_features = inputs.shape
     batch_size, state_size = h0.shape
     outputs = h0.new_empty(rows, state_size)
-    kept = saved or not inputs.is_cpu
-    cells = torch.empty_like(outputs) if kept else None
-    gates = h0.new_empty(rows, 3 * state_size) if kept else None
+    cells = torch.empty_like(outputs) if saved else None
+    gates = h0.new_empty(rows, 3 * state_size) if saved or not inputs.is_cpu else None
     if outputs.numel():
         h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
         steps = steps_of(rows, batch_size, batch_sizes)

@@ -334,8 +334,10 @@ __device__ __forceinline__ void load_lane_weights(const ClusterLane<kColumns, kR
 }
 
 // The forward recurrence (ForwardRecurrence, lltm_recurrence.cuh): the
-// layout and the step as the header comment says. Shared memory: the state
-// of the cluster's rows, twice (kRows rows of kSpan elements each).
+// layout and the step as the header comment says; cells NULL, the
+// outputs alone written (the cell stays in its register). Shared memory:
+// the state of the cluster's rows, twice (kRows rows of kSpan elements
+// each).
 template <typename Dtype, int kChunks, int kRows>
 __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_cluster_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
@@ -451,12 +453,14 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
       }
       if (order + Layout::kPrefetch < steps) load_inputs(order + Layout::kPrefetch, ahead[j]);
       if (at.active && at.lane < Layout::kElements) {
-        const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
-#pragma unroll
-        for (int g = 0; g < 3; ++g) gates[gate + g * state_size] = static_cast<Dtype>(pre[g]);
         const int64_t element = (t * batch_size + at.row) * state_size + at.column;
         outputs[element] = stored_h;
-        cells[element] = stored_cell;
+        if (cells) {  // kept for a backward
+          const int64_t gate = (t * batch_size + at.row) * gates_size + at.column;
+#pragma unroll
+          for (int g = 0; g < 3; ++g) gates[gate + g * state_size] = static_cast<Dtype>(pre[g]);
+          cells[element] = stored_cell;
+        }
         if (last && final_h) {
           final_h[at.row * state_size + at.column] = stored_h;
           final_cell[at.row * state_size + at.column] = stored_cell;

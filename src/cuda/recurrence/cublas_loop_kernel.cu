@@ -8,13 +8,14 @@
 
 // Forward step's gate math: gates holds the step's input part plus old_h
 // W^T; the kernel adds the bias (NULL: none), keeps the sum (the
-// pre-activations) in gates and applies the cell. index runs over the
-// step's (row, state column) elements.
+// pre-activations) in gates where keep_gates, and applies the cell. index
+// runs over the step's (row, state column) elements. new_cell may be the
+// old cell's memory (step_cells), so not __restrict__.
 template <typename Dtype>
 __global__ void lltm_sequence_gates_forward_kernel(
     const int64_t count, const int64_t state_size, const Dtype* __restrict__ bias,
     const StepState<Dtype> state, Dtype* __restrict__ gates, Dtype* __restrict__ new_h,
-    Dtype* __restrict__ new_cell) {
+    Dtype* new_cell, const bool keep_gates) {
   typedef math_t<Dtype> Math;
   CUDA_KERNEL_LOOP(index, count) {
     const int64_t row = index / state_size, column = index - row * state_size;
@@ -24,7 +25,8 @@ __global__ void lltm_sequence_gates_forward_kernel(
     for (int g = 0; g < 3; ++g) {
       pre[g] = keep_gate(&gates[gate + g * state_size],
                          to_math(gates[gate + g * state_size]) +
-                             (bias ? to_math(bias[g * state_size + column]) : Math(0)));
+                             (bias ? to_math(bias[g * state_size + column]) : Math(0)),
+                         keep_gates);
     }
     step_cell_forward(pre, state, row, index, new_h, new_cell);
   }
@@ -55,7 +57,7 @@ int sequence_forward_cublas_steps(const ForwardRecurrence<Dtype>& r, cudaStream_
     lltm_sequence_gates_forward_kernel<Dtype>
         <<<CAFFE_GET_BLOCKS(elements), CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
             elements, state_size, r.bias, step_state(r, step), step_gates,
-            r.outputs + step.offset * state_size, r.cells + step.offset * state_size);
+            r.outputs + step.offset * state_size, step_cells(r, step.offset), r.cells != NULL);
     CUDA_POST_KERNEL_CHECK;
     return LLTM_SUCCESS;
   });

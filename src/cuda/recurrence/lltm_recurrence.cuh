@@ -78,7 +78,14 @@ struct GradStrides {
 // each step adds the bias (NULL: none) and old_h times the hidden weights,
 // keeps the sum in gates, and writes the step's outputs and cells; the
 // last step visited leaves its state in final_h and final_cell too, where
-// final_h is not NULL.
+// final_h is not NULL. cells NULL (a forward no backward follows; final_h
+// and final_cell then given) keeps nothing for a backward: no cells, and
+// no pre-activation written back into gates, which serve as the pass's
+// workspace (the cuBLAS loop adds the step's product into them there); the
+// paths that carry the cell from step to step through memory carry it in
+// final_cell, which ends with each sequence's last one. The arithmetic is
+// the same either way, and so are the bits of outputs, final_h and
+// final_cell.
 template <typename Dtype>
 struct ForwardRecurrence {
   lltm_walk walk;
@@ -140,16 +147,27 @@ struct StepState {
   __device__ const Dtype* old_cell(int64_t row) const { return row < carried ? cell : c0; }
 };
 
+// Where the step whose first row is `offset` keeps its cells: its rows of
+// cells, or where the pass keeps none (cells NULL) final_cell, whose row r
+// carries sequence r's cell from step to step (a step's row r is the
+// previous step's row r; a sequence that ends leaves its last cell there).
+template <typename Dtype>
+static Dtype* step_cells(const ForwardRecurrence<Dtype>& r, int64_t offset) {
+  return r.cells ? r.cells + offset * r.state_size : r.final_cell;
+}
+
 template <typename Dtype>
 static StepState<Dtype> step_state(const ForwardRecurrence<Dtype>& r, const lltm_step& step) {
-  const int64_t previous = step.previous_offset * r.state_size;
-  const StepState<Dtype> state = {r.outputs + previous, r.cells + previous, r.h0, r.c0,
+  const StepState<Dtype> state = {r.outputs + step.previous_offset * r.state_size,
+                                  step_cells(r, step.previous_offset), r.h0, r.c0,
                                   step.carried, r.final_h, r.final_cell, step.continued};
   return state;
 }
 
 // The cell's forward math on element `element` (row `row`) of a step, from
-// its three pre-activations; new_h and new_cell are the step's.
+// its three pre-activations; new_h and new_cell are the step's. new_cell
+// may be the old cell's memory (final_cell carrying it, step_cells): the
+// element's old cell is read, by this thread, before its new one is written.
 template <typename Dtype>
 __device__ __forceinline__ void step_cell_forward(const math_t<Dtype> (&pre)[3],
                                                   const StepState<Dtype>& state, int64_t row,
@@ -252,13 +270,14 @@ __device__ __forceinline__ void step_cell_backward(const StepGradients<Dtype>& g
   if (d_cell) d_cell[element] = to_storage<Dtype>(d_old_cell);
 }
 
-// A step's pre-activation from its sum in the math type: kept in the step's
-// gates (rounded, for a 16-bit type) and handed to the cell as kept there,
-// as the backward pass, which recomputes from the gates, sees it.
+// A step's pre-activation from its sum in the math type: rounded to the
+// element type (for a 16-bit type), kept in the step's gates where `keep`
+// (a forward no backward follows keeps none), and handed to the cell as
+// rounded, as the backward pass, which recomputes from the gates, sees it.
 template <typename Dtype>
-__device__ __forceinline__ math_t<Dtype> keep_gate(Dtype* gate, math_t<Dtype> sum) {
+__device__ __forceinline__ math_t<Dtype> keep_gate(Dtype* gate, math_t<Dtype> sum, bool keep) {
   const Dtype kept = to_storage<Dtype>(sum);
-  *gate = kept;
+  if (keep) *gate = kept;
   return to_math(kept);
 }
 

@@ -20,7 +20,9 @@
 // lanes of a group compute the three gates of one (batch row, column)
 // element of the block's, one of them the cell. The last step visited
 // leaves its state in final_h and final_cell too, where final_h is not
-// NULL. Dense steps only (lltm_steps.h); bias NULL: none.
+// NULL. cells NULL: nothing kept for a backward (ForwardRecurrence), the
+// cell carried in final_cell, its element read and written by the same
+// lane each step. Dense steps only (lltm_steps.h); bias NULL: none.
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
@@ -49,11 +51,14 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
   multicast.prepare(h, batch_size, rows, stride, kTensorCores);
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
+  // Where each step's cells go: cells, or final_cell for every step.
+  Dtype* const cell_steps = cells ? cells : final_cell;
+  const int64_t cell_step = cells ? step : 0;
   for (int64_t order = 0; order < steps; ++order) {
     const int64_t t = reverse ? steps - 1 - order : order;
     const int64_t previous = reverse ? t + 1 : t - 1;
     const Dtype* old_h = order ? outputs + previous * step : h0;
-    const Dtype* old_cell = order ? cells + previous * step : c0;
+    const Dtype* old_cell = order ? cell_steps + previous * cell_step : c0;
     Dtype* final_h_now = order + 1 == steps ? final_h : NULL;
     // An element's input part of its gates, the bias and its old cell,
     // which this lane wrote: as stored, so that nothing waits for them
@@ -79,13 +84,13 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
         pre[g] = keep_gate(&gates[gate + g * state_size],
-                           to_math(inputs[g]) + to_math(inputs[3 + g]) + sums[g]);
+                           to_math(inputs[g]) + to_math(inputs[3 + g]) + sums[g], cells != NULL);
       }
       Math h_value, cell_value;
       cell_forward_(pre[0], pre[1], pre[2], to_math(inputs[6]), &h_value, &cell_value);
       const Dtype new_h = to_storage<Dtype>(h_value), new_cell = to_storage<Dtype>(cell_value);
       outputs[t * step + at.element] = new_h;
-      cells[t * step + at.element] = new_cell;
+      cell_steps[t * cell_step + at.element] = new_cell;
       if (final_h_now) {
         final_h_now[at.element] = new_h;
         final_cell[at.element] = new_cell;

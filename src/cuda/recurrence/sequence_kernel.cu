@@ -211,7 +211,11 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream,
 // (sizes: rows, steps, batch, input_features, state, reverse; backward, then
 // grad_outputs' and grad_cells' row and column strides), with the final
 // states and the options (NULL: the defaults); their key holds the batch
-// sizes too.
+// sizes too. The forward pass takes cells NULL, for a forward no backward
+// follows, where final_h and final_cell are given: it then writes no cells
+// and no pre-activations (ForwardRecurrence), gates (rows, 3 * state)
+// serving as its workspace, which it always needs; the backward pass needs
+// the cells and gates a forward kept. Otherwise LLTM_ERROR_ARGUMENTS.
 template <typename Dtype>
 static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
                                  const void* inputs, const void* weights, const void* bias,
@@ -230,6 +234,7 @@ static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
                              walk.batch_sizes,
                              walk.batch_sizes ? walk.steps : 0};
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  if (!gates || (!cells && (!final_h || !final_cell))) return LLTM_ERROR_ARGUMENTS;
   const ForwardRecurrence<Dtype> recurrence = {
       walk, state_size, state_size + input_features, as<Dtype>(bias), as<Dtype>(weights),
       as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
@@ -269,6 +274,7 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
   // Past one step d_h0 and d_c0 carry the gradients between steps.
   if (walk.steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
+  if (!cells || !gates) return LLTM_ERROR_ARGUMENTS;
   const BackwardRecurrence<Dtype> recurrence = {
       walk, state_size, state_size + input_features, as<Dtype>(weights), as<Dtype>(grad_outputs),
       as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h), as<Dtype>(grad_final_cell),

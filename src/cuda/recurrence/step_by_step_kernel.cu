@@ -31,14 +31,15 @@ struct Depth {
                column0 = (tile % column_tiles) * kTile)
 
 // Forward step: gates (which hold the step's input part) += bias + old_h
-// W^T (all three gates of each element in one thread), then the cell.
-// batch_size: the step's rows; bias NULL: none.
+// W^T (all three gates of each element in one thread; written back where
+// keep_gates), then the cell. batch_size: the step's rows; bias NULL: none.
+// new_cell may be the old cell's memory (step_cells), so not __restrict__.
 template <typename Dtype>
 __global__ void lltm_sequence_forward_kernel(
     const int64_t batch_size, const int64_t state_size, const Dtype* __restrict__ bias,
     const Dtype* __restrict__ weights, const int64_t weights_row_stride,
-    const StepState<Dtype> state, Dtype* __restrict__ new_h, Dtype* __restrict__ new_cell,
-    Dtype* __restrict__ gates) {
+    const StepState<Dtype> state, Dtype* __restrict__ new_h, Dtype* new_cell,
+    Dtype* __restrict__ gates, const bool keep_gates) {
   typedef math_t<Dtype> Math;
   const int kDepth = Depth<Math>::kDepth;
   __shared__ Math h_slice[kTile][kDepth];
@@ -77,7 +78,8 @@ __global__ void lltm_sequence_forward_kernel(
       for (int g = 0; g < 3; ++g) {
         pre[g] = keep_gate(&gates[gate + g * state_size],
                            to_math(gates[gate + g * state_size]) +
-                               (bias ? to_math(bias[g * state_size + column]) : Math(0)) + sum[g]);
+                               (bias ? to_math(bias[g * state_size + column]) : Math(0)) + sum[g],
+                           keep_gates);
       }
       step_cell_forward(pre, state, row, row * state_size + column, new_h, new_cell);
     }
@@ -91,8 +93,8 @@ int launch_sequence_forward_by_step(const ForwardRecurrence<Dtype>& r, cudaStrea
     lltm_sequence_forward_kernel<Dtype>
         <<<tile_blocks(step.rows, state_size), kTileThreads, 0, stream>>>(
             step.rows, state_size, r.bias, r.weights, r.weights_row_stride, step_state(r, step),
-            r.outputs + step.offset * state_size, r.cells + step.offset * state_size,
-            r.gates + step.offset * 3 * state_size);
+            r.outputs + step.offset * state_size, step_cells(r, step.offset),
+            r.gates + step.offset * 3 * state_size, r.cells != NULL);
     CUDA_POST_KERNEL_CHECK;
     return cudaSuccess;
   });
