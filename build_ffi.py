@@ -193,11 +193,13 @@ def cuda_home_of(nvcc):
 
 def _included(source, seen):
     """`source` and every file it includes by quotes (found beside it or in
-    include/), each once."""
+    include/), each once; a file named by LLTM_TYPED_FILE counts as included
+    (lltm_each_dtype.h includes it)."""
     if source in seen or not source.is_file():
         return seen
     seen.add(source)
-    for name in re.findall(r'^\s*#\s*include\s*"([^"]+)"', source.read_text(), re.M):
+    for name in re.findall(r'^\s*#\s*(?:include|define\s+LLTM_TYPED_FILE)\s*"([^"]+)"',
+                           source.read_text(), re.M):
         for folder in (source.parent, ROOT / "include"):
             _included(folder / name, seen)
     return seen
@@ -228,12 +230,14 @@ def ptx_archs_of(source):
 
 def kernel_command(nvcc, source, output):
     """The nvcc command line for one .cu file (run in ROOT); it also writes
-    the headers the file includes to output.d."""
+    the headers the file includes to output.d. The source's own folder is
+    searched too, from the headers of include/: lltm_each_dtype.h
+    includes a file of the op's (nvcc has no -iquote)."""
     archs = cuda_arch(nvcc)
     if archs == PTX_ARCHS:
         archs = ptx_archs_of(source)
-    return [nvcc, *NVCC_FLAGS, *shlex.split(archs), "-Iinclude", "-MMD", "-MF",
-            output + ".d", "-c", source, "-o", output]
+    return [nvcc, *NVCC_FLAGS, *shlex.split(archs), "-Iinclude", "-I",
+            os.path.dirname(source) or ".", "-MMD", "-MF", output + ".d", "-c", source, "-o", output]
 
 
 def c_command(compiler, source, output, cuda_home=None):

@@ -45,14 +45,8 @@ __device__ __forceinline__ double reciprocal_of(double z) { return __drcp_rn(z);
 // The cell's element, forward and backward (cell_forward_ and
 // cell_backward_), for float and double, with the activations above.
 #define LLTM_CELL_MATH(name) name##_of
-#define SUFFIX
-#define SCALAR float
-#include "lltm_cell_math.h"
-#undef SCALAR
-#define SCALAR double
-#include "lltm_cell_math.h"
-#undef SCALAR
-#undef SUFFIX
+#define LLTM_TYPED_FILE "lltm_cell_math.h"
+#include "lltm_each_dtype.h"
 #undef LLTM_CELL_MATH
 
 // The launchers take untyped pointers (one C signature for every element

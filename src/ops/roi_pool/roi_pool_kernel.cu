@@ -8,14 +8,8 @@
 #include "caffe_cuda_macro.h"
 #include "lltm_op.h"
 
-#define SUFFIX
-#define SCALAR float
-#include "roi_pool_math.h"
-#undef SCALAR
-#define SCALAR double
-#include "roi_pool_math.h"
-#undef SCALAR
-#undef SUFFIX
+#define LLTM_TYPED_FILE "roi_pool_math.h"
+#include "lltm_each_dtype.h"
 
 // One output element (roi, c, ph, pw) a thread.
 template <typename Dtype>
