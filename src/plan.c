@@ -24,14 +24,14 @@
  *               persistent_kernel.cu's kernels, one cooperative launch a
  *               pass. No measurement yet against the cuBLAS loop at the
  *               same sizes; where it runs, H200 sweep (BENCHMARKS.md),
- *               64x16x650x650 float32 training 30.0 us a step against
- *               nn.GRU's 48.0.
+ *               64x16x650x650 float32 training 30.1 us a step against
+ *               nn.GRU's 47.7.
  *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
  *               the plan passes packed steps of batch x state up to
  *               LLTM_PERSISTENT_ELEMENTS on to the row below:
  *               cublas_loop_kernel.cu, a cuBLAS product and a pointwise
  *               kernel a step each way. H200 sweep, 64x16x1536x1536
- *               float32 training: 84.0 us a step, against 732.0 with
+ *               float32 training: 83.9 us a step, against 732.6 with
  *               lltm_ffi's own kernels (LLTM_CUBLAS=0: step by step).
  *   steps       every pass: step_by_step_kernel.cu, one fused kernel (the
  *               tiled product and the cell) a step each way. Last: it takes
@@ -45,15 +45,14 @@
  *               steps or more and the padded state's forward takes the
  *               persistent or the cublas row, the call runs at the padded
  *               state (zero units, the inputs' features padded alike;
- *               Python pads and cuts back):
- *               the persistent kernels then stage rows in 16-byte copies,
- *               bulk copies multicast to a cluster for 16-bit types, and
- *               cuBLAS takes its 16-byte-aligned kernels. H200, T=1024
- *               B=16, bfloat16 autocast training, us a step: S=650 14.8,
- *               S=656 8.2, S=768 8.6; T=64 B=64 S=1500 (cublas) 63.7,
- *               S=1504 33.5, S=1536 33.5. The cluster row stages through
- *               shared memory: at T=64 B=16 S=100 and 200, within noise
- *               of 104 and 208 (BENCHMARKS.md's sweep, LLTM_PAD=0 beside).
+ *               Python pads and cuts back): the persistent kernels then
+ *               stage rows in 16-byte copies, bulk copies multicast to a
+ *               cluster for 16-bit types, and cuBLAS takes its 16-byte
+ *               aligned kernels. H200 sweep (BENCHMARKS.md, LLTM_PAD=0 its
+ *               state as given), T=1024 B=16, bfloat16 autocast training,
+ *               us a step: S=650 8.0 padded, 14.9 as given (768: 8.2);
+ *               S=1500, on the cublas row, 19.9 and 39.0 (1536: 19.1). The
+ *               cluster and steps rows are not padded: not measured so.
  *  cell (lltm), CUDA device:
  *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
  *               32-bit indices hold such a step), of
@@ -174,8 +173,10 @@ int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64
 }
 
 /* The fewest steps for which the plan pads the state: the padding and the
- * cutting back cost a call 0.2 to 1 ms on the host (H200, T=64: e.g. a
- * bfloat16 state of 650 trained at 2.2 ms a call padded, 1.4 not). */
+ * cutting back, torch ops, cost a call 0.3 to 1 ms on the host, more than
+ * short sequences win (H200, T=64 B=16 F=650 under bfloat16 autocast,
+ * training: a state of 650 padded to 656 took 2.2 ms a call, a state of
+ * 656 given as such 1.2, a state of 650 as given 1.4). */
 #define LLTM_PAD_STEPS 256
 
 int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_size,

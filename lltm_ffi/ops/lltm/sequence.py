@@ -20,7 +20,9 @@ autocast dtype first, and the call runs in it.
 
 The recurrence's path is the plan's (src/plan.c; plan.py asks it, and
 recurrence_path says which a call takes); LLTM_PATH in the environment
-forces one. On a GPU the matrix products go through cuBLAS (loaded by the C
+forces one. So is the state an eager call runs at: where the plan pads it
+to rows of whole 16 bytes, _on_padded_state adds zero units and cuts the
+results back (LLTM_PAD=0: never, 1: on every call). On a GPU the matrix products go through cuBLAS (loaded by the C
 code at run time), with TF32 where torch.backends.cuda.matmul.allow_tf32
 allows it for torch's own products; LLTM_CUBLAS=0 in the environment has
 lltm_ffi's own kernels do them all instead. LLTM_CLUSTER=0 keeps the
