@@ -22,10 +22,11 @@ The recurrence's path is the plan's (src/plan.c; plan.py asks it, and
 recurrence_path says which a call takes); LLTM_PATH in the environment
 forces one. So is the state an eager call runs at: where the plan pads it
 to rows of whole 16 bytes, _on_padded_state adds zero units and cuts the
-results back (LLTM_PAD=0: never, 1: on every call). On a GPU the matrix products go through cuBLAS (loaded by the C
-code at run time), with TF32 where torch.backends.cuda.matmul.allow_tf32
-allows it for torch's own products; LLTM_CUBLAS=0 in the environment has
-lltm_ffi's own kernels do them all instead. LLTM_CLUSTER=0 keeps the
+results back (LLTM_PAD=0: never, 1: on every call). On a GPU the matrix
+products go through cuBLAS (loaded by the C code at run time), with TF32
+where torch.backends.cuda.matmul.allow_tf32 allows it for torch's own
+products; LLTM_CUBLAS=0 in the environment has lltm_ffi's own kernels do
+them all instead. LLTM_CLUSTER=0 keeps the
 recurrence off thread-block clusters (compute capability 9.0 and newer:
 the cluster kernels, and the persistent kernels' shared staging), on the
 paths older GPUs take. On the CPU they go through OpenBLAS where the
