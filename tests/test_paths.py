@@ -139,11 +139,12 @@ NAMES = ("outputs", "h_n", "c_n", "d_inputs", "d_weights", "d_bias", "d_h0", "d_
 def test_each_sequence_path_agrees_with_the_float64_cpu_pass(path, shape, pad, reverse, packed,
                                                              generator, monkeypatch):
     device = _device_of(path)
-    set_or_unset(monkeypatch, "LLTM_PAD", pad)
     arguments, batch_sizes, grads = _arguments(shape, packed, generator)
     monkeypatch.delenv("LLTM_PATH", raising=False)
+    monkeypatch.delenv("LLTM_PAD", raising=False)
     expected = _results(arguments, batch_sizes, reverse, grads)
     monkeypatch.setenv("LLTM_PATH", path)
+    set_or_unset(monkeypatch, "LLTM_PAD", pad)
     long = shape[0] >= LONG_STEPS
     for dtype in _dtypes_of(path):
         if long and dtype not in LONG_TOLERANCES:
@@ -160,7 +161,7 @@ def test_each_sequence_path_agrees_with_the_float64_cpu_pass(path, shape, pad, r
                                             backward=backward) == path
         # The reference from the very numbers the path is given.
         reference = (expected if dtype == torch.float64 else _reference_of(
-            given, batch_sizes, reverse, grads, monkeypatch, path))
+            given, batch_sizes, reverse, grads, monkeypatch))
         got = _results(given, batch_sizes, reverse, grads)
         floor = (LONG_TOLERANCES if long else TOLERANCES)[dtype]
         torch_errors = ([0.0] * len(NAMES) if dtype == torch.float64
@@ -174,14 +175,14 @@ def test_each_sequence_path_agrees_with_the_float64_cpu_pass(path, shape, pad, r
                                         f" (torch ops in {dtype}: {torch_error:.3g})")
 
 
-def _reference_of(given, batch_sizes, reverse, grads, monkeypatch, path):
-    """The float64 CPU pass on `given` rounded as the path gets them."""
-    monkeypatch.delenv("LLTM_PATH")
-    try:
+def _reference_of(given, batch_sizes, reverse, grads, monkeypatch):
+    """The float64 CPU pass on `given` rounded as the path gets them, with
+    none of the path's environment (LLTM_PATH, LLTM_PAD)."""
+    with monkeypatch.context() as unset:
+        for name in ("LLTM_PATH", "LLTM_PAD"):
+            unset.delenv(name, raising=False)
         return _results([argument.cpu().double() for argument in given], batch_sizes, reverse,
                         grads)
-    finally:
-        monkeypatch.setenv("LLTM_PATH", path)
 
 
 def _errors_in_torch_ops(given, batch_sizes, reverse, grads, reference):
