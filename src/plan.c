@@ -45,14 +45,15 @@
  *               steps or more and the padded state's forward takes the
  *               persistent or the cublas row, the call runs at the padded
  *               state (zero units, the inputs' features padded alike;
- *               Python pads and cuts back): the persistent kernels then
- *               stage rows in 16-byte copies, bulk copies multicast to a
- *               cluster for 16-bit types, and cuBLAS takes its 16-byte
- *               aligned kernels. H200 sweep (BENCHMARKS.md, LLTM_PAD=0 its
- *               state as given), T=1024 B=16, bfloat16 autocast training,
- *               us a step: S=650 8.0 padded, 14.9 as given (768: 8.2);
- *               S=1500, on the cublas row, 19.9 and 39.0 (1536: 19.1). The
- *               cluster and steps rows are not padded: not measured so.
+ *               Python pads and cuts back): cuBLAS then takes its 16-byte
+ *               aligned kernels for every product, those around the
+ *               persistent kernels' recurrence too (which stage rows off
+ *               16 bytes through a ring of padded copies either way). H200
+ *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
+ *               T=1024 B=16, bfloat16 autocast training, us a step: S=650
+ *               8.3 padded, 9.6 as given (768: 8.5); S=1500, on the cublas
+ *               row, 19.8 and 39.3 (1536: 19.1). The cluster and steps rows
+ *               are not padded: not measured so.
  *  cell (lltm), CUDA device:
  *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
  *               32-bit indices hold such a step), of

@@ -1465,7 +1465,8 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
  * packed steps, or where batch_sizes is NULL dense ones, in either
  * direction, with the final states. */
 /* sizes: rows, steps, batch, input_features, state, reverse; the options
- * (lltm_ffi.h) after the tensors. */
+ * (lltm_ffi.h) after the tensors and the CUDA passes' staging (the CPU
+ * passes' tensors[11] and tensors[17], NULL). */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
                                       const STORAGE* inputs, const STORAGE* weights,
                                       const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
@@ -1520,7 +1521,7 @@ int LLTM_NAME(lltm_packed_forward_)(const lltm_args* args) {
                                     args->tensors[1], args->tensors[2], args->tensors[3],
                                     args->tensors[4], args->tensors[6], args->tensors[7],
                                     args->tensors[8], args->tensors[9], args->tensors[10],
-                                    args->tensors[11]);
+                                    args->tensors[12]);
 }
 
 int LLTM_NAME(lltm_packed_backward_)(const lltm_args* args) {
@@ -1530,7 +1531,7 @@ int LLTM_NAME(lltm_packed_backward_)(const lltm_args* args) {
                                      args->tensors[8], args->tensors[9], args->tensors[10],
                                      args->tensors[11], args->tensors[12], args->tensors[13],
                                      args->tensors[14], args->tensors[15], args->tensors[16],
-                                     args->tensors[17]);
+                                     args->tensors[18]);
 }
 
 #undef SCALAR

@@ -492,14 +492,14 @@ static int run_dense_passes(struct sequence_shape shape, int dtype,
   void* h_n = allocate(step, size);
   void* c_n = allocate(step, size);
   lltm_sequence_options options = *products;
-  void* const forward_tensors[12] = {arguments[0], arguments[1], arguments[2], arguments[3],
+  void* const forward_tensors[13] = {arguments[0], arguments[1], arguments[2], arguments[3],
                                      arguments[4], NULL, results[0], results[1], results[2],
-                                     h_n, c_n, &options};
-  void* const backward_tensors[18] = {arguments[0], arguments[1], arguments[3], NULL,
+                                     h_n, c_n, NULL, &options};
+  void* const backward_tensors[19] = {arguments[0], arguments[1], arguments[3], NULL,
                                       results[0], results[1], results[2], arguments[5],
                                       arguments[6], NULL, NULL, results[3], results[4],
                                       results[5], results[6], results[7], results[8],
-                                      &options};
+                                      NULL, &options};
   int code = lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors);
   if (code == LLTM_SUCCESS) {
     code = lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors);
@@ -857,9 +857,10 @@ static void check_forward_alone(int dtype, const int64_t* sizes, void* const* fo
                                 size_t output_bytes, size_t state_bytes) {
   void* alone[3] = {allocate((int64_t)output_bytes, 1), allocate((int64_t)state_bytes, 1),
                     allocate((int64_t)state_bytes, 1)};
-  void* const tensors[12] = {forward_tensors[0], forward_tensors[1], forward_tensors[2],
+  void* const tensors[13] = {forward_tensors[0], forward_tensors[1], forward_tensors[2],
                              forward_tensors[3], forward_tensors[4], forward_tensors[5],
-                             alone[0], NULL, NULL, alone[1], alone[2], forward_tensors[11]};
+                             alone[0], NULL, NULL, alone[1], alone[2], NULL,
+                             forward_tensors[12]};
   const void* kept[3] = {forward_tensors[6], forward_tensors[9], forward_tensors[10]};
   const size_t bytes[3] = {output_bytes, state_bytes, state_bytes};
   if (lltm_check_pass("packed_forward", dtype, sizes, NULL, tensors) != LLTM_SUCCESS) {
@@ -929,13 +930,13 @@ static void check_packed(struct packed_shape shape, int dtype) {
   const int64_t sizes[10] = {rows, T, B, F, S, shape.reverse,
                              grad_strides[0], grad_strides[1], grad_strides[2], grad_strides[3]};
   lltm_sequence_options options = *products_options;
-  void* const forward_tensors[12] = {arguments[0], arguments[1], arguments[2], arguments[3],
+  void* const forward_tensors[13] = {arguments[0], arguments[1], arguments[2], arguments[3],
                                      arguments[4], given_sizes, outputs, cells, gates, h_n, c_n,
-                                     &options};
-  void* const backward_tensors[18] = {arguments[0], arguments[1], arguments[3], given_sizes,
+                                     NULL, &options};
+  void* const backward_tensors[19] = {arguments[0], arguments[1], arguments[3], given_sizes,
                                       outputs, cells, gates, arguments[5], arguments[6],
                                       arguments[7], arguments[8], d_gates, d_inputs, d_weights,
-                                      d_bias, d_h0, d_c0, &options};
+                                      d_bias, d_h0, d_c0, NULL, &options};
   if (lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS ||
       lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors) != LLTM_SUCCESS) {
     fprintf(stderr, "a packed pass (%s) returned an error\n", dtype_names[dtype]);
@@ -989,10 +990,10 @@ static void check_packed_refusals(void) {
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
     const int64_t sizes[10] = {cases[k].rows, cases[k].steps, cases[k].batch, 2, 3, 0,
                                3, 1, 3, 1};
-    void* const forward_tensors[12] = {NULL, NULL, NULL, NULL, NULL,
+    void* const forward_tensors[13] = {NULL, NULL, NULL, NULL, NULL,
                                        (void*)cases[k].batch_sizes, NULL, NULL, NULL, NULL, NULL,
-                                       NULL};
-    void* const backward_tensors[18] = {NULL, NULL, NULL, (void*)cases[k].batch_sizes};
+                                       NULL, NULL};
+    void* const backward_tensors[19] = {NULL, NULL, NULL, (void*)cases[k].batch_sizes};
     if (lltm_check_pass("packed_forward", LLTM_FLOAT32, sizes, NULL, forward_tensors) !=
             LLTM_ERROR_ARGUMENTS ||
         lltm_check_pass("packed_backward", LLTM_FLOAT64, sizes, NULL, backward_tensors) !=

@@ -129,6 +129,17 @@ def _checked_options(inputs, backward, steps, batch_size, state_size, batch_size
     return options
 
 
+def _staging(h0, length, batch_sizes):
+    """The persistent kernels' staging ring for a CUDA pass over dense
+    steps whose rows (of `length` elements) are not whole 16 bytes: two
+    (batch, length rounded up to whole 16 bytes) buffers, which C fills
+    (src/cuda/recurrence/lltm_persistent.cuh, StagingRing); else None."""
+    chunk = 16 // h0.element_size()
+    if h0.is_cpu or batch_sizes is not None or length % chunk == 0:
+        return None
+    return h0.new_empty(2 * h0.shape[0] * ((length + chunk - 1) // chunk * chunk))
+
+
 @op.c_pass("packed_forward", check=_check_packed_forward)
 def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
                    bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
@@ -162,7 +173,8 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
         steps = steps_of(rows, batch_size, batch_sizes)
         options = _checked_options(inputs, False, steps, batch_size, state_size, batch_sizes)
         c(sizes=(rows, steps, batch_size, input_features, state_size, int(reverse)),
-          tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n),
+          tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n,
+                   _staging(h0, state_size, batch_sizes)),
           options=options)
     else:
         h_n, c_n = h0.clone(), c0.clone()
@@ -215,7 +227,7 @@ def packed_backward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
                  *cell._strides(grad_outputs)[1:], *cell._strides(grad_cells)[1:]),
           tensors=(inputs, weights, h0, batch_sizes, outputs, cells, gates, grad_outputs,
                    grad_cells, grad_h_n, grad_c_n, torch.empty_like(gates), d_inputs, d_weights,
-                   d_bias, d_h0, d_c0),
+                   d_bias, d_h0, d_c0, _staging(h0, 3 * state_size, batch_sizes)),
           options=options)
     return d_inputs, d_weights, d_bias, d_h0 if wants_h0 else None, d_c0 if wants_c0 else None
 

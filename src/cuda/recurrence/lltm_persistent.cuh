@@ -161,6 +161,50 @@ __device__ __forceinline__ void stage_rows(const Dtype* source, int rows, int64_
   }
 }
 
+// Where the rows a step stages are not whole 16 bytes (a 16-bit state of
+// 650: rows of 1,300 bytes), the kernels stage them not from the tensor
+// that holds them but from a ring of two copies whose rows are rounded up
+// to whole 16 bytes, zeros after the row: the step that computes the rows
+// writes the copy beside them, into slot `order & 1` (its place in the
+// walk), and the next step stages that slot in 16-byte copies, in a
+// cluster as bulk copies multicast to it. A bfloat16 state of 650 (H200,
+// T=64 B=16, us a step) trained at 16.5 staged in 4-byte copies by each
+// block, 11.2 through the ring, a state of 768 at 10.6.
+template <typename Dtype>
+struct StagingRing {
+  Dtype* ring;          // NULL: the kernel stages from the tensor itself
+  int64_t rows, length;  // the tensor's rows and their length
+  int64_t ring_length;   // length rounded up to whole 16 bytes
+
+  __device__ StagingRing(Dtype* ring, int64_t rows, int64_t length)
+      : ring(ring), rows(rows), length(length), ring_length(rounded_length(length)) {}
+
+  __host__ __device__ static int64_t rounded_length(int64_t length) {
+    const int64_t chunk = 16 / (int64_t)sizeof(Dtype);
+    return (length + chunk - 1) / chunk * chunk;
+  }
+
+  __device__ Dtype* slot(int64_t order) const { return ring + (order & 1) * rows * ring_length; }
+
+  // Every block, before the first step: the zeros after each row of both
+  // slots (the grid's barrier after the first step orders them before any
+  // staging).
+  __device__ void zero_padding() const {
+    if (!ring) return;
+    const int64_t pad = ring_length - length, total = 2 * rows * pad;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+      ring[i / pad * ring_length + length + i % pad] = to_storage<Dtype>(0);
+    }
+  }
+
+  // Element (row, column) of what the step at `order` computed, into its
+  // slot.
+  __device__ void keep(int64_t order, int64_t row, int64_t column, Dtype value) const {
+    if (ring) slot(order)[row * ring_length + column] = value;
+  }
+};
+
 // Element e of a block's batch_size x kColumns (batch row, state column)
 // elements: its row, its state column, whether it is one of the block's (e
 // below elements) and of the state (column below state_size), and its index.

@@ -85,13 +85,15 @@ struct GradStrides {
 // paths that carry the cell from step to step through memory carry it in
 // final_cell, which ends with each sequence's last one. The arithmetic is
 // the same either way, and so are the bits of outputs, final_h and
-// final_cell.
+// final_cell. staging: NULL, or the persistent kernels' ring of two (batch,
+// state rounded up to whole 16 bytes) buffers (lltm_persistent.cuh's
+// StagingRing), which the other paths leave alone.
 template <typename Dtype>
 struct ForwardRecurrence {
   lltm_walk walk;
   int64_t state_size, weights_row_stride;
   const Dtype *bias, *weights, *h0, *c0;
-  Dtype *outputs, *cells, *gates, *final_h, *final_cell;
+  Dtype *outputs, *cells, *gates, *final_h, *final_cell, *staging;
 };
 
 // Backward: d_gates of every step from the output gradients grad_outputs
@@ -100,7 +102,8 @@ struct ForwardRecurrence {
 // forward pass kept. d_h0 and d_c0 end with the gradients of h0 and c0
 // where the path gives them (the cluster and persistent kernels; the
 // others leave d_h0 to initial_state_grads); past one step the paths carry
-// the gradients between steps in them.
+// the gradients between steps in them. staging as in the forward, of
+// (batch, 3 * state) rows.
 template <typename Dtype>
 struct BackwardRecurrence {
   lltm_walk walk;
@@ -108,7 +111,7 @@ struct BackwardRecurrence {
   const Dtype *weights, *grad_outputs, *grad_cells;
   GradStrides strides;
   const Dtype *grad_final_h, *grad_final_cell, *cells, *gates;
-  Dtype *d_gates, *d_h0, *d_c0;
+  Dtype *d_gates, *d_h0, *d_c0, *staging;
 };
 
 // Element (row, column) of one step of an output gradient (that step's
@@ -312,7 +315,9 @@ int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
 
 // The recurrence's paths, in the order of the plan's table (src/plan.c).
 // The cluster and persistent kernels take the same arguments, `arguments`
-// (the kernels' own, in their order: sequence_kernel.cu builds them):
+// (the kernels' own, in their order: sequence_kernel.cu builds them), but
+// for the persistent kernels' last, staging, which the cluster kernels,
+// one parameter short, do not read:
 // cluster_kernel.cu launches the kernel of a cluster plan
 // (lltm_plan_cluster, lltm_cluster.h), persistent_kernel.cu plans a
 // persistent launch (blocks == 0: none) and launches the kernel it names.

@@ -22,13 +22,15 @@
 // leaves its state in final_h and final_cell too, where final_h is not
 // NULL. cells NULL: nothing kept for a backward (ForwardRecurrence), the
 // cell carried in final_cell, its element read and written by the same
-// lane each step. Dense steps only (lltm_steps.h); bias NULL: none.
+// lane each step. staging NULL, or a ring of two (batch, state rounded up
+// to whole 16 bytes) buffers (StagingRing) where the state's rows are not
+// whole 16 bytes. Dense steps only (lltm_steps.h); bias NULL: none.
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
     const int64_t weights_row_stride, const int reverse, const Dtype* __restrict__ bias,
     const Dtype* __restrict__ weights, const Dtype* h0, const Dtype* c0, Dtype* outputs,
-    Dtype* cells, Dtype* gates, Dtype* final_h, Dtype* final_cell) {
+    Dtype* cells, Dtype* gates, Dtype* final_h, Dtype* final_cell, Dtype* staging) {
   typedef math_t<Dtype> Math;
   constexpr bool kTensorCores = !IsMath<Dtype>::value;
   static_assert(!kTensorCores || kColumns == kMmaColumns, "a tensor-core block owns a tile");
@@ -49,6 +51,8 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
   __shared__ uint64_t multicast_barrier;
   MulticastStage multicast = {&multicast_barrier, 0, false};
   multicast.prepare(h, batch_size, rows, stride, kTensorCores);
+  const StagingRing<Dtype> ring(staging, batch_size, state_size);
+  ring.zero_padding();
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
   // Where each step's cells go: cells, or final_cell for every step.
@@ -74,7 +78,11 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     };
     auto stage = [&] {
       __syncthreads();
-      multicast.stage(old_h, (int)batch_size, state_size, h, stride, order > 0);
+      if (order && staging) {
+        multicast.stage(ring.slot(order - 1), (int)batch_size, ring.ring_length, h, stride, true);
+      } else {
+        multicast.stage(old_h, (int)batch_size, state_size, h, stride, order > 0);
+      }
       __syncthreads();
     };
     auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[3],
@@ -90,6 +98,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
       cell_forward_(pre[0], pre[1], pre[2], to_math(inputs[6]), &h_value, &cell_value);
       const Dtype new_h = to_storage<Dtype>(h_value), new_cell = to_storage<Dtype>(cell_value);
       outputs[t * step + at.element] = new_h;
+      ring.keep(order, at.row, at.column, new_h);
       cell_steps[t * cell_step + at.element] = new_cell;
       if (final_h_now) {
         final_h_now[at.element] = new_h;
@@ -121,8 +130,8 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
 // of h0: the gradient reaching a step's h from the step visited after it
 // (that step's d_gates times the hidden weights), or the final h's at the
 // last step visited, then the cell's backward pass; d_c0 carries the
-// gradient reaching each cell, starting from the final cell's. Dense steps
-// only.
+// gradient reaching each cell, starting from the final cell's. staging as
+// in the forward, of d_gates' rows. Dense steps only.
 template <typename Dtype, int kColumns>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
@@ -130,7 +139,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     const Dtype* __restrict__ grad_outputs, const Dtype* __restrict__ grad_cells,
     const GradStrides strides, const Dtype* __restrict__ grad_final_h,
     const Dtype* __restrict__ grad_final_cell, const Dtype* __restrict__ cells,
-    const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0) {
+    const Dtype* __restrict__ gates, Dtype* d_gates, Dtype* d_h0, Dtype* d_c0, Dtype* staging) {
   typedef math_t<Dtype> Math;
   constexpr bool kTensorCores = !IsMath<Dtype>::value;
   static_assert(!kTensorCores || kColumns == kMmaColumns, "a tensor-core block owns a tile");
@@ -151,6 +160,8 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   __shared__ uint64_t multicast_barrier;
   MulticastStage multicast = {&multicast_barrier, 0, false};
   multicast.prepare(g, batch_size, rows, stride, kTensorCores);
+  const StagingRing<Dtype> ring(staging, batch_size, gates_size);
+  ring.zero_padding();
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   const int64_t step = batch_size * state_size;
   for (int64_t order = steps - 1; order >= -1; --order) {
@@ -182,7 +193,11 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     auto stage = [&] {
       if (!d_gates_next) return;
       __syncthreads();
-      multicast.stage(d_gates_next, (int)batch_size, gates_size, g, stride, true);
+      if (staging) {
+        multicast.stage(ring.slot(order + 1), (int)batch_size, ring.ring_length, g, stride, true);
+      } else {
+        multicast.stage(d_gates_next, (int)batch_size, gates_size, g, stride, true);
+      }
       __syncthreads();
     };
     auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[1],
@@ -199,9 +214,13 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
                      to_math(inputs[3]), to_math(inputs[4]), to_math(inputs[5]), &d_old_cell,
                      &d_input, &d_output, &d_candidate);
       d_c0[at.element] = to_storage<Dtype>(d_old_cell);
-      d_gates[gate] = to_storage<Dtype>(d_input);
-      d_gates[gate + state_size] = to_storage<Dtype>(d_output);
-      d_gates[gate + 2 * state_size] = to_storage<Dtype>(d_candidate);
+      const Dtype d[3] = {to_storage<Dtype>(d_input), to_storage<Dtype>(d_output),
+                          to_storage<Dtype>(d_candidate)};
+#pragma unroll
+      for (int g = 0; g < 3; ++g) {
+        d_gates[gate + g * state_size] = d[g];
+        ring.keep(order, at.row, at.column + g * state_size, d[g]);
+      }
     };
     if constexpr (kTensorCores) {
       auto product = [&](int m, int begin, int end, float (&acc)[1][4]) {

@@ -87,7 +87,7 @@ static int sequence_forward_steps(bool cublas, cudaStream_t stream,
     // The whole-pass kernels' arguments (either path's), in their order.
     void* arguments[] = {&r.walk.steps, &r.walk.batch_size, &r.state_size, &r.weights_row_stride,
                          &r.walk.reverse, &r.bias, &r.weights, &r.h0, &r.c0, &r.outputs,
-                         &r.cells, &r.gates, &r.final_h, &r.final_cell};
+                         &r.cells, &r.gates, &r.final_h, &r.final_cell, &r.staging};
     return plan.path == LLTM_PATH_CLUSTER ? launch_clusters(plan.cluster, arguments, stream)
                                           : launch_persistent(plan.persistent, arguments, stream);
   }
@@ -171,7 +171,7 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream,
     void* arguments[] = {&r.walk.steps, &r.walk.batch_size, &r.state_size, &r.weights_row_stride,
                          &r.walk.reverse, &r.weights, &r.grad_outputs, &r.grad_cells, &r.strides,
                          &r.grad_final_h, &r.grad_final_cell, &r.cells, &r.gates, &r.d_gates,
-                         &r.d_h0, &r.d_c0};
+                         &r.d_h0, &r.d_c0, &r.staging};
     code = plan.path == LLTM_PATH_CLUSTER ? launch_clusters(plan.cluster, arguments, stream)
                                           : launch_persistent(plan.persistent, arguments, stream);
   } else {
@@ -216,11 +216,12 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream,
 // and no pre-activations (ForwardRecurrence), gates (rows, 3 * state)
 // serving as its workspace, which it always needs; the backward pass needs
 // the cells and gates a forward kept. Otherwise LLTM_ERROR_ARGUMENTS.
+// staging (NULL: none) as ForwardRecurrence and BackwardRecurrence say.
 template <typename Dtype>
 static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
                                  const void* inputs, const void* weights, const void* bias,
                                  const void* h0, const void* c0, void* outputs, void* cells,
-                                 void* gates, void* final_h, void* final_cell,
+                                 void* gates, void* final_h, void* final_cell, void* staging,
                                  const void* options_address, cudaStream_t stream) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
@@ -230,7 +231,7 @@ static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
                               input_features, state_size, key_options(options), walk.reverse,
                               address(inputs), address(weights), address(bias), address(h0),
                               address(c0), address(outputs), address(cells), address(gates),
-                              address(final_h), address(final_cell)},
+                              address(final_h), address(final_cell), address(staging)},
                              walk.batch_sizes,
                              walk.batch_sizes ? walk.steps : 0};
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
@@ -238,7 +239,7 @@ static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
   const ForwardRecurrence<Dtype> recurrence = {
       walk, state_size, state_size + input_features, as<Dtype>(bias), as<Dtype>(weights),
       as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
-      as<Dtype>(final_h), as<Dtype>(final_cell)};
+      as<Dtype>(final_h), as<Dtype>(final_cell), as<Dtype>(staging)};
   return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
     return sequence_forward_steps<Dtype>(cublas, on, options, input_features, as<Dtype>(inputs),
                                          recurrence);
@@ -252,8 +253,8 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
                                   const void* grad_outputs, const void* grad_cells,
                                   const void* grad_final_h, const void* grad_final_cell,
                                   void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
-                                  void* d_h0, void* d_c0, const void* options_address,
-                                  cudaStream_t stream) {
+                                  void* d_h0, void* d_c0, void* staging,
+                                  const void* options_address, cudaStream_t stream) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
   const lltm_sequence_options* options = as<lltm_sequence_options>(options_address);
@@ -268,7 +269,8 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
                               address(grad_cells), address(grad_final_h),
                               address(grad_final_cell), address(d_gates), address(d_inputs),
                               address(d_weights), address(d_bias), address(d_h0), address(d_c0),
-                              row_strides[0], row_strides[1], row_strides[2], row_strides[3]},
+                              row_strides[0], row_strides[1], row_strides[2], row_strides[3],
+                              address(staging)},
                              walk.batch_sizes,
                              walk.batch_sizes ? walk.steps : 0};
   // Past one step d_h0 and d_c0 carry the gradients between steps.
@@ -278,7 +280,8 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
   const BackwardRecurrence<Dtype> recurrence = {
       walk, state_size, state_size + input_features, as<Dtype>(weights), as<Dtype>(grad_outputs),
       as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h), as<Dtype>(grad_final_cell),
-      as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(d_gates), as<Dtype>(d_h0), as<Dtype>(d_c0)};
+      as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(d_gates), as<Dtype>(d_h0), as<Dtype>(d_c0),
+      as<Dtype>(staging)};
   return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
     return sequence_backward_steps<Dtype>(cublas, on, options, input_features, as<Dtype>(inputs),
                                           as<Dtype>(h0), as<Dtype>(outputs), recurrence,
@@ -291,10 +294,12 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
 LLTM_CUDA_PASS_WITH_HALF(packed_forward, launch_packed_forward, args->sizes, args->tensors[5],
                          args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
                          args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
-                         args->tensors[9], args->tensors[10], args->tensors[11], stream)
+                         args->tensors[9], args->tensors[10], args->tensors[11],
+                         args->tensors[12], stream)
 LLTM_CUDA_PASS_WITH_HALF(packed_backward, launch_packed_backward, args->sizes, args->tensors[3],
                          args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
                          args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
                          args->tensors[9], args->tensors[10], args->tensors[11],
                          args->tensors[12], args->tensors[13], args->tensors[14],
-                         args->tensors[15], args->tensors[16], args->tensors[17], stream)
+                         args->tensors[15], args->tensors[16], args->tensors[17],
+                         args->tensors[18], stream)
