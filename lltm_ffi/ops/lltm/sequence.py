@@ -129,15 +129,21 @@ def _checked_options(inputs, backward, steps, batch_size, state_size, batch_size
     return options
 
 
+def _whole_16_bytes(length, tensor):
+    """`length` elements of tensor's dtype rounded up to whole 16 bytes."""
+    chunk = 16 // tensor.element_size()
+    return (length + chunk - 1) // chunk * chunk
+
+
 def _staging(h0, length, batch_sizes):
     """The persistent kernels' staging ring for a CUDA pass over dense
     steps whose rows (of `length` elements) are not whole 16 bytes: two
     (batch, length rounded up to whole 16 bytes) buffers, which C fills
     (src/cuda/recurrence/lltm_persistent.cuh, StagingRing); else None."""
-    chunk = 16 // h0.element_size()
-    if h0.is_cpu or batch_sizes is not None or length % chunk == 0:
+    rounded = _whole_16_bytes(length, h0)
+    if h0.is_cpu or batch_sizes is not None or rounded == length:
         return None
-    return h0.new_empty(2 * h0.shape[0] * ((length + chunk - 1) // chunk * chunk))
+    return h0.new_empty(2 * h0.shape[0] * rounded)
 
 
 @op.c_pass("packed_forward", check=_check_packed_forward)
@@ -428,7 +434,7 @@ def _on_padded_state(state_size, inputs, weights, bias, h0, c0, batch_sizes, rev
     slower cuBLAS kernels). Autograd differentiates the padding and the
     cutting back as any torch op's."""
     size, features = h0.shape[1], inputs.shape[-1]
-    extra, extra_features = state_size - size, -features % (16 // inputs.element_size())
+    extra, extra_features = state_size - size, _whole_16_bytes(features, inputs) - features
     if extra_features:
         inputs = F.pad(inputs, (0, extra_features))
     gates = weights.reshape(3, size, -1)
