@@ -188,7 +188,8 @@ constexpr int lltm_dtype_of() {
   LLTM_CUDA_PASS_OF(name, LLTM_WITH_HALF, LLTM_TYPED_CALL_WITH_HALF, function, __VA_ARGS__)
 #endif
 
-/* Below this many elements, waking threads costs more than a loop saves. */
+/* Below this many elements, waking a second thread costs more than a loop
+ * saves; a larger team pays from less (lltm_team_size). */
 #define LLTM_PARALLEL_MIN_ELEMENTS 32768
 
 #ifdef __cplusplus
@@ -198,10 +199,13 @@ extern "C" {
  * use (lltm_ffi.h; 0 or less: OpenMP's default), for the calling thread. */
 void lltm_start_cpu_pass(int threads);
 /* How many threads the calling thread's pass takes for work of `elements`
- * elements: 1 below LLTM_PARALLEL_MIN_ELEMENTS, in a forked child
- * (lltm_threads_allowed) or where its caller allows one; else as many as
- * its caller allows. src/threads.c. */
+ * elements: 1 in a forked child (lltm_threads_allowed), where its caller
+ * allows one, or below LLTM_PARALLEL_MIN_ELEMENTS times 2 / the team; else
+ * as many as its caller allows. src/threads.c. */
 int lltm_team_size(int64_t elements);
+/* The team a pass of any size could take: what its caller allows, 1 in a
+ * forked child. */
+int lltm_pass_team(void);
 #ifdef __cplusplus
 }
 #endif

@@ -327,6 +327,42 @@ def test_the_passes_run_on_torchs_threads(path, torch_threads, monkeypatch):
     assert seen == [1]
 
 
+def test_a_larger_team_takes_smaller_work(torch_threads, monkeypatch):
+    """Two threads pay from 32,768 elements of a loop on; a team of n from
+    2/n of that (lltm_team_size): a pass whose largest loop is 24,576
+    elements (a step's 32 x 192 sums of 64 products each, as 16 multiply-adds
+    an element) runs on one thread of two, on all of sixteen."""
+    use_path(monkeypatch, "default")
+    arguments = random_arguments((2, 32, 8, 64), torch.float32)
+    torch_threads(2)
+    assert threads_of_a_pass(*arguments) == 1
+    torch_threads(16)
+    assert threads_of_a_pass(*arguments) == 16
+
+
+def test_on_four_threads_a_large_batch_of_a_small_state_takes_the_own_tiles(torch_threads,
+                                                                           monkeypatch):
+    """The plan's recurrence of 8 rows or more of a state up to 256 is the
+    BLAS's on 2 threads, the own tiles' on 4 (products_plan_): the default
+    gives the bits of LLTM_BLAS=1 on 2 threads, other bits on 4."""
+    if _blas.library_path() is None:
+        pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
+    shape = (3, 16, 8, 64)
+    arguments, grads = random_arguments(shape, torch.float32), random_grads(shape, torch.float32)
+
+    def results(path):
+        use_path(monkeypatch, path)
+        return with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+
+    torch_threads(2)
+    assert all(torch.equal(got, blas) for got, blas in zip(results("default"), results("blas")))
+    torch_threads(4)
+    default, blas = results("default"), results("blas")
+    assert not torch.equal(default[0], blas[0])
+    for got, wanted in zip(default, blas):
+        assert _relative_error(got, wanted) <= TOLERANCES[torch.float32]
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_the_threads_change_no_more_than_the_order_of_sums(path, torch_threads, monkeypatch):
     """The own tiles give the same bits on any number of threads; the BLAS's

@@ -486,11 +486,11 @@ static int64_t run_end(int64_t first, int64_t run, int64_t count) {
 /* The configuration is loaded once for the run, and the tiles released
  * after it, as the kernel expects of a thread done with them. */
 AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_factor* right,
-                                 int64_t first_row, int64_t first_column, float* sums,
-                                 int64_t stride) {
+                                 int64_t first_row, int64_t first_column, int64_t column_run,
+                                 float* sums, int64_t stride) {
   const int64_t depth = left->packed_depth, second = TILE_ROWS * depth;
   const int64_t end_row = run_end(first_row, ROW_RUN * BLOCK, left->count);
-  const int64_t end_column = run_end(first_column, COLUMN_RUN * BLOCK, right->count);
+  const int64_t end_column = run_end(first_column, column_run, right->count);
   _tile_loadconfig(&tile_config);
   int64_t done = 0;
   do { /* once at least, so that depth 0 writes zeros */
@@ -510,15 +510,21 @@ AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_fac
   _tile_release();
 }
 
+/* Where the rows are one run, the runs are one block of columns each, so
+ * that a step's product of a few rows (a recurrence's, batch by weights)
+ * still splits over every thread; its left tiles stay in L2 whatever the
+ * run. */
 static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, float* sums,
                     int64_t stride) {
   const int64_t row_runs = round_up(left->count, ROW_RUN * BLOCK) / (ROW_RUN * BLOCK);
-  const int64_t column_runs = round_up(right->count, COLUMN_RUN * BLOCK) / (COLUMN_RUN * BLOCK);
-  /* A pointwise element's time is that of some thousand multiply-adds here. */
+  const int64_t column_run = row_runs == 1 ? BLOCK : COLUMN_RUN * BLOCK;
+  const int64_t column_runs = round_up(right->count, column_run) / column_run;
+  /* A pointwise element's time is that of some thousand multiply-adds
+   * here; the tiles multiply whole blocks of rows. */
   LLTM_FOR_EACH(run, row_runs * column_runs,
-                left->count * right->count * left->packed_depth / 1024, {
-    block_run(left, right, run / column_runs * ROW_RUN * BLOCK,
-              run % column_runs * COLUMN_RUN * BLOCK, sums, stride);
+                round_up(left->count, BLOCK) * right->count * left->packed_depth / 1024, {
+    block_run(left, right, run / column_runs * ROW_RUN * BLOCK, run % column_runs * column_run,
+              column_run, sums, stride);
   });
 }
 

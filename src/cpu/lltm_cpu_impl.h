@@ -342,16 +342,23 @@ static inline void lltm_part(int64_t index, int64_t parts, int64_t count, int64_
 }
 #endif
 
-/* How many parts the BLAS's products are cut into: one a thread of the
- * pass (lltm_team_size) for work of `elements` elements, but no more than
- * LLTM_BLAS_MOST_PARTS, well below the buffers OpenBLAS keeps for calls
- * at once (twice its MAX_THREADS, 64 in the scipy-openblas32 wheels),
- * past which it warns on stderr. Threads past the parts wait. */
+/* How many parts the BLAS's products are cut into, each on a thread of its
+ * own: one a thread of the pass (lltm_team_size) for work of `elements`
+ * elements, but none of less than LLTM_BLAS_PART_ELEMENTS (on 16 threads
+ * of the H200 machine's Xeon, float32 inference at a batch of 1 took 0.87
+ * of the time of a part a thread at a state of 512, 0.66 at 768), and no
+ * more than LLTM_BLAS_MOST_PARTS, well below the buffers OpenBLAS keeps
+ * for calls at once (twice its MAX_THREADS, 64 in the scipy-openblas32
+ * wheels), past which it warns on stderr. Threads past the parts wait. */
 #ifndef LLTM_BLAS_MOST_PARTS
 #define LLTM_BLAS_MOST_PARTS 32
+#define LLTM_BLAS_PART_ELEMENTS 16384
 static inline int lltm_blas_parts(int64_t elements) {
   const int team = lltm_team_size(elements);
-  return team < LLTM_BLAS_MOST_PARTS ? team : LLTM_BLAS_MOST_PARTS;
+  const int64_t worth = elements / LLTM_BLAS_PART_ELEMENTS;
+  int parts = team < LLTM_BLAS_MOST_PARTS ? team : LLTM_BLAS_MOST_PARTS;
+  if (worth < parts) parts = worth > 1 ? (int)worth : 1;
+  return parts;
 }
 #endif
 
@@ -1429,17 +1436,23 @@ static int LLTM_NAME(uses_amx_)(const lltm_sequence_options* options, int64_t ba
  * 16-bit type's all go on AMX where uses_amx_ says so. Else, where the
  * BLAS is loaded (lltm_blas.h) and its ints hold the sizes, every product
  * but the recurrence's goes through it, and the recurrence's too but for
- * batches of 2 to LLTM_OWN_TILES_BATCH - 1 rows of states up to
- * LLTM_OWN_TILES_STATE, where the own tiles were the faster on the 2-core
- * AMD EPYC over 64 steps (a step's product there is a few microseconds:
- * the BLAS's calls and its packing of the weights cost more than the
- * products; one row takes the BLAS's gemv, which reads the weights as
- * they lie, where the tiles read them transposed, a copy made each pass).
+ * batches of 2 rows or more of states up to LLTM_OWN_TILES_STATE: up to
+ * LLTM_OWN_TILES_BATCH - 1 rows, where the own tiles were the faster on
+ * the 2-core AMD EPYC over 64 steps (a step's product there is a few
+ * microseconds: the BLAS's calls and its packing of the weights cost more
+ * than the products; one row takes the BLAS's gemv, which reads the
+ * weights as they lie, where the tiles read them transposed, a copy made
+ * each pass), and at any batch on LLTM_OWN_TILES_TEAM threads or more,
+ * where the BLAS's parts, a slab of states a thread, are too small to pay
+ * for their calls (on 4, 8 and 16 threads of the H200 machine's Xeon, at
+ * a batch of 64 and a state of 128, the own tiles took 0.6 to 0.9 of the
+ * BLAS's time, training and inference).
  * options->blas 0 (LLTM_BLAS=0) keeps the own tiles for every product, 1
  * (LLTM_BLAS=1) takes the BLAS for the recurrence at every size. */
 #ifndef LLTM_OWN_TILES_BATCH
 #define LLTM_OWN_TILES_BATCH 8
 #define LLTM_OWN_TILES_STATE 256
+#define LLTM_OWN_TILES_TEAM 4
 #endif
 static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_options* options,
                                                       int64_t rows,
@@ -1455,8 +1468,9 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
     return products;
   }
   products.blas = 1;
-  const int own_tiles_pay = batch_size > 1 && batch_size < LLTM_OWN_TILES_BATCH &&
-                            state_size <= LLTM_OWN_TILES_STATE;
+  const int own_tiles_pay =
+      batch_size > 1 && state_size <= LLTM_OWN_TILES_STATE &&
+      (batch_size < LLTM_OWN_TILES_BATCH || lltm_pass_team() >= LLTM_OWN_TILES_TEAM);
   if (options->blas == 1 || !own_tiles_pay) products.recurrence = LLTM_ON_BLAS;
   return products;
 }
