@@ -118,10 +118,13 @@ def _check_packed_forward(function, inputs, weights, bias, h0, c0, batch_sizes, 
     check_packed(function, inputs, weights, bias, h0, c0, batch_sizes)
 
 
-def _checked_options(inputs, backward, steps, batch_size, state_size, batch_sizes):
-    """The pass's options (plan.sequence_options), once the path LLTM_PATH
-    forces, if any, is known to take it (else its ValueError)."""
-    options = plan.sequence_options("lltm_sequence")
+def _checked_options(inputs, backward, steps, batch_size, state_size, batch_sizes,
+                     options=None):
+    """The pass's options (`options`, else plan.sequence_options), once the
+    path LLTM_PATH forces, if any, is known to take it (else its
+    ValueError)."""
+    if options is None:
+        options = plan.sequence_options("lltm_sequence")
     if type(inputs) in op.PLAIN_TENSOR_TYPES:  # a fake tensor has no device to ask about
         plan.check_forced_sequence("lltm_sequence", inputs.dtype, inputs.device, backward,
                                    steps, batch_size, state_size, batch_sizes is not None,
@@ -151,8 +154,8 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
                    bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
                    c0: op.Tensor(dims=2),
                    batch_sizes: op.Tensor(dims=1, dtype=torch.int64, optional=True, host=True),
-                   reverse: bool, *, saved=True) -> tuple[Tensor, Tensor, Tensor, Tensor,
-                                                          Tensor]:
+                   reverse: bool, *, saved=True, options=None) -> tuple[Tensor, Tensor, Tensor,
+                                                                        Tensor, Tensor]:
     """(outputs, cells, gates, h_n, c_n) of one direction over packed steps:
     every step's new_h and new_cell (rows, state) and pre-activation gates
     (rows, 3 * state), and each sequence's final state (batch, state), after
@@ -161,7 +164,8 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     dense steps of the whole batch; h0 and c0 (batch, state), in the packed
     order; bias None: none. saved=False, for a forward no backward follows:
     cells and gates are None, the pass storing neither, and outputs, h_n
-    and c_n are bit for bit saved=True's. No cells are allocated on any
+    and c_n are bit for bit saved=True's. `options`: the call's
+    plan.sequence_options where the caller has them already. No cells are allocated on any
     device (a CUDA pass carries each sequence's cell in c_n or in
     registers). A CUDA pass still gets a (rows, 3 * state) buffer, its
     workspace, dropped after the call: one product puts every step's input
@@ -177,7 +181,8 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     if outputs.numel():
         h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
         steps = steps_of(rows, batch_size, batch_sizes)
-        options = _checked_options(inputs, False, steps, batch_size, state_size, batch_sizes)
+        options = _checked_options(inputs, False, steps, batch_size, state_size, batch_sizes,
+                                   options)
         c(sizes=(rows, steps, batch_size, input_features, state_size, int(reverse)),
           tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n,
                    _staging(h0, state_size, batch_sizes)),
@@ -320,16 +325,16 @@ def _records_backward(*tensors):
         tensor is not None and tensor.requires_grad for tensor in tensors)
 
 
-def _forward_alone(inputs, weights, bias, h0, c0, batch_sizes, reverse):
+def _forward_alone(options, inputs, weights, bias, h0, c0, batch_sizes, reverse):
     """(outputs, (h_n, c_n)) of checked plain arguments whose backward will
     not run: the packed forward pass, which takes dense steps too, called
-    directly, with no autograd.Function and nothing kept for a backward
-    (packed_forward's saved=False). inputs (steps, batch, features), or the
-    packed rows with their batch_sizes."""
+    directly with the call's `options`, with no autograd.Function and
+    nothing kept for a backward (packed_forward's saved=False). inputs
+    (steps, batch, features), or the packed rows with their batch_sizes."""
     dense = batch_sizes is None
     rows = inputs.reshape(-1, inputs.shape[-1]) if dense else inputs
     outputs, _, _, h_n, c_n = packed_forward.run(rows, weights, bias, h0, c0, batch_sizes,
-                                                 bool(reverse), saved=False)
+                                                 bool(reverse), saved=False, options=options)
     return (outputs.view(*inputs.shape[:2], h0.shape[1]) if dense else outputs), (h_n, c_n)
 
 
@@ -389,11 +394,12 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         packed_forward.check(arguments, "lltm_sequence")
         if inputs.shape[0] == 0:
             return inputs.new_empty(0, h0.shape[1]), (h0, c0)
-        state_size = _planned_state(inputs, h0, batch_sizes) if plain else h0.shape[1]
+        options = plan.sequence_options("lltm_sequence") if plain else None
+        state_size = _planned_state(inputs, h0, batch_sizes, options) if plain else h0.shape[1]
         if state_size != h0.shape[1]:
             return _on_padded_state(state_size, *arguments)
         if plain and not _records_backward(*tensors):
-            return _forward_alone(*arguments)
+            return _forward_alone(options, *arguments)
         outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
         return outputs, (h_n, c_n)
     check_dense(inputs, weights, bias, h0, c0)
@@ -404,24 +410,26 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         # One step is a call of the cell, in its step kernels.
         new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
         return new_h.unsqueeze(0), (new_h, new_cell)
-    state_size = _planned_state(inputs, h0, None) if plain else h0.shape[1]
+    options = plan.sequence_options("lltm_sequence") if plain else None
+    state_size = _planned_state(inputs, h0, None, options) if plain else h0.shape[1]
     if state_size != h0.shape[1]:
         return _on_padded_state(state_size, inputs, weights, bias, h0, c0, None, reverse)
     if plain and not _records_backward(*tensors):
-        return _forward_alone(inputs, weights, bias, h0, c0, None, reverse)
+        return _forward_alone(options, inputs, weights, bias, h0, c0, None, reverse)
     outputs, _, _, h_n, c_n = _forward(
         packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0, None,
                  bool(reverse)), plain)
     return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
 
 
-def _planned_state(inputs, h0, batch_sizes):
+def _planned_state(inputs, h0, batch_sizes, options):
     """The state size the plan runs a call of these checked arguments at
-    (plan.sequence_state): h0's, or more where it pads the state."""
+    with `options` (plan.sequence_state): h0's, or more where it pads the
+    state."""
     batch_size, state_size = h0.shape
     steps = inputs.shape[0] if batch_sizes is None else batch_sizes.shape[0]
     return plan.sequence_state(inputs.dtype, inputs.device, steps, batch_size, state_size,
-                               batch_sizes is not None, plan.sequence_options("lltm_sequence"))
+                               batch_sizes is not None, options)
 
 
 def _on_padded_state(state_size, inputs, weights, bias, h0, c0, batch_sizes, reverse):
@@ -490,9 +498,10 @@ def recurrence_path(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=
     batch_size, state_size = h0.shape
     if not steps * batch_size * state_size:
         return None
+    options = plan.sequence_options("lltm_sequence")
     return plan.sequence_path("lltm_sequence", inputs.dtype, inputs.device, backward, steps,
-                              batch_size, _planned_state(inputs, h0, batch_sizes),
-                              batch_sizes is not None, plan.sequence_options("lltm_sequence"))
+                              batch_size, _planned_state(inputs, h0, batch_sizes, options),
+                              batch_sizes is not None, options)
 
 
 def _in_packed_order(name, state, data, sorted_indices):
