@@ -53,7 +53,7 @@ int lltm_pass_team(void) {
  * a step from 4,096 elements on, against 191 from 32,768. */
 int lltm_team_size(int64_t elements) {
   const int team = lltm_pass_team();
-  if (team == 1 || elements * team < 2 * (int64_t)LLTM_PARALLEL_MIN_ELEMENTS) return 1;
+  if (elements * team < 2 * (int64_t)LLTM_PARALLEL_MIN_ELEMENTS) return 1;
   if (team > threads_used) threads_used = team;
   return team;
 }

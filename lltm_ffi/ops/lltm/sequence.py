@@ -165,9 +165,9 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     order; bias None: none. saved=False, for a forward no backward follows:
     cells and gates are None, the pass storing neither, and outputs, h_n
     and c_n are bit for bit saved=True's. `options`: the call's
-    plan.sequence_options where the caller has them already. No cells are allocated on any
-    device (a CUDA pass carries each sequence's cell in c_n or in
-    registers). A CUDA pass still gets a (rows, 3 * state) buffer, its
+    plan.sequence_options where the caller has them already. No cells are
+    allocated on any device (a CUDA pass carries each sequence's cell in
+    c_n or in registers). A CUDA pass still gets a (rows, 3 * state) buffer, its
     workspace, dropped after the call: one product puts every step's input
     part of the gates there before the recurrence, which reads each step's
     from it (a product a step instead would cost a launch a step and might
