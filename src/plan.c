@@ -41,14 +41,15 @@
  *   cpu         every pass: src/cpu's recurrence (its products portable or
  *               on AMX, LLTM_AMX). The CPU's one path: nothing to measure.
  *  the sequence's state (lltm_sequence_state), CUDA device: where a state's
- *               rows are not whole 16 bytes, the call has LLTM_PAD_STEPS
- *               steps or more and the padded state's forward takes the
- *               persistent or the cublas row, the call runs at the padded
- *               state (zero units, the inputs' features padded alike;
- *               Python pads and cuts back): cuBLAS then takes its 16-byte
- *               aligned kernels for every product, those around the
- *               persistent kernels' recurrence too (which stage rows off
- *               16 bytes through a ring of padded copies either way). H200
+ *               rows are not whole 16 bytes and the padded state's forward
+ *               takes the persistent row on LLTM_PAD_STEPS steps or more,
+ *               or the cublas row on as many or with large products
+ *               (LLTM_PAD_STATE), the call runs at the padded state (zero
+ *               units, the inputs' features padded alike; Python pads and
+ *               cuts back): cuBLAS then takes its 16-byte aligned
+ *               kernels for every product, those around the persistent
+ *               kernels' recurrence too (which stage rows off 16 bytes
+ *               through a ring of padded copies either way). H200
  *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
  *               T=1024 B=16, bfloat16 autocast training, us a step: S=650
  *               8.3 padded, 9.6 as given (768: 8.5); S=1500, on the cublas
@@ -180,6 +181,20 @@ int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64
  * 656 given as such 1.2, a state of 650 as given 1.4). */
 #define LLTM_PAD_STEPS 256
 
+/* Under LLTM_PAD_STEPS steps the padding still pays on the cuBLAS loop
+ * where each step's product is large: a 16-bit state of at least
+ * LLTM_PAD_STATE with at least LLTM_PAD_ROWS rows (on rows off 16 bytes
+ * cuBLAS takes sm_80 kernels of 2-element alignment, 13 us a product at
+ * S=1500 B=64 against 5 padded). H200, T=64 F=S under bfloat16 autocast,
+ * us a step as given and padded (python3 benchmark.py --sweep -c --states
+ * 1500 --steps 64, this rule against none): B=16 training 42.6 and 26.2,
+ * inference 18.6 and 10.8; B=64 55.3 and 33.1, 25.5 and 13.2 (1536: 21.9
+ * and 8.5, 28.0 and 10.4). Where the products are small the host's cost
+ * wins (LLTM_PAD=1 against 0): at B=1 26.7 and 34.3 training, 10.9 and
+ * 11.5 inference; S=650 at B=64 28.1 and 31.8 training. */
+#define LLTM_PAD_STATE 1024
+#define LLTM_PAD_ROWS 16
+
 int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_size,
                             int64_t state_size, int packed, const lltm_sequence_options* options) {
   if (!options) options = &default_options;
@@ -187,10 +202,16 @@ int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_
   const int64_t padded = (state_size + row - 1) / row * row;
   if (options->pad == 0 || padded == state_size) return state_size;
   if (options->pad == 1) return padded;
-  if (device == LLTM_CPU || steps < LLTM_PAD_STEPS) return state_size;
+  if (device == LLTM_CPU) return state_size;
+  const int long_steps = steps >= LLTM_PAD_STEPS;
+  const int large_products = (dtype == LLTM_FLOAT16 || dtype == LLTM_BFLOAT16) &&
+                             state_size >= LLTM_PAD_STATE && batch_size >= LLTM_PAD_ROWS;
+  if (!long_steps && !large_products) return state_size;
   const int path =
       lltm_sequence_path(dtype, device, 0, steps, batch_size, padded, packed, options);
-  return path == LLTM_PATH_PERSISTENT || path == LLTM_PATH_CUBLAS ? padded : state_size;
+  return path == LLTM_PATH_CUBLAS || (long_steps && path == LLTM_PATH_PERSISTENT)
+             ? padded
+             : state_size;
 }
 
 /* Whether the cell's step passes are compiled for `dtype` (asked once). */
