@@ -182,3 +182,7 @@ const char* lltm_blas_config(void);
 /* The most threads that a parallel region of the calling thread's last
  * CPU pass ran on: 1 where it entered none. */
 int lltm_cpu_threads_used(void);
+/* What took the recurrent products of the calling thread's last CPU
+ * sequence pass: "own tiles", "amx" or "blas" (src/cpu/lltm_cpu_impl.h,
+ * products_plan_); "" before any. */
+const char* lltm_cpu_recurrence(void);

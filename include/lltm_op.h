@@ -206,6 +206,9 @@ int lltm_team_size(int64_t elements);
 /* The team a pass of any size could take: what its caller allows, 1 in a
  * forked child. */
 int lltm_pass_team(void);
+/* Records what took the recurrent products of the calling thread's pass
+ * (lltm_cpu_recurrence, lltm_ffi.h). src/threads.c. */
+void lltm_note_cpu_recurrence(const char* name);
 #ifdef __cplusplus
 }
 #endif

@@ -40,6 +40,13 @@ void lltm_start_cpu_pass(int threads) {
 
 int lltm_cpu_threads_used(void) { return threads_used; }
 
+/* The products of the calling thread's last CPU pass's recurrence. */
+static _Thread_local const char* recurrence = "";
+
+void lltm_note_cpu_recurrence(const char* name) { recurrence = name; }
+
+const char* lltm_cpu_recurrence(void) { return recurrence; }
+
 int lltm_pass_team(void) {
   if (!lltm_threads_allowed) return 1;
   return pass_threads > 0 ? pass_threads : omp_get_max_threads();

@@ -340,11 +340,16 @@ def test_a_larger_team_takes_smaller_work(torch_threads, monkeypatch):
     assert threads_of_a_pass(*arguments) == 16
 
 
+def recurrence_of_a_pass():
+    """What took the recurrent products of the calling thread's last CPU pass."""
+    return _extension.ffi.string(_extension.lib.lltm_cpu_recurrence()).decode()
+
+
 def test_on_four_threads_a_large_batch_of_a_small_state_takes_the_own_tiles(torch_threads,
                                                                            monkeypatch):
     """The plan's recurrence of 8 rows or more of a state up to 256 is the
-    BLAS's on 2 threads, the own tiles' on 4 (products_plan_): the default
-    gives the bits of LLTM_BLAS=1 on 2 threads, other bits on 4."""
+    BLAS's on 2 threads, the own tiles' on 4 (products_plan_, as the last
+    pass, the backward, reports it); on 4 they agree with the BLAS forced."""
     if _blas.library_path() is None:
         pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
     shape = (3, 16, 8, 64)
@@ -352,13 +357,16 @@ def test_on_four_threads_a_large_batch_of_a_small_state_takes_the_own_tiles(torc
 
     def results(path):
         use_path(monkeypatch, path)
-        return with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+        got = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+        return got, recurrence_of_a_pass()
 
     torch_threads(2)
-    assert all(torch.equal(got, blas) for got, blas in zip(results("default"), results("blas")))
+    (default, recurrence), (blas, _) = results("default"), results("blas")
+    assert recurrence == "blas"
+    assert all(torch.equal(got, wanted) for got, wanted in zip(default, blas))
     torch_threads(4)
-    default, blas = results("default"), results("blas")
-    assert not torch.equal(default[0], blas[0])
+    (default, recurrence), (blas, forced) = results("default"), results("blas")
+    assert (recurrence, forced) == ("own tiles", "blas")
     for got, wanted in zip(default, blas):
         assert _relative_error(got, wanted) <= TOLERANCES[torch.float32]
 

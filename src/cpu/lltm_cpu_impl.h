@@ -191,6 +191,7 @@ static inline int64_t lltm_tile_count(int64_t rows, int64_t columns) {
  * the recurrence is, else through the BLAS where `blas` says so, else by
  * the own tiles. products_plan_ decides, in one place. */
 enum { LLTM_OWN_TILES, LLTM_ON_AMX, LLTM_ON_BLAS };
+static const char* const lltm_recurrence_names[] = {"own tiles", "amx", "blas"};
 struct lltm_products {
   int recurrence, blas;
 };
@@ -1461,17 +1462,15 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
   struct lltm_products products = {LLTM_OWN_TILES, 0};
   if (LLTM_NAME(uses_amx_)(options, batch_size, state_size)) {
     products.recurrence = LLTM_ON_AMX;
-    return products;
+  } else if (options->blas != 0 && rows <= LLTM_BLAS_MAX && 3 * state_size <= LLTM_BLAS_MAX &&
+             state_size + input_features <= LLTM_BLAS_MAX && lltm_blas_loaded()) {
+    products.blas = 1;
+    const int own_tiles_pay =
+        batch_size > 1 && state_size <= LLTM_OWN_TILES_STATE &&
+        (batch_size < LLTM_OWN_TILES_BATCH || lltm_pass_team() >= LLTM_OWN_TILES_TEAM);
+    if (options->blas == 1 || !own_tiles_pay) products.recurrence = LLTM_ON_BLAS;
   }
-  if (options->blas == 0 || rows > LLTM_BLAS_MAX || 3 * state_size > LLTM_BLAS_MAX ||
-      state_size + input_features > LLTM_BLAS_MAX || !lltm_blas_loaded()) {
-    return products;
-  }
-  products.blas = 1;
-  const int own_tiles_pay =
-      batch_size > 1 && state_size <= LLTM_OWN_TILES_STATE &&
-      (batch_size < LLTM_OWN_TILES_BATCH || lltm_pass_team() >= LLTM_OWN_TILES_TEAM);
-  if (options->blas == 1 || !own_tiles_pay) products.recurrence = LLTM_ON_BLAS;
+  lltm_note_cpu_recurrence(lltm_recurrence_names[products.recurrence]);
   return products;
 }
 
