@@ -529,12 +529,11 @@ AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_fac
  * still splits over every thread; its left tiles stay in L2 whatever the
  * run. */
 static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, float* sums,
-                    int64_t stride) {
+                    int64_t stride, int64_t work) {
   const int64_t row_runs = round_up(left->count, ROW_RUN * BLOCK) / (ROW_RUN * BLOCK);
   const int64_t column_run = row_runs == 1 ? BLOCK : COLUMN_RUN * BLOCK;
   const int64_t column_runs = round_up(right->count, column_run) / column_run;
-  LLTM_FOR_EACH(run, row_runs * column_runs,
-                product_work(left->count, right->count, left->packed_depth), {
+  LLTM_FOR_EACH(run, row_runs * column_runs, work, {
     block_run(left, right, run / column_runs * ROW_RUN * BLOCK, run % column_runs * column_run,
               column_run, sums, stride);
   });
@@ -545,8 +544,8 @@ static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, f
 int lltm_amx_usable(void) { return 0; }
 
 static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, float* sums,
-                    int64_t stride) {
-  (void)left, (void)right, (void)sums, (void)stride;
+                    int64_t stride, int64_t work) {
+  (void)left, (void)right, (void)sums, (void)stride, (void)work;
 }
 
 #endif /* LLTM_AMX_COMPILED */
@@ -556,11 +555,12 @@ int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64
                       int64_t sums_stride) {
   if (row_stride != 1 && depth_stride != 1) return LLTM_ERROR_ARGUMENTS;
   if (!right->finite) return LLTM_AMX_DECLINED;
+  /* One team for the packing and the product (pack_left). */
+  const int64_t work = product_work(rows, right->count, right->packed_depth);
   const int status =
-      pack_left(right->dtype, rows, right->depth, a, row_stride, depth_stride,
-                product_work(rows, right->count, right->packed_depth), left);
+      pack_left(right->dtype, rows, right->depth, a, row_stride, depth_stride, work, left);
   if (status != LLTM_SUCCESS) return status;
   if (!left->finite) return LLTM_AMX_DECLINED;
-  product(left, right, sums, sums_stride);
+  product(left, right, sums, sums_stride, work);
   return LLTM_SUCCESS;
 }
