@@ -52,8 +52,8 @@
  *               through a ring of padded copies either way). H200
  *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
  *               T=1024 B=16, bfloat16 autocast training, us a step: S=650
- *               8.3 padded, 9.6 as given (768: 8.5); S=1500, on the cublas
- *               row, 19.8 and 39.3 (1536: 19.1). The cluster and steps rows
+ *               8.2 padded, 9.6 as given (768: 8.4); S=1500, on the cublas
+ *               row, 19.8 and 39.1 (1536: 19.1). The cluster and steps rows
  *               are not padded: not measured so.
  *  cell (lltm), CUDA device:
  *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
