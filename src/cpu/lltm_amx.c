@@ -33,7 +33,7 @@
 #define TILE_ROWS 16
 #define TILE_DEPTH 32     /* bfloat16s, 64 bytes */
 #define TILE_ELEMENTS 512 /* TILE_ROWS * TILE_DEPTH */
-#define BLOCK 32          /* rows and columns of a block of sums: two tiles each way */
+#define BLOCK LLTM_AMX_BLOCK /* two tiles each way */
 
 static int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
@@ -497,14 +497,14 @@ static int64_t run_end(int64_t first, int64_t run, int64_t count) {
   return first + run < count ? first + run : count;
 }
 
-/* The configuration is loaded once for the run, and the tiles released
- * after it, as the kernel expects of a thread done with them. */
+/* The sums of rows first_row to end_row by columns first_column to
+ * end_column, on the calling thread. The configuration is loaded once for
+ * the run, and the tiles released after it, as the kernel expects of a
+ * thread done with them. */
 AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_factor* right,
-                                 int64_t first_row, int64_t first_column, int64_t column_run,
-                                 float* sums, int64_t stride) {
+                                 int64_t first_row, int64_t end_row, int64_t first_column,
+                                 int64_t end_column, float* sums, int64_t stride) {
   const int64_t depth = left->packed_depth, second = TILE_ROWS * depth;
-  const int64_t end_row = run_end(first_row, ROW_RUN * BLOCK, left->count);
-  const int64_t end_column = run_end(first_column, column_run, right->count);
   _tile_loadconfig(&tile_config);
   int64_t done = 0;
   do { /* once at least, so that depth 0 writes zeros */
@@ -529,14 +529,27 @@ AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_fac
  * still splits over every thread; its left tiles stay in L2 whatever the
  * run. */
 static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, float* sums,
-                    int64_t stride, int64_t work) {
+                    int64_t stride, int64_t work, lltm_amx_then then, void* context) {
   const int64_t row_runs = round_up(left->count, ROW_RUN * BLOCK) / (ROW_RUN * BLOCK);
   const int64_t column_run = row_runs == 1 ? BLOCK : COLUMN_RUN * BLOCK;
   const int64_t column_runs = round_up(right->count, column_run) / column_run;
   LLTM_FOR_EACH(run, row_runs * column_runs, work, {
-    block_run(left, right, run / column_runs * ROW_RUN * BLOCK, run % column_runs * column_run,
-              column_run, sums, stride);
+    const int64_t first_row = run / column_runs * ROW_RUN * BLOCK;
+    const int64_t first_column = run % column_runs * column_run;
+    const int64_t end_row = run_end(first_row, ROW_RUN * BLOCK, left->count);
+    const int64_t end_column = run_end(first_column, column_run, right->count);
+    block_run(left, right, first_row, end_row, first_column, end_column, sums, stride);
+    if (then) then(context, first_row, end_row - first_row, first_column, end_column - first_column);
   });
+}
+
+void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* right,
+                         int64_t first_row, int64_t rows, int64_t first_column, int64_t columns,
+                         float* sums, int64_t stride) {
+  for (int64_t row = first_row; row < first_row + rows; row += ROW_RUN * BLOCK) {
+    block_run(left, right, row, run_end(row, ROW_RUN * BLOCK, first_row + rows), first_column,
+              first_column + columns, sums, stride);
+  }
 }
 
 #else
@@ -544,23 +557,42 @@ static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, f
 int lltm_amx_usable(void) { return 0; }
 
 static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, float* sums,
-                    int64_t stride, int64_t work) {
-  (void)left, (void)right, (void)sums, (void)stride, (void)work;
+                    int64_t stride, int64_t work, lltm_amx_then then, void* context) {
+  (void)left, (void)right, (void)sums, (void)stride, (void)work, (void)then, (void)context;
+}
+
+void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* right,
+                         int64_t first_row, int64_t rows, int64_t first_column, int64_t columns,
+                         float* sums, int64_t stride) {
+  (void)left, (void)right, (void)first_row, (void)rows, (void)first_column, (void)columns;
+  (void)sums, (void)stride;
 }
 
 #endif /* LLTM_AMX_COMPILED */
 
-int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
-                      const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
-                      int64_t sums_stride) {
+int64_t lltm_amx_work(int64_t rows, int64_t columns, const lltm_amx_factor* right) {
+  return product_work(rows, columns, right->packed_depth);
+}
+
+int lltm_amx_pack_left(int64_t rows, const uint16_t* a, int64_t row_stride,
+                       int64_t depth_stride, const lltm_amx_factor* right, int64_t columns,
+                       lltm_amx_factor* left) {
   if (row_stride != 1 && depth_stride != 1) return LLTM_ERROR_ARGUMENTS;
   if (!right->finite) return LLTM_AMX_DECLINED;
   /* One team for the packing and the product (pack_left). */
-  const int64_t work = product_work(rows, right->count, right->packed_depth);
-  const int status =
-      pack_left(right->dtype, rows, right->depth, a, row_stride, depth_stride, work, left);
+  const int status = pack_left(right->dtype, rows, right->depth, a, row_stride, depth_stride,
+                               lltm_amx_work(rows, columns, right), left);
   if (status != LLTM_SUCCESS) return status;
-  if (!left->finite) return LLTM_AMX_DECLINED;
-  product(left, right, sums, sums_stride, work);
+  return left->finite ? LLTM_SUCCESS : LLTM_AMX_DECLINED;
+}
+
+int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
+                      const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
+                      int64_t sums_stride, lltm_amx_then then, void* context) {
+  const int status =
+      lltm_amx_pack_left(rows, a, row_stride, depth_stride, right, right->count, left);
+  if (status != LLTM_SUCCESS) return status;
+  product(left, right, sums, sums_stride, lltm_amx_work(rows, right->count, right), then,
+          context);
   return LLTM_SUCCESS;
 }

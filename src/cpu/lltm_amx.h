@@ -49,14 +49,41 @@ int lltm_amx_pack_right(int dtype, int64_t depth, int64_t columns, const uint16_
  * done, and the product is the caller's to take another way. */
 #define LLTM_AMX_DECLINED 1
 
+/* What lltm_amx_multiply calls, where given, for each run of the sums it
+ * writes (rows first_row to first_row + rows by columns first_column to
+ * first_column + columns), on the thread that wrote them, after them. */
+typedef void (*lltm_amx_then)(void* context, int64_t first_row, int64_t rows,
+                              int64_t first_column, int64_t columns);
+
 /* sums (rows x right's columns, row stride sums_stride) = a times right,
  * a (rows x right's depth, of right's dtype) with element (i, k) at
  * a[i * row_stride + k * depth_stride], one of the strides 1, packed into
- * *left on the way. LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS
- * (neither stride 1) or LLTM_AMX_DECLINED. Only where lltm_amx_usable. */
+ * *left on the way; then `then` (may be NULL) for each run of them.
+ * LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS (neither stride
+ * 1) or LLTM_AMX_DECLINED. Only where lltm_amx_usable. */
 int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
                       const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
-                      int64_t sums_stride);
+                      int64_t sums_stride, lltm_amx_then then, void* context);
+
+/* The rows and columns of a block of sums. */
+#define LLTM_AMX_BLOCK 32
+
+/* lltm_amx_multiply in two halves, for a caller that shares a product's
+ * blocks among its own threads: a packed into *left by the team of a
+ * product of `columns` columns of right's depth (LLTM_SUCCESS,
+ * LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS or LLTM_AMX_DECLINED); then
+ * any block of the sums, on the calling thread: rows first_row to
+ * first_row + rows by columns first_column to first_column + columns, each
+ * first a multiple of LLTM_AMX_BLOCK, at sums[i * stride + j] for the whole product's
+ * (i, j). lltm_amx_work is such a product's work, in elements of pointwise
+ * math (lltm_team_size). */
+int lltm_amx_pack_left(int64_t rows, const uint16_t* a, int64_t row_stride,
+                       int64_t depth_stride, const lltm_amx_factor* right, int64_t columns,
+                       lltm_amx_factor* left);
+void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* right,
+                         int64_t first_row, int64_t rows, int64_t first_column, int64_t columns,
+                         float* sums, int64_t stride);
+int64_t lltm_amx_work(int64_t rows, int64_t columns, const lltm_amx_factor* right);
 
 void lltm_amx_free(lltm_amx_factor* packed);
 

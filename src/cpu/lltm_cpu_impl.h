@@ -582,10 +582,35 @@ static int LLTM_NAME(converted_product_)(int64_t rows, int64_t columns, int64_t 
   return status;
 }
 
+#ifdef AMX_DTYPE
+/* Where a product's sums go (amx_product_): each run of them added to
+ * base's or out's and rounded into out, by the thread that wrote them. */
+struct LLTM_NAME(sums_out_) {
+  const SCALAR* sums; /* row stride `columns` */
+  int64_t columns;
+  const STORAGE* base;
+  int accumulate;
+  STORAGE* out;
+  int64_t out_stride;
+};
+
+static void LLTM_NAME(add_run_)(void* context, int64_t first_row, int64_t rows,
+                                int64_t first_column, int64_t columns) {
+  const struct LLTM_NAME(sums_out_)* to = (const struct LLTM_NAME(sums_out_)*)context;
+  for (int64_t i = first_row; i < first_row + rows; ++i) {
+    STORAGE* out = to->out + i * to->out_stride + first_column;
+    LLTM_NAME(add_sums_row_)(columns,
+                             to->accumulate ? out : to->base ? to->base + first_column : NULL,
+                             to->sums + i * to->columns + first_column, out);
+  }
+}
+#endif
+
 /* out (rows x columns, row stride out_stride) = base + a b, or out += a b
  * where `accumulate` (base, one value a column, may be NULL: zero), as
- * product_ does, on AMX: b packed once, a LLTM_AMX_ROWS rows at a time,
- * each block's sums added and rounded while they are in cache. */
+ * product_ does, on AMX: b packed once (or given packed: packed_b, else
+ * NULL), a LLTM_AMX_ROWS rows at a time, each run of a block's sums added
+ * and rounded by the thread that wrote them, while they are in its cache. */
 #ifndef LLTM_AMX_ROWS
 #define LLTM_AMX_ROWS 256
 #endif
@@ -593,32 +618,31 @@ static int LLTM_NAME(amx_product_)(int64_t rows, int64_t columns, int64_t depth,
                                    const STORAGE* a, int64_t a_row_stride,
                                    int64_t a_depth_stride, const STORAGE* b,
                                    int64_t b_row_stride, int64_t b_column_stride,
-                                   const STORAGE* base, int accumulate, STORAGE* out,
-                                   int64_t out_stride) {
+                                   const lltm_amx_factor* packed_b, const STORAGE* base,
+                                   int accumulate, STORAGE* out, int64_t out_stride) {
 #ifdef AMX_DTYPE
   if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
   const int64_t block = rows < LLTM_AMX_ROWS ? rows : LLTM_AMX_ROWS;
   lltm_amx_factor left = {0}, right = {0};
   SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(block * columns));
-  int status = sums ? lltm_amx_pack_right(AMX_DTYPE, depth, columns, b, b_row_stride,
-                                          b_column_stride, &right)
-                    : LLTM_ERROR_NO_MEMORY;
+  int status = !sums     ? LLTM_ERROR_NO_MEMORY
+               : packed_b ? LLTM_SUCCESS
+                          : lltm_amx_pack_right(AMX_DTYPE, depth, columns, b, b_row_stride,
+                                                b_column_stride, &right);
   for (int64_t first = 0; status == LLTM_SUCCESS && first < rows; first += block) {
     const int64_t count = rows - first < block ? rows - first : block;
     const STORAGE* a_rows = a + first * a_row_stride;
-    status = lltm_amx_multiply(count, a_rows, a_row_stride, a_depth_stride, &right, &left, sums,
-                               columns);
+    struct LLTM_NAME(sums_out_) to = {sums, columns, base, accumulate, out + first * out_stride,
+                                      out_stride};
+    status = lltm_amx_multiply(count, a_rows, a_row_stride, a_depth_stride,
+                               packed_b ? packed_b : &right, &left, sums, columns,
+                               LLTM_NAME(add_run_), &to);
     if (status == LLTM_AMX_DECLINED) {
       status = LLTM_NAME(converted_product_)(count, columns, depth, a_rows, a_row_stride,
                                              a_depth_stride, b, b_row_stride, b_column_stride,
                                              sums, columns);
+      if (status == LLTM_SUCCESS) LLTM_NAME(add_run_)(&to, 0, count, 0, columns);
     }
-    if (status != LLTM_SUCCESS) break;
-    STORAGE* out_rows = out + first * out_stride;
-    LLTM_FOR_EACH(i, count, count * columns, {
-      LLTM_NAME(add_sums_row_)(columns, accumulate ? out_rows + i * out_stride : base,
-                               sums + i * columns, out_rows + i * out_stride);
-    });
   }
   lltm_amx_free(&left);
   lltm_amx_free(&right);
@@ -626,8 +650,8 @@ static int LLTM_NAME(amx_product_)(int64_t rows, int64_t columns, int64_t depth,
   return status;
 #else
   (void)rows, (void)columns, (void)depth, (void)a, (void)a_row_stride, (void)a_depth_stride;
-  (void)b, (void)b_row_stride, (void)b_column_stride, (void)base, (void)accumulate, (void)out;
-  (void)out_stride;
+  (void)b, (void)b_row_stride, (void)b_column_stride, (void)packed_b, (void)base;
+  (void)accumulate, (void)out, (void)out_stride;
   return LLTM_ERROR_DTYPE;
 #endif
 }
@@ -642,6 +666,8 @@ struct LLTM_NAME(recurrent_amx_) {
   int64_t depth, columns, row_stride, column_stride;
   lltm_amx_factor packed_weights, packed_step;
   SCALAR* sums;
+  /* The forward's: a gate's hidden weights each, and the input weights. */
+  lltm_amx_factor gate_weights[3], input_weights;
 };
 
 static int LLTM_NAME(start_recurrent_amx_)(int64_t rows, int64_t depth, int64_t columns,
@@ -670,7 +696,7 @@ static int LLTM_NAME(recurrent_sums_)(struct LLTM_NAME(recurrent_amx_) * amx, in
   if (rows <= 0) return LLTM_SUCCESS;
 #ifdef AMX_DTYPE
   const int status = lltm_amx_multiply(rows, a, a_stride, 1, &amx->packed_weights,
-                                       &amx->packed_step, amx->sums, amx->columns);
+                                       &amx->packed_step, amx->sums, amx->columns, NULL, NULL);
   if (status != LLTM_AMX_DECLINED) return status;
 #endif
   return LLTM_NAME(converted_product_)(rows, amx->columns, amx->depth, a, a_stride, 1,
@@ -680,6 +706,8 @@ static int LLTM_NAME(recurrent_sums_)(struct LLTM_NAME(recurrent_amx_) * amx, in
 
 static void LLTM_NAME(end_recurrent_amx_)(struct LLTM_NAME(recurrent_amx_) * amx) {
   lltm_amx_free(&amx->packed_weights);
+  for (int gate = 0; gate < 3; ++gate) lltm_amx_free(&amx->gate_weights[gate]);
+  lltm_amx_free(&amx->input_weights);
   lltm_amx_free(&amx->packed_step);
   free(amx->sums);
 }
@@ -767,6 +795,94 @@ static const STORAGE* LLTM_NAME(old_h_rows_)(struct LLTM_NAME(old_state_) old, i
   return scratch;
 }
 
+/* A forward pass's recurrent products on AMX, each gate's hidden weights
+ * packed once as a factor of their own, so that a block of states starts a
+ * block of every gate's columns: a thread takes its states' sums of the
+ * three gates, then their cell's math on the sums it has just written.
+ * Where one team took the step's product and the next its cell's math,
+ * the sums moved between cores each step: on 16 threads of the H200
+ * machine's Xeon, bfloat16 inference at B=64, S=128 took 1.57 to 1.62
+ * times nn.LSTM's time that way, 1.18 this way (docs/ARCHITECTURE.md). */
+static int LLTM_NAME(start_forward_amx_)(int64_t rows, int64_t state_size, const STORAGE* weights,
+                                         int64_t columns,
+                                         struct LLTM_NAME(recurrent_amx_) * amx) {
+  memset(amx, 0, sizeof *amx);
+  amx->weights = weights;
+  amx->depth = state_size;
+  amx->columns = 3 * state_size;
+  amx->row_stride = 1;
+  amx->column_stride = columns;
+  amx->sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * 3 * state_size + 1));
+  if (!amx->sums) return LLTM_ERROR_NO_MEMORY;
+#ifdef AMX_DTYPE
+  int status = LLTM_SUCCESS;
+  for (int gate = 0; gate < 3 && status == LLTM_SUCCESS; ++gate) {
+    status = lltm_amx_pack_right(AMX_DTYPE, state_size, state_size,
+                                 weights + gate * state_size * columns, 1, columns,
+                                 &amx->gate_weights[gate]);
+  }
+  if (status != LLTM_SUCCESS || columns == state_size) return status;
+  return lltm_amx_pack_right(AMX_DTYPE, columns - state_size, 3 * state_size,
+                             weights + state_size, 1, columns, &amx->input_weights);
+#else
+  return LLTM_ERROR_DTYPE;
+#endif
+}
+
+/* A step of `rows` rows on AMX (start_forward_amx_), its old state `old`:
+ * the old h packed, then each part of the step's rows by a block of
+ * LLTM_AMX_BLOCK states, a thread's: the part's sums, then its cell. A
+ * factor AMX declines (a float16 not finite) leaves the step's sums to
+ * SCALAR's own product of converted copies, before the parts. */
+static int LLTM_NAME(forward_amx_step_)(struct LLTM_NAME(recurrent_amx_) * amx, int64_t rows,
+                                        int64_t state_size, struct LLTM_NAME(old_state_) old,
+                                        STORAGE* old_h_scratch, STORAGE* gates, STORAGE* new_h,
+                                        STORAGE* new_cell) {
+#ifdef AMX_DTYPE
+  const int64_t gates_size = 3 * state_size;
+  const lltm_amx_factor* gate_weights = amx->gate_weights;
+  const STORAGE* h = LLTM_NAME(old_h_rows_)(old, rows, state_size, old_h_scratch);
+  int status = gate_weights[0].finite && gate_weights[1].finite && gate_weights[2].finite
+                   ? lltm_amx_pack_left(rows, h, state_size, 1, &gate_weights[0], gates_size,
+                                        &amx->packed_step)
+                   : LLTM_AMX_DECLINED;
+  const int sums_done = status == LLTM_AMX_DECLINED;
+  if (sums_done) {
+    status = LLTM_NAME(converted_product_)(rows, gates_size, state_size, h, state_size, 1,
+                                           amx->weights, 1, amx->column_stride, amx->sums,
+                                           gates_size);
+  }
+  if (status != LLTM_SUCCESS) return status;
+  const int64_t blocks = (state_size + LLTM_AMX_BLOCK - 1) / LLTM_AMX_BLOCK;
+  const int64_t row_blocks = (rows + LLTM_AMX_BLOCK - 1) / LLTM_AMX_BLOCK;
+  const int64_t work = rows * state_size + lltm_amx_work(rows, gates_size, &gate_weights[0]);
+  /* The states' blocks outermost, so that a thread's parts share weights. */
+  int64_t row_parts = lltm_team_size(work) / blocks;
+  row_parts = row_parts < 1 ? 1 : row_parts > row_blocks ? row_blocks : row_parts;
+  LLTM_FOR_EACH(part, blocks * row_parts, work, {
+    int64_t first_row, part_rows;
+    lltm_part(part % row_parts, row_parts, rows, LLTM_AMX_BLOCK, &first_row, &part_rows);
+    const int64_t first = part / row_parts * LLTM_AMX_BLOCK;
+    const int64_t count =
+        state_size - first < LLTM_AMX_BLOCK ? state_size - first : LLTM_AMX_BLOCK;
+    for (int gate = 0; !sums_done && part_rows > 0 && gate < 3; ++gate) {
+      lltm_amx_block_sums(&amx->packed_step, &gate_weights[gate], first_row, part_rows, first,
+                          count, amx->sums + gate * state_size, gates_size);
+    }
+    if (part_rows > 0) {
+      const struct lltm_tile tile = {first_row, first, (int)part_rows, (int)count};
+      LLTM_NAME(forward_step_tile_)(state_size, tile, NULL, NULL, amx->sums, old, gates, new_h,
+                                    new_cell);
+    }
+  });
+  return LLTM_SUCCESS;
+#else
+  (void)amx, (void)rows, (void)state_size, (void)old, (void)old_h_scratch, (void)gates;
+  (void)new_h, (void)new_cell;
+  return LLTM_ERROR_DTYPE;
+#endif
+}
+
 /* What a forward pass's products read: the tensors (on AMX), or their
  * SCALAR factors: the weights as they are (weight_factors), or where the
  * own tiles take the recurrence transposed (`transposed`, columns x 3 *
@@ -777,6 +893,7 @@ struct LLTM_NAME(forward_factors_) {
   int64_t input_features, state_size;
   const STORAGE *inputs, *weights, *bias;
   const SCALAR *input_factors, *weight_factors, *transposed;
+  const lltm_amx_factor* input_weights; /* on AMX, packed */
 };
 
 /* `count` rows of the gates from row `first` on (at `into`, row stride
@@ -787,8 +904,8 @@ static int LLTM_NAME(input_gates_)(const struct LLTM_NAME(forward_factors_) * f,
   const int64_t gates_size = 3 * state_size, columns = state_size + features;
   if (f->products.recurrence == LLTM_ON_AMX) {
     return LLTM_NAME(amx_product_)(count, gates_size, features, f->inputs + first * features,
-                                   features, 1, f->weights + state_size, 1, columns, f->bias, 0,
-                                   into, gates_size);
+                                   features, 1, f->weights + state_size, 1, columns,
+                                   f->input_weights, f->bias, 0, into, gates_size);
   }
   const SCALAR* input_factors = f->input_factors + first * features;
   if (!f->weight_factors) {
@@ -892,7 +1009,7 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
    * rows, as the backward pass's do: rows below state_size are the hidden
    * weights, the rest the input ones. */
   struct LLTM_NAME(forward_factors_) factors = {products, input_features, state_size, inputs,
-                                                weights, bias, NULL, NULL, NULL};
+                                                weights, bias, NULL, NULL, NULL, NULL};
   SCALAR *transposed = NULL, *last_columns = NULL, *h_factors = NULL, *sums = NULL;
   SCALAR *inputs_copy = NULL, *weights_copy = NULL;
   STORAGE *old_h_scratch = NULL, *cell_scratch = NULL, *gate_block = NULL;
@@ -910,8 +1027,8 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
     if (!old_h_scratch) status = LLTM_ERROR_NO_MEMORY;
   }
   if (status == LLTM_SUCCESS && use_amx) {
-    status = LLTM_NAME(start_recurrent_amx_)(walk->batch_size, state_size, gates_size, weights, 1,
-                                             columns, &amx);
+    status = LLTM_NAME(start_forward_amx_)(walk->batch_size, state_size, weights, columns, &amx);
+    factors.input_weights = &amx.input_weights;
   } else if (status == LLTM_SUCCESS) {
     const int has_inputs = LLTM_NAME(operand_)(walk->rows * input_features, inputs,
                                                &factors.input_factors, &inputs_copy);
@@ -973,12 +1090,7 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
                                           : cell_scratch + (~step.order & 1) * batch_state;
     const struct LLTM_NAME(old_state_) old = {outputs + step.previous_offset * state_size,
                                               previous_cells, h0, c0, step.carried, h_factors};
-    if (use_amx) {
-      status = LLTM_NAME(recurrent_sums_)(
-          &amx, step.rows, LLTM_NAME(old_h_rows_)(old, step.rows, state_size, old_h_scratch),
-          state_size);
-      if (status != LLTM_SUCCESS) break;
-    } else if (LLTM_NARROW_STORAGE) {
+    if (LLTM_NARROW_STORAGE && !use_amx) {
       for (int64_t row = 0; row < step.rows; ++row) {
         LLTM_NAME(widen_)(state_size,
                           LLTM_NAME(old_row_)(old.h, old.h0, old.carried, row, state_size),
@@ -987,7 +1099,11 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
     }
     const int64_t elements = step.rows * state_size;
     STORAGE* step_outputs = outputs + step.offset * state_size;
-    if (on_blas) {
+    if (use_amx) {
+      status = LLTM_NAME(forward_amx_step_)(&amx, step.rows, state_size, old, old_h_scratch,
+                                            step_gates, step_outputs, step_cells);
+      if (status != LLTM_SUCCESS) break;
+    } else if (on_blas) {
       /* Each thread's states: their products on the BLAS, then their math. */
       const SCALAR* h = LLTM_NARROW_STORAGE
                             ? h_factors
@@ -1006,14 +1122,10 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
         }
       });
     } else {
-      /* On AMX the step's products are done: its tiles are whole rows. */
-      LLTM_FOR_EACH(index, use_amx ? step.rows : lltm_tile_count(step.rows, state_size),
-                    use_amx ? elements : elements * gates_size / 16, {
-        LLTM_NAME(forward_step_tile_)(state_size,
-                                      use_amx ? lltm_row_tile(index, state_size)
-                                              : lltm_tile_at(index, step.rows, state_size),
-                                      transposed, last_columns, use_amx ? amx.sums : NULL, old,
-                                      step_gates, step_outputs, step_cells);
+      LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size), elements * gates_size / 16, {
+        LLTM_NAME(forward_step_tile_)(state_size, lltm_tile_at(index, step.rows, state_size),
+                                      transposed, last_columns, NULL, old, step_gates,
+                                      step_outputs, step_cells);
       });
     }
     if (final_h && step.continued < step.rows) {
@@ -1225,8 +1337,8 @@ static int LLTM_NAME(amx_weight_grads_)(const lltm_walk* walk, int64_t input_fea
            sizeof(STORAGE) * (size_t)input_features);
   });
   const int status = LLTM_NAME(amx_product_)(gates_size, columns, walk->rows, d_gates, 1,
-                                             gates_size, factors, columns, 1, NULL, 0, d_weights,
-                                             columns);
+                                             gates_size, factors, columns, 1, NULL, NULL, 0,
+                                             d_weights, columns);
   free(factors);
   return status;
 }
@@ -1375,7 +1487,7 @@ static int LLTM_NAME(recurrence_backward_)(
   if (status == LLTM_SUCCESS && d_inputs) {
     status = use_amx ? LLTM_NAME(amx_product_)(walk->rows, input_features, gates_size, d_gates,
                                                gates_size, 1, weights + state_size, columns, 1,
-                                               NULL, 0, d_inputs, input_features)
+                                               NULL, NULL, 0, d_inputs, input_features)
                      : LLTM_NAME(lltm_cpu_product_)(products.blas, walk->rows, input_features,
                                                     gates_size, gate_factors, gates_size, 1,
                                                     weight_factors + state_size, columns, 1, NULL,
