@@ -57,7 +57,12 @@ int lltm_pass_team(void) {
  * LLTM_PARALLEL_MIN_ELEMENTS on (the 2-core AMD EPYC's threshold for two).
  * On 16 threads of the H200 machine's Xeon, bfloat16 inference at a state
  * of 512 and a batch of 16 (8,192 elements of cell math a step) took 80 us
- * a step from 4,096 elements on, against 191 from 32,768. */
+ * a step from 4,096 elements on, against 191 from 32,768.
+ * A team is the whole pass's or one thread, never sized to a loop's count:
+ * GNU OpenMP's regions of changing sizes cost far more than threads left
+ * idle. On that Xeon, teams capped at their loops' counts made bfloat16
+ * inference at a batch of 1 and a state of 256 take 5.2 to 6.3 times
+ * nn.LSTM's time, against 1.1 to 1.2 (16 threads, two turns of each). */
 int lltm_team_size(int64_t elements) {
   const int team = lltm_pass_team();
   if (elements * team < 2 * (int64_t)LLTM_PARALLEL_MIN_ELEMENTS) return 1;
