@@ -249,6 +249,21 @@ def test_zero_steps_give_empty_outputs_and_the_initial_state(device, generator):
     assert h_n is h0 and c_n is c0
 
 
+def test_inputs_without_features_agree_with_a_loop_of_the_cell(device, generator):
+    # Gates that read the state alone: inputs (steps, batch, 0), in
+    # inference (the forward alone) and in training.
+    arguments = random_arguments((3, 2, 0, 4), torch.float64, device, generator)
+    expected, (h, c) = python_loop(*arguments)
+    with torch.no_grad():
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*arguments)
+    torch.testing.assert_close((outputs, h_n, c_n), (expected, h, c))
+    leaves = [argument.clone().requires_grad_(True) for argument in arguments]
+    outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*leaves)
+    torch.testing.assert_close((outputs, h_n, c_n), (expected, h, c))
+    outputs.sum().backward()
+    assert leaves[0].grad.shape == (3, 2, 0)
+
+
 @pytest.mark.parametrize("shape", [(3, 2, 4, 5), (2, 3, 0, 4)], ids=shape_id)
 def test_operators_pass_opcheck(shape, device, generator):
     arguments = random_arguments(shape, torch.float64, device, generator)

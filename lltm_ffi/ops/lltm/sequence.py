@@ -332,7 +332,8 @@ def _forward_alone(options, inputs, weights, bias, h0, c0, batch_sizes, reverse)
     nothing kept for a backward (packed_forward's saved=False). inputs
     (steps, batch, features), or the packed rows with their batch_sizes."""
     dense = batch_sizes is None
-    rows = inputs.reshape(-1, inputs.shape[-1]) if dense else inputs
+    # Not reshape(-1, features): inputs without features have no rows to infer.
+    rows = inputs.flatten(0, 1) if dense else inputs
     outputs, _, _, h_n, c_n = packed_forward.run(rows, weights, bias, h0, c0, batch_sizes,
                                                  bool(reverse), saved=False, options=options)
     return (outputs.view(*inputs.shape[:2], h0.shape[1]) if dense else outputs), (h_n, c_n)
