@@ -42,8 +42,8 @@ static int64_t round_up(int64_t value, int64_t multiple) {
 /* A product's work for lltm_team_size: a pointwise element's time is that
  * of some thousand multiply-adds here, and the tiles multiply whole blocks
  * of rows. */
-static int64_t product_work(int64_t rows, int64_t columns, int64_t packed_depth) {
-  return round_up(rows, BLOCK) * columns * packed_depth / 1024;
+int64_t lltm_amx_work(int64_t rows, int64_t columns, const lltm_amx_factor* right) {
+  return round_up(rows, BLOCK) * columns * right->packed_depth / 1024;
 }
 
 static int pieces_of(int dtype) { return dtype == LLTM_FLOAT16 ? 2 : 1; }
@@ -324,7 +324,7 @@ INLINE int pack_right_columns(int dtype, int64_t first, int64_t columns, int64_t
                             : function(LLTM_FLOAT16, __VA_ARGS__))
 
 /* The left factor (see lltm_amx_multiply) into *packed, by as many
- * threads as the product's `work` takes (product_work): a team larger than
+ * threads as the product's `work` takes (lltm_amx_work): a team larger than
  * the product's leaves the rows it packed in other cores' caches for the
  * product's tile loads, and a recurrent step of a small state is a product
  * on one thread. H200 machine's host, 16 threads, bfloat16, T=16, time
@@ -539,7 +539,9 @@ static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, f
     const int64_t end_row = run_end(first_row, ROW_RUN * BLOCK, left->count);
     const int64_t end_column = run_end(first_column, column_run, right->count);
     block_run(left, right, first_row, end_row, first_column, end_column, sums, stride);
-    if (then) then(context, first_row, end_row - first_row, first_column, end_column - first_column);
+    if (then) {
+      then(context, first_row, end_row - first_row, first_column, end_column - first_column);
+    }
   });
 }
 
@@ -570,18 +572,13 @@ void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* rig
 
 #endif /* LLTM_AMX_COMPILED */
 
-int64_t lltm_amx_work(int64_t rows, int64_t columns, const lltm_amx_factor* right) {
-  return product_work(rows, columns, right->packed_depth);
-}
-
 int lltm_amx_pack_left(int64_t rows, const uint16_t* a, int64_t row_stride,
-                       int64_t depth_stride, const lltm_amx_factor* right, int64_t columns,
+                       int64_t depth_stride, const lltm_amx_factor* right, int64_t work,
                        lltm_amx_factor* left) {
   if (row_stride != 1 && depth_stride != 1) return LLTM_ERROR_ARGUMENTS;
   if (!right->finite) return LLTM_AMX_DECLINED;
-  /* One team for the packing and the product (pack_left). */
-  const int status = pack_left(right->dtype, rows, right->depth, a, row_stride, depth_stride,
-                               lltm_amx_work(rows, columns, right), left);
+  const int status =
+      pack_left(right->dtype, rows, right->depth, a, row_stride, depth_stride, work, left);
   if (status != LLTM_SUCCESS) return status;
   return left->finite ? LLTM_SUCCESS : LLTM_AMX_DECLINED;
 }
@@ -589,10 +586,10 @@ int lltm_amx_pack_left(int64_t rows, const uint16_t* a, int64_t row_stride,
 int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
                       const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
                       int64_t sums_stride, lltm_amx_then then, void* context) {
-  const int status =
-      lltm_amx_pack_left(rows, a, row_stride, depth_stride, right, right->count, left);
+  /* One team for the packing and the product (pack_left). */
+  const int64_t work = lltm_amx_work(rows, right->count, right);
+  const int status = lltm_amx_pack_left(rows, a, row_stride, depth_stride, right, work, left);
   if (status != LLTM_SUCCESS) return status;
-  product(left, right, sums, sums_stride, lltm_amx_work(rows, right->count, right), then,
-          context);
+  product(left, right, sums, sums_stride, work, then, context);
   return LLTM_SUCCESS;
 }

@@ -69,16 +69,16 @@ int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64
 #define LLTM_AMX_BLOCK 32
 
 /* lltm_amx_multiply in two halves, for a caller that shares a product's
- * blocks among its own threads: a packed into *left by the team of a
- * product of `columns` columns of right's depth (LLTM_SUCCESS,
- * LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS or LLTM_AMX_DECLINED); then
- * any block of the sums, on the calling thread: rows first_row to
- * first_row + rows by columns first_column to first_column + columns, each
- * first a multiple of LLTM_AMX_BLOCK, at sums[i * stride + j] for the whole product's
- * (i, j). lltm_amx_work is such a product's work, in elements of pointwise
- * math (lltm_team_size). */
+ * blocks among its own threads: a packed into *left by the team of the
+ * product's `work` (LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS
+ * or LLTM_AMX_DECLINED); then any block of the sums, on the calling
+ * thread: rows first_row to first_row + rows by columns first_column to
+ * first_column + columns, each first a multiple of LLTM_AMX_BLOCK, at
+ * sums[i * stride + j] for the whole product's (i, j). lltm_amx_work is
+ * the work of a product of `rows` rows by `columns` columns of right's
+ * depth, in elements of pointwise math (lltm_team_size). */
 int lltm_amx_pack_left(int64_t rows, const uint16_t* a, int64_t row_stride,
-                       int64_t depth_stride, const lltm_amx_factor* right, int64_t columns,
+                       int64_t depth_stride, const lltm_amx_factor* right, int64_t work,
                        lltm_amx_factor* left);
 void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* right,
                          int64_t first_row, int64_t rows, int64_t first_column, int64_t columns,

@@ -663,10 +663,11 @@ struct LLTM_NAME(recurrent_amx_) {
   lltm_amx_factor gate_weights[3], input_weights;
 };
 
-static int LLTM_NAME(start_recurrent_amx_)(int64_t rows, int64_t depth, int64_t columns,
-                                           const STORAGE* weights, int64_t row_stride,
-                                           int64_t column_stride,
-                                           struct LLTM_NAME(recurrent_amx_) * amx) {
+/* *amx with its weights' layout and room for its sums, nothing packed. */
+static int LLTM_NAME(recurrent_amx_room_)(int64_t rows, int64_t depth, int64_t columns,
+                                          const STORAGE* weights, int64_t row_stride,
+                                          int64_t column_stride,
+                                          struct LLTM_NAME(recurrent_amx_) * amx) {
   memset(amx, 0, sizeof *amx);
   amx->weights = weights;
   amx->depth = depth;
@@ -674,7 +675,16 @@ static int LLTM_NAME(start_recurrent_amx_)(int64_t rows, int64_t depth, int64_t 
   amx->row_stride = row_stride;
   amx->column_stride = column_stride;
   amx->sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
-  if (!amx->sums) return LLTM_ERROR_NO_MEMORY;
+  return amx->sums ? LLTM_SUCCESS : LLTM_ERROR_NO_MEMORY;
+}
+
+static int LLTM_NAME(start_recurrent_amx_)(int64_t rows, int64_t depth, int64_t columns,
+                                           const STORAGE* weights, int64_t row_stride,
+                                           int64_t column_stride,
+                                           struct LLTM_NAME(recurrent_amx_) * amx) {
+  const int status = LLTM_NAME(recurrent_amx_room_)(rows, depth, columns, weights, row_stride,
+                                                    column_stride, amx);
+  if (status != LLTM_SUCCESS) return status;
 #ifdef AMX_DTYPE
   return lltm_amx_pack_right(AMX_DTYPE, depth, columns, weights, row_stride, column_stride,
                              &amx->packed_weights);
@@ -799,16 +809,9 @@ static const STORAGE* LLTM_NAME(old_h_rows_)(struct LLTM_NAME(old_state_) old, i
 static int LLTM_NAME(start_forward_amx_)(int64_t rows, int64_t state_size, const STORAGE* weights,
                                          int64_t columns,
                                          struct LLTM_NAME(recurrent_amx_) * amx) {
-  memset(amx, 0, sizeof *amx);
-  amx->weights = weights;
-  amx->depth = state_size;
-  amx->columns = 3 * state_size;
-  amx->row_stride = 1;
-  amx->column_stride = columns;
-  amx->sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * 3 * state_size + 1));
-  if (!amx->sums) return LLTM_ERROR_NO_MEMORY;
+  int status = LLTM_NAME(recurrent_amx_room_)(rows, state_size, 3 * state_size, weights, 1,
+                                              columns, amx);
 #ifdef AMX_DTYPE
-  int status = LLTM_SUCCESS;
   for (int gate = 0; gate < 3 && status == LLTM_SUCCESS; ++gate) {
     status = lltm_amx_pack_right(AMX_DTYPE, state_size, state_size,
                                  weights + gate * state_size * columns, 1, columns,
@@ -818,7 +821,7 @@ static int LLTM_NAME(start_forward_amx_)(int64_t rows, int64_t state_size, const
   return lltm_amx_pack_right(AMX_DTYPE, columns - state_size, 3 * state_size,
                              weights + state_size, 1, columns, &amx->input_weights);
 #else
-  return LLTM_ERROR_DTYPE;
+  return status == LLTM_SUCCESS ? LLTM_ERROR_DTYPE : status;
 #endif
 }
 
@@ -852,9 +855,11 @@ static int LLTM_NAME(start_amx_step_)(struct LLTM_NAME(recurrent_amx_) * amx,
 #ifdef AMX_DTYPE
   int status = LLTM_SUCCESS, finite = 1;
   for (int factor = 0; factor < count; ++factor) finite &= factors[factor].finite;
+  const int64_t product_work =
+      product_rows > 0 ? lltm_amx_work(product_rows, count * state_size, &factors[0]) : 0;
   if (product_rows > 0) {
-    status = finite ? lltm_amx_pack_left(product_rows, a, a_stride, 1, &factors[0],
-                                         count * state_size, &amx->packed_step)
+    status = finite ? lltm_amx_pack_left(product_rows, a, a_stride, 1, &factors[0], product_work,
+                                         &amx->packed_step)
                     : LLTM_AMX_DECLINED;
   }
   const int sums_done = product_rows == 0 || status == LLTM_AMX_DECLINED;
@@ -863,9 +868,7 @@ static int LLTM_NAME(start_amx_step_)(struct LLTM_NAME(recurrent_amx_) * amx,
                                            amx->weights, amx->row_stride, amx->column_stride,
                                            amx->sums, amx->columns);
   }
-  const int64_t work =
-      rows * state_size +
-      (product_rows > 0 ? lltm_amx_work(product_rows, count * state_size, &factors[0]) : 0);
+  const int64_t work = rows * state_size + product_work;
   const int team = lltm_team_size(work);
   const int64_t width = team > 1 ? LLTM_AMX_BLOCK : state_size;
   const int64_t blocks = (state_size + width - 1) / width;
