@@ -167,9 +167,12 @@ int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_
 int lltm_cell_path(int dtype, int device, int64_t multiply_adds, int capturing, int forced);
 
 /* 1 where the CPU passes of float16 and bfloat16 may take their products
- * on AMX (the CPU has its bfloat16 tiles and Linux let this process use
- * them; asked once), else 0: src/cpu/lltm_amx.h. */
+ * on bfloat16 tile products (src/cpu/lltm_amx.h): AMX's (the CPU has its
+ * bfloat16 tiles and Linux let this process use them), or else
+ * AVX512-BF16's dot products; else 0. Asked once. lltm_amx_tiles: 1 where
+ * they are AMX's. */
 int lltm_amx_usable(void);
+int lltm_amx_tiles(void);
 
 /* The CPU passes' BLAS (include/lltm_blas.h): the path of the library to
  * load on the first product that asks for one (NULL: none), given before
@@ -178,6 +181,12 @@ int lltm_amx_usable(void);
  * it on the first call). */
 void lltm_blas_library(const char* path);
 const char* lltm_blas_config(void);
+/* 1 where the loaded BLAS runs kernels narrower than the CPU's vectors:
+ * an OpenBLAS whose kernels (chosen at its load from the CPU, or from
+ * OPENBLAS_CORETYPE where that is set) are not one of its AVX-512
+ * families, on a CPU with AVX-512; else 0 (loading it on the first call).
+ * The own tiles then take more of the products (products_plan_). */
+int lltm_blas_narrow(void);
 
 /* The most threads that a parallel region of the calling thread's last
  * CPU pass ran on: 1 where it entered none. */

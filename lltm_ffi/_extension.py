@@ -153,8 +153,9 @@ _AMX_USABLE = bool(lib.lltm_amx_usable()) if lib is not None else None
 
 def amx_usable():
     """Whether the CPU passes of float16 and bfloat16 may take their products
-    on AMX here (src/cpu/lltm_amx.h); LLTM_AMX=0 in the
-    environment keeps them on the portable products all the same."""
+    on AMX here, or on AVX512-BF16's dot products in its place
+    (src/cpu/lltm_amx.h); LLTM_AMX=0 in the environment keeps them on the
+    portable products all the same."""
     if _AMX_USABLE is None:
         require()
     return _AMX_USABLE

@@ -131,13 +131,16 @@ def _describe_module(report, extension):
     if amx_usable is None:
         report.row("CPU 16-bit products", "unknown (an older build)")
     elif not amx_usable():
-        report.row("CPU 16-bit products", "portable (no AMX on this CPU)")
+        report.row("CPU 16-bit products", "portable (no AMX or AVX512-BF16 on this CPU)")
     else:
         setting = os.environ.get("LLTM_AMX")
+        tiles = "AMX" if lib.lltm_amx_tiles() else "AVX512-BF16 (no AMX)"
         report.row("CPU 16-bit products",
                    "portable (LLTM_AMX=0)" if setting == "0"
-                   else "AMX for every size (LLTM_AMX=1)" if setting == "1"
-                   else "AMX (bfloat16 tiles; float16 tiles for the large products)")
+                   else f"{tiles} for every size (LLTM_AMX=1)" if setting == "1"
+                   else "AMX (bfloat16 tiles; float16 tiles for the large products)"
+                   if lib.lltm_amx_tiles()
+                   else "AVX512-BF16 dot products for bfloat16 (no AMX; float16 portable)")
     report.row("CPU products", _cpu_products_text(lib, ffi))
     return lib if extension.lib is not None else None
 
@@ -155,8 +158,13 @@ def _cpu_products_text(lib, ffi):
         from . import _blas
         return ("own tiles (no BLAS: pip install scipy-openblas32)" if _blas.library_path() is None
                 else f"own tiles (the BLAS at {_blas.library_path()} does not load)")
-    return loaded + (", every recurrence too (LLTM_BLAS=1)" if setting == "1"
-                     else ", the own tiles for small recurrences")
+    if setting == "1":
+        return loaded + ", every recurrence too (LLTM_BLAS=1)"
+    narrow = getattr(lib, "lltm_blas_narrow", None)
+    if narrow is not None and narrow():
+        return loaded + (", the own tiles for batches of 3 or more up to a state of 768 (the "
+                         "BLAS's kernels are narrower than this CPU's AVX-512)")
+    return loaded + ", the own tiles for small recurrences"
 
 
 def _describe_gpus(report, torch, lib, ffi):

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "lltm_blas.h"
 #include "lltm_ffi.h"
@@ -25,6 +26,7 @@ typedef void (*dgemv_function)(int, int, int, int, double, const double*, int, c
                                int, double, double*, int);
 typedef void (*set_threads_function)(int);
 typedef char* (*config_function)(void);
+typedef char* (*corename_function)(void);
 
 static struct {
   sgemm_function sgemm;
@@ -32,6 +34,7 @@ static struct {
   sgemv_function sgemv;
   dgemv_function dgemv;
   config_function config;
+  corename_function corename;
 } blas;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -67,6 +70,7 @@ static void load(void) {
   blas.sgemv = (sgemv_function)symbol(library, "cblas_sgemv");
   blas.dgemv = (dgemv_function)symbol(library, "cblas_dgemv");
   blas.config = (config_function)symbol(library, "openblas_get_config");
+  blas.corename = (corename_function)symbol(library, "openblas_get_corename");
   const set_threads_function set_threads =
       (set_threads_function)symbol(library, "openblas_set_num_threads");
   /* Without the thread setting its calls would start threads of their own
@@ -88,6 +92,16 @@ int lltm_blas_loaded(void) {
 const char* lltm_blas_config(void) {
   if (!lltm_blas_loaded()) return "";
   return blas.config ? blas.config() : "a BLAS without openblas_get_config";
+}
+
+int lltm_blas_narrow(void) {
+  static const char* const avx512_kernels[] = {"skylakex", "cooperlake", "sapphirerapids"};
+  if (!lltm_blas_loaded() || !blas.corename || !lltm_cpu_avx512()) return 0;
+  const char* corename = blas.corename();
+  for (size_t i = 0; corename && i < sizeof avx512_kernels / sizeof *avx512_kernels; ++i) {
+    if (strcasecmp(corename, avx512_kernels[i]) == 0) return 0;
+  }
+  return 1;
 }
 
 static int trans(int transpose) { return transpose ? CBLAS_TRANS : CBLAS_NO_TRANS; }

@@ -27,9 +27,10 @@ from conftest import REPO_ROOT, reference_sequence, set_or_unset, shape_id
 PATHS = {"own": "0", "blas": "1", "default": None}
 # (steps, batch, input_features, state): batches of 1 and 2 (the BLAS's
 # products a row at a time), 5 (its packed products, the own tiles' by
-# default), 9 and 40 (the BLAS's by default); states short of the tiles and
-# past the default's LLTM_OWN_TILES_STATE; 300 input features; 70 x 4 = 280
-# rows, past one block of the input part of the gates (256 rows).
+# default), 9 and 40 (the BLAS's by default on a CPU without AVX-512);
+# states short of the tiles and past the default's LLTM_OWN_TILES_STATE;
+# 300 input features; 70 x 4 = 280 rows, past one block of the input part
+# of the gates (256 rows).
 SHAPES = [(5, 1, 7, 33), (4, 2, 5, 300), (3, 5, 9, 40), (6, 9, 4, 70), (2, 17, 300, 31),
           (3, 40, 7, 130), (70, 4, 3, 20)]
 TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10}
@@ -345,11 +346,18 @@ def recurrence_of_a_pass():
     return _extension.ffi.string(_extension.lib.lltm_cpu_recurrence()).decode()
 
 
-def test_on_four_threads_a_large_batch_of_a_small_state_takes_the_own_tiles(torch_threads,
-                                                                           monkeypatch):
-    """The plan's recurrence of 8 rows or more of a state up to 256 is the
-    BLAS's on 2 threads, the own tiles' on 4 (products_plan_, as the last
-    pass, the backward, reports it); on 4 they agree with the BLAS forced."""
+def cpu_has_avx512():
+    """Whether the CPU has AVX-512's F, BW, DQ and VL, as lltm_cpu_avx512 asks
+    (torch asks the same for its AVX512 kernels)."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
+
+
+def test_a_large_batch_of_a_small_state_takes_the_own_tiles_where_they_pay(torch_threads,
+                                                                          monkeypatch):
+    """The plan's recurrence of 8 rows or more of a state up to 256
+    (lltm_own_tiles_pay, as the last pass, the backward, reports it): the own
+    tiles' on 4 threads, and on 2 where the CPU has AVX-512, else the
+    BLAS's; where they are the own tiles', they agree with the BLAS forced."""
     if _blas.library_path() is None:
         pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
     shape = (3, 16, 8, 64)
@@ -360,15 +368,35 @@ def test_on_four_threads_a_large_batch_of_a_small_state_takes_the_own_tiles(torc
         got = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
         return got, recurrence_of_a_pass()
 
-    torch_threads(2)
-    (default, recurrence), (blas, _) = results("default"), results("blas")
-    assert recurrence == "blas"
-    assert all(torch.equal(got, wanted) for got, wanted in zip(default, blas))
-    torch_threads(4)
-    (default, recurrence), (blas, forced) = results("default"), results("blas")
-    assert (recurrence, forced) == ("own tiles", "blas")
-    for got, wanted in zip(default, blas):
-        assert _relative_error(got, wanted) <= TOLERANCES[torch.float32]
+    for threads, own in ((2, cpu_has_avx512()), (4, True)):
+        torch_threads(threads)
+        (default, recurrence), (blas, forced) = results("default"), results("blas")
+        assert (recurrence, forced) == ("own tiles" if own else "blas", "blas")
+        for got, wanted in zip(default, blas):
+            assert _relative_error(got, wanted) <= TOLERANCES[torch.float32]
+
+
+def test_where_the_blas_is_narrower_than_the_cpu_the_own_tiles_take_every_product(
+        torch_threads, monkeypatch):
+    """With the BLAS's kernels narrower than the CPU's vectors
+    (lltm_blas_narrow: OPENBLAS_CORETYPE=Haswell on a CPU with AVX-512), a
+    batch of 16 of a state of 300 (past LLTM_OWN_TILES_STATE) takes every
+    product on the own tiles: the bits of LLTM_BLAS=0's. Elsewhere its
+    recurrence is the BLAS's."""
+    if _blas.library_path() is None:
+        pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
+    shape = (3, 16, 8, 300)
+    arguments, grads = random_arguments(shape, torch.float32), random_grads(shape, torch.float32)
+    torch_threads(1)
+    use_path(monkeypatch, "own")
+    own = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+    use_path(monkeypatch, "default")
+    default = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+    if not _extension.lib.lltm_blas_narrow():
+        assert recurrence_of_a_pass() == "blas"
+        return
+    assert recurrence_of_a_pass() == "own tiles"
+    assert all(torch.equal(got, wanted) for got, wanted in zip(default, own))
 
 
 @pytest.mark.parametrize("path", PATHS)

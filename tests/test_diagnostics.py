@@ -59,11 +59,14 @@ def test_report_on_this_build():
         assert report["CUDA runtime (built)"] == f"{version // 1000}.{version % 1000 // 10}"
     else:
         assert report["CUDA compiled in"] == "no (CPU-only build)"
+    tiles = _extension.lib.lltm_amx_tiles()
     assert report["CPU 16-bit products"] == (
-        "portable (no AMX on this CPU)" if not _extension.amx_usable()
+        "portable (no AMX or AVX512-BF16 on this CPU)" if not _extension.amx_usable()
         else "portable (LLTM_AMX=0)" if os.environ.get("LLTM_AMX") == "0"
-        else "AMX for every size (LLTM_AMX=1)" if os.environ.get("LLTM_AMX") == "1"
-        else "AMX (bfloat16 tiles; float16 tiles for the large products)")
+        else f"{'AMX' if tiles else 'AVX512-BF16 (no AMX)'} for every size (LLTM_AMX=1)"
+        if os.environ.get("LLTM_AMX") == "1"
+        else "AMX (bfloat16 tiles; float16 tiles for the large products)" if tiles
+        else "AVX512-BF16 dot products for bfloat16 (no AMX; float16 portable)")
     blas = _extension.blas_config()
     if os.environ.get("LLTM_BLAS") == "0":
         assert report["CPU products"] == "own tiles (LLTM_BLAS=0)"

@@ -314,7 +314,7 @@ CPU_PATH_SHAPES = [(1, 1, 3, 5), (6, 1, 7, 33), (5, 17, 40, 130), (3, 33, 9, 70)
 PATHS_APART = 4.0
 needs_amx = pytest.mark.skipif(
     _extension.lib is not None and not _extension.amx_usable(),
-    reason="this CPU has no AMX: both paths are the portable products")
+    reason="this CPU has neither AMX nor AVX512-BF16: both paths are the portable products")
 
 
 def on_both_cpu_paths(function, monkeypatch, variable="LLTM_AMX", names=("AMX", "portable")):

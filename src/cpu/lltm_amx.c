@@ -39,10 +39,17 @@ static int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
+static int tiles_kind(void);
+enum { NO_TILES = -1, AMX_TILES = 1, DOT_TILES = 2 };
+
 /* A product's work for lltm_team_size: a pointwise element's time is that
- * of some thousand multiply-adds here, and the tiles multiply whole blocks
- * of rows. */
+ * of some thousand multiply-adds on AMX, which multiplies whole blocks of
+ * rows, and of some 32 on AVX512-BF16 (as many as float32's products
+ * count), which multiplies the rows there are: counted as AMX's, a step of
+ * 64 rows of a state of 128 stayed on one thread, and took as long on two
+ * threads of the 2-core AMD EPYC (Zen 4) as on one. */
 int64_t lltm_amx_work(int64_t rows, int64_t columns, const lltm_amx_factor* right) {
+  if (tiles_kind() == DOT_TILES) return rows * columns * right->packed_depth / 32;
   return round_up(rows, BLOCK) * columns * right->packed_depth / 1024;
 }
 
@@ -415,15 +422,26 @@ static int amx_permitted(void) {
   return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
-int lltm_amx_usable(void) {
-  static int state; /* 0: not asked yet; 1 usable; -1 not */
-  int usable = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-  if (!usable) {
-    usable = amx_permitted() ? 1 : -1;
-    __atomic_store_n(&state, usable, __ATOMIC_RELEASE);
-  }
-  return usable > 0;
+/* AVX512-BF16's dot products (Intel's Cooper Lake and later, AMD's Zen 4
+ * and later), on AVX-512. */
+static int dot_permitted(void) {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bf16");
 }
+
+static int tiles_kind(void) {
+  static int state; /* 0: not asked yet */
+  int kind = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+  if (!kind) {
+    kind = amx_permitted() ? AMX_TILES : dot_permitted() ? DOT_TILES : NO_TILES;
+    __atomic_store_n(&state, kind, __ATOMIC_RELEASE);
+  }
+  return kind;
+}
+
+int lltm_amx_usable(void) { return tiles_kind() > 0; }
+int lltm_amx_tiles(void) { return tiles_kind() == AMX_TILES; }
 
 /* Palette 1, all eight tiles 16 rows of 64 bytes. Static and constant:
  * ldtilecfg's asm tells gcc of only its first 8 bytes, so a configuration
@@ -435,22 +453,14 @@ static const struct {
 } __attribute__((aligned(64))) tile_config = {
     1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
-/* One block of sums, 32 x 32 (rows x columns of it inside the result),
- * at sums (row stride `stride`), over depth_blocks of the packed depth
- * from left and right on: the two tile rows of each factor lie `second`
- * elements apart. The tiles configured. A block past the result's edge
- * goes through memory of its own. */
+/* One block of sums, 32 x 32, at out (row stride out_stride), over
+ * depth_blocks of the packed depth from left and right on: the two tile
+ * rows of each factor lie `second` elements apart. The tiles configured.
+ * `rows` of the block are the result's (block_sums). */
 AMX_TARGET static void block_product(const uint16_t* left, const uint16_t* right, int64_t second,
-                                     int64_t depth_blocks, int rows, int columns,
-                                     int accumulate, float* sums, int64_t stride) {
-  float edge[BLOCK * BLOCK] __attribute__((aligned(64)));
-  const int inside = rows == BLOCK && columns == BLOCK;
-  float* out = inside ? sums : edge;
-  const int64_t out_stride = inside ? stride : BLOCK;
-  if (!inside && accumulate) {
-    memset(edge, 0, sizeof edge);
-    for (int i = 0; i < rows; ++i) memcpy(edge + i * BLOCK, sums + i * stride, 4 * columns);
-  }
+                                     int64_t depth_blocks, int rows, int accumulate, float* out,
+                                     int64_t out_stride) {
+  (void)rows;
   MEMORY_BARRIER();
   const int64_t bytes = 4 * out_stride;
   if (accumulate) {
@@ -479,6 +489,87 @@ AMX_TARGET static void block_product(const uint16_t* left, const uint16_t* right
   _tile_stored(2, out + 16 * out_stride, bytes);
   _tile_stored(3, out + 16 * out_stride + 16, bytes);
   MEMORY_BARRIER();
+}
+
+/* block_product on AVX512-BF16 instead of the tiles: the same packed
+ * factors, a tile row of the right factor (a pair of depth places of 16
+ * columns) one vector, a pair of a left row's places one 32-bit word
+ * broadcast, and vdpbf16ps adding both products to each column's sum. A
+ * block's sums go up to DOT_ROWS rows by 32 columns at a time, 16 vectors
+ * of the 32; rows past the block's own (padding) only as far as a group
+ * of 1, 2, 4 or 8 reaches, so that a step of one row takes one row's work. */
+#define DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define DOT_ROWS 8
+
+/* `count` rows (a constant where inlined) from `left` (TILE_DEPTH apart
+ * within a tile) by 32 columns, at out (row stride out_stride). */
+static inline __attribute__((always_inline)) DOT_TARGET void dot_rows(
+    int count, const uint16_t* left, const uint16_t* right, int64_t second,
+    int64_t depth_blocks, int accumulate, float* out, int64_t out_stride) {
+  __m512 low[DOT_ROWS], high[DOT_ROWS];
+  for (int i = 0; i < count; ++i) {
+    low[i] = accumulate ? _mm512_loadu_ps(out + i * out_stride) : _mm512_setzero_ps();
+    high[i] = accumulate ? _mm512_loadu_ps(out + i * out_stride + 16) : _mm512_setzero_ps();
+  }
+  for (int64_t d = 0; d < depth_blocks; ++d) {
+    const uint16_t* tile_left = left + d * TILE_ELEMENTS;
+    const uint16_t* tile_low = right + d * TILE_ELEMENTS;
+    const uint16_t* tile_high = right + second + d * TILE_ELEMENTS;
+    for (int pair = 0; pair < TILE_ROWS; ++pair) {
+      const __m512bh b_low = (__m512bh)_mm512_loadu_si512(tile_low + pair * 2 * TILE_ROWS);
+      const __m512bh b_high = (__m512bh)_mm512_loadu_si512(tile_high + pair * 2 * TILE_ROWS);
+      for (int i = 0; i < count; ++i) {
+        int32_t word;
+        memcpy(&word, tile_left + i * TILE_DEPTH + 2 * pair, sizeof word);
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(word);
+        low[i] = _mm512_dpbf16_ps(low[i], a, b_low);
+        high[i] = _mm512_dpbf16_ps(high[i], a, b_high);
+      }
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    _mm512_storeu_ps(out + i * out_stride, low[i]);
+    _mm512_storeu_ps(out + i * out_stride + 16, high[i]);
+  }
+}
+
+DOT_TARGET static void dot_block_product(const uint16_t* left, const uint16_t* right,
+                                         int64_t second, int64_t depth_blocks, int rows,
+                                         int accumulate, float* out, int64_t out_stride) {
+  for (int first = 0; first < rows; first += DOT_ROWS) {
+    /* In the left factor's first tile row, or its second, `second` on. */
+    const uint16_t* group =
+        left + (first / TILE_ROWS) * second + (first % TILE_ROWS) * TILE_DEPTH;
+    float* group_out = out + first * out_stride;
+    const int count = rows - first;
+    if (count >= 5) {
+      dot_rows(DOT_ROWS, group, right, second, depth_blocks, accumulate, group_out, out_stride);
+    } else if (count >= 3) {
+      dot_rows(4, group, right, second, depth_blocks, accumulate, group_out, out_stride);
+    } else if (count == 2) {
+      dot_rows(2, group, right, second, depth_blocks, accumulate, group_out, out_stride);
+    } else {
+      dot_rows(1, group, right, second, depth_blocks, accumulate, group_out, out_stride);
+    }
+  }
+}
+
+/* A block of sums (rows x columns of it inside the result) at sums (row
+ * stride `stride`), by block_product on AMX or dot_block_product; a block
+ * past the result's edge goes through memory of its own. */
+static void block_sums(int amx, const uint16_t* left, const uint16_t* right, int64_t second,
+                       int64_t depth_blocks, int rows, int columns, int accumulate, float* sums,
+                       int64_t stride) {
+  float edge[BLOCK * BLOCK] __attribute__((aligned(64)));
+  const int inside = rows == BLOCK && columns == BLOCK;
+  float* out = inside ? sums : edge;
+  const int64_t out_stride = inside ? stride : BLOCK;
+  if (!inside && accumulate) {
+    memset(edge, 0, sizeof edge);
+    for (int i = 0; i < rows; ++i) memcpy(edge + i * BLOCK, sums + i * stride, 4 * columns);
+  }
+  (amx ? block_product : dot_block_product)(left, right, second, depth_blocks, rows, accumulate,
+                                            out, out_stride);
   if (!inside) {
     for (int i = 0; i < rows; ++i) memcpy(sums + i * stride, edge + i * BLOCK, 4 * columns);
   }
@@ -505,7 +596,8 @@ AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_fac
                                  int64_t first_row, int64_t end_row, int64_t first_column,
                                  int64_t end_column, float* sums, int64_t stride) {
   const int64_t depth = left->packed_depth, second = TILE_ROWS * depth;
-  _tile_loadconfig(&tile_config);
+  const int amx = tiles_kind() == AMX_TILES;
+  if (amx) _tile_loadconfig(&tile_config);
   int64_t done = 0;
   do { /* once at least, so that depth 0 writes zeros */
     const int64_t chunk = depth - done < DEPTH_CHUNK ? depth - done : DEPTH_CHUNK;
@@ -513,15 +605,14 @@ AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_fac
       const int rows = (int)(left->count - row < BLOCK ? left->count - row : BLOCK);
       for (int64_t column = first_column; column < end_column; column += BLOCK) {
         const int columns = (int)(right->count - column < BLOCK ? right->count - column : BLOCK);
-        block_product(left->tiles + row * depth + done * TILE_ROWS,
-                      right->tiles + column * depth + done * TILE_ROWS, second,
-                      chunk / TILE_DEPTH, rows, columns, done > 0,
-                      sums + row * stride + column, stride);
+        block_sums(amx, left->tiles + row * depth + done * TILE_ROWS,
+                   right->tiles + column * depth + done * TILE_ROWS, second, chunk / TILE_DEPTH,
+                   rows, columns, done > 0, sums + row * stride + column, stride);
       }
     }
     done += chunk;
   } while (done < depth);
-  _tile_release();
+  if (amx) _tile_release();
 }
 
 /* Where the rows are one run, the runs are one block of columns each, so
@@ -556,7 +647,9 @@ void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* rig
 
 #else
 
+static int tiles_kind(void) { return NO_TILES; }
 int lltm_amx_usable(void) { return 0; }
+int lltm_amx_tiles(void) { return 0; }
 
 static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, float* sums,
                     int64_t stride, int64_t work, lltm_amx_then then, void* context) {

@@ -12,10 +12,14 @@
  * that fall there too: no float16 lies there, and bfloat16 values there are
  * no LLTM's.
  *
- * The AMX code is compiled for its own target only (attributes, not the
- * build's flags), and runs only where lltm_amx_usable (lltm_ffi.h) says
- * the CPU has it and Linux let this process use it: the module stays
- * portable. */
+ * Where the CPU has no AMX but AVX512-BF16 (AMD's Zen 4, say), the same
+ * packed factors go through its dot products (vdpbf16ps), which multiply
+ * and sum as a tile product does, 16 columns a vector.
+ *
+ * The AMX and AVX512-BF16 code is compiled for its own target only
+ * (attributes, not the build's flags), and runs only where
+ * lltm_amx_usable (lltm_ffi.h) says the CPU has one of them (and Linux let
+ * this process use AMX): the module stays portable. */
 #ifndef LLTM_AMX_H
 #define LLTM_AMX_H
 

@@ -196,6 +196,57 @@ struct lltm_products {
   int recurrence, blas;
 };
 
+/* Where the own tiles take a pass's products rather than the BLAS, as
+ * measured: lltm_sequence float32, T=16, training and inference,
+ * microseconds a step, the plan against each forced.
+ * Every product, where the BLAS's kernels are narrower than the CPU's
+ * vectors (lltm_blas_narrow: AVX2's on a CPU with AVX-512, as
+ * OPENBLAS_CORETYPE=Haswell asks) and a batch of more than 2 rows takes
+ * a state up to 768, or 16 rows at most of any state: the own tiles run
+ * their AVX-512 clone. On the 2-core AMD EPYC (Zen 4) so, one thread,
+ * inference at B=16, S=256 took 71 us against 143, at B=64, S=512 1166
+ * against 1840; 2 threads, B=16, S=1024, 915 against 1151; but B=64,
+ * S=1024 3944 against 3703. */
+#define LLTM_OWN_PRODUCTS_STATE 768
+#define LLTM_OWN_PRODUCTS_BATCH 16
+static inline int lltm_own_products_pay(int64_t batch_size, int64_t state_size) {
+  return batch_size > 2 &&
+         (state_size <= LLTM_OWN_PRODUCTS_STATE || batch_size <= LLTM_OWN_PRODUCTS_BATCH) &&
+         lltm_blas_narrow();
+}
+
+/* Else the recurrence's product alone, one a step:
+ * - 2 to 7 rows of a state up to 256, on any CPU: a step's product is a few
+ *   microseconds, and the BLAS's call and its packing of the weights cost
+ *   more than the product (on an AMD EPYC with AVX2 only, 2 x 128 x 384
+ *   took 7.3 us against 12.4 for two gemv and 25.6 for a gemm);
+ * - more rows of a state up to 256, on a CPU with AVX-512, where the tile's
+ *   8 x 32 sums fit its 32 registers (with AVX2, 64 x 256 x 768 ran at 24.5
+ *   GFLOP/s against OpenBLAS's 45.3): on the H200 machine's Xeon
+ *   (OpenBLAS's SkylakeX kernels), one thread, inference at B=16, S=256
+ *   took 131 us against 203, at B=64, S=128 142 against 155; and with
+ *   AVX2 too on LLTM_OWN_TILES_TEAM threads or more, where a thread's slab
+ *   of states is too small to pay for its call (on the Xeon, 4 to 16
+ *   threads, B=64, S=128: 0.6 to 0.9 of the BLAS's time);
+ * - one row on LLTM_OWN_TILES_TEAM threads or more, of a state up to 512,
+ *   where the BLAS's gemv is too small to share out (a part is at least
+ *   LLTM_BLAS_PART_ELEMENTS) and the tiles are not: on 16 threads of the
+ *   Xeon, inference at S=256 took 23 us against 40, at S=512 51 against 77.
+ * Larger batches and states take the BLAS's: on the Xeon, one thread,
+ * B=64, S=512 took 3804 us against 2458. */
+#define LLTM_OWN_TILES_BATCH 8
+#define LLTM_OWN_TILES_STATE 256
+#define LLTM_OWN_TILES_TEAM 4
+#define LLTM_OWN_TILES_ROW_STATE 512
+static inline int lltm_own_tiles_pay(int64_t batch_size, int64_t state_size) {
+  const int team = lltm_pass_team();
+  if (batch_size == 1) {
+    return state_size <= LLTM_OWN_TILES_ROW_STATE && team >= LLTM_OWN_TILES_TEAM;
+  }
+  return state_size <= LLTM_OWN_TILES_STATE &&
+         (batch_size < LLTM_OWN_TILES_BATCH || team >= LLTM_OWN_TILES_TEAM || lltm_cpu_avx512());
+}
+
 #endif
 
 /* sums[i][j] = the sum over k < depth of a_rows[i][k * a_depth_stride] *
@@ -986,26 +1037,6 @@ static void LLTM_NAME(blas_gate_sums_)(int64_t rows, int64_t state_size, int64_t
   }
 }
 
-/* A step's backward recurrent products of the states from `first` on,
- * `count` of them, on the BLAS: their columns of sums (rows x state) = the
- * next step's gate gradients (rows x 3 * state) times those columns of the
- * hidden weights (row stride `columns`). */
-static void LLTM_NAME(blas_carried_sums_)(int64_t rows, int64_t state_size, int64_t columns,
-                                          int64_t first, int64_t count,
-                                          const SCALAR* next_d_gates, const SCALAR* weights,
-                                          SCALAR* sums) {
-  const int64_t gates_size = 3 * state_size;
-  if (rows > LLTM_BLAS_GEMV_ROWS) {
-    LLTM_MATH(blas_gemm_)(0, 0, rows, count, gates_size, next_d_gates, gates_size,
-                          weights + first, columns, 0, sums + first, state_size);
-    return;
-  }
-  for (int64_t row = 0; row < rows; ++row) {
-    LLTM_MATH(blas_gemv_)(1, gates_size, count, weights + first, columns,
-                          next_d_gates + row * gates_size, sums + row * state_size + first);
-  }
-}
-
 /* The input part of the steps' gates is computed this many rows at a time
  * (a step's at least), as the steps come: where a pass keeps no gates, in
  * memory of its own, reused block after block. A pass that keeps them
@@ -1188,6 +1219,26 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
   free(inputs_copy);
   free(weights_copy);
   return status;
+}
+
+/* A step's backward recurrent products of the states from `first` on,
+ * `count` of them, on the BLAS: their columns of sums (rows x state) = the
+ * next step's gate gradients (rows x 3 * state) times those columns of the
+ * hidden weights (row stride `columns`). */
+static void LLTM_NAME(blas_carried_sums_)(int64_t rows, int64_t state_size, int64_t columns,
+                                          int64_t first, int64_t count,
+                                          const SCALAR* next_d_gates, const SCALAR* weights,
+                                          SCALAR* sums) {
+  const int64_t gates_size = 3 * state_size;
+  if (rows > LLTM_BLAS_GEMV_ROWS) {
+    LLTM_MATH(blas_gemm_)(0, 0, rows, count, gates_size, next_d_gates, gates_size,
+                          weights + first, columns, 0, sums + first, state_size);
+    return;
+  }
+  for (int64_t row = 0; row < rows; ++row) {
+    LLTM_MATH(blas_gemv_)(1, gates_size, count, weights + first, columns,
+                          next_d_gates + row * gates_size, sums + row * state_size + first);
+  }
 }
 
 /* `columns` elements of a gradient (column stride `stride`; NULL: zeros)
@@ -1566,12 +1617,15 @@ static int LLTM_NAME(recurrence_backward_)(
 }
 
 /* Whether a pass with `options` (NULL: the defaults) takes its products on
- * AMX: a 16-bit type's, where the CPU has it, unless options->amx asks for
- * the portable products (0). A float16 product
- * takes four tile products (lltm_amx.h) and its packing costs more: on 2
- * cores of a Sapphire Rapids the portable products beat AMX's but from a
- * state of 320 and 2^24 multiply-adds a step's recurrent product
- * (BENCHMARKS.md), and only there does float16 take AMX by default. */
+ * AMX: a 16-bit type's, where the CPU has it (or AVX512-BF16's dot products
+ * in its place: lltm_amx.h), unless options->amx asks for the portable
+ * products (0). A float16 product takes four tile products and its packing
+ * costs more: on 2 cores of a Sapphire Rapids the portable products beat
+ * AMX's but from a state of 320 and 2^24 multiply-adds a step's recurrent
+ * product (BENCHMARKS.md), and only there does float16 take AMX by
+ * default; it never takes the dot products by default (on the 2-core AMD
+ * EPYC, Zen 4, one thread, inference at 16x64x512x512 took 2491 us a step
+ * so against the portable products' 1292). */
 #define LLTM_AMX_FLOAT16_STATE 320
 #define LLTM_AMX_FLOAT16_MULTIPLY_ADDS ((int64_t)1 << 24)
 static int LLTM_NAME(uses_amx_)(const lltm_sequence_options* options, int64_t batch_size,
@@ -1580,7 +1634,7 @@ static int LLTM_NAME(uses_amx_)(const lltm_sequence_options* options, int64_t ba
   const int amx = options ? options->amx : -1;
   if (amx == 0 || !lltm_amx_usable()) return 0;
   return AMX_DTYPE == LLTM_BFLOAT16 || amx == 1 ||
-         (state_size >= LLTM_AMX_FLOAT16_STATE &&
+         (lltm_amx_tiles() && state_size >= LLTM_AMX_FLOAT16_STATE &&
           batch_size * 3 * state_size * state_size >= LLTM_AMX_FLOAT16_MULTIPLY_ADDS);
 #else
   (void)options, (void)batch_size, (void)state_size;
@@ -1592,25 +1646,10 @@ static int LLTM_NAME(uses_amx_)(const lltm_sequence_options* options, int64_t ba
  * its products (struct lltm_products): the one place that decides. A
  * 16-bit type's all go on AMX where uses_amx_ says so. Else, where the
  * BLAS is loaded (lltm_blas.h) and its ints hold the sizes, every product
- * but the recurrence's goes through it, and the recurrence's too but for
- * batches of 2 rows or more of states up to LLTM_OWN_TILES_STATE: up to
- * LLTM_OWN_TILES_BATCH - 1 rows, where the own tiles were the faster on
- * the 2-core AMD EPYC over 64 steps (a step's product there is a few
- * microseconds: the BLAS's calls and its packing of the weights cost more
- * than the products; one row takes the BLAS's gemv, which reads the
- * weights as they lie, where the tiles read them transposed, a copy made
- * each pass), and at any batch on LLTM_OWN_TILES_TEAM threads or more,
- * where the BLAS's parts, a slab of states a thread, are too small to pay
- * for their calls (on 4, 8 and 16 threads of the H200 machine's Xeon, at
- * a batch of 64 and a state of 128, the own tiles took 0.6 to 0.9 of the
- * BLAS's time, training and inference).
+ * but where lltm_own_products_pay says the own tiles are the faster goes
+ * through it, the recurrence's too but where lltm_own_tiles_pay says so.
  * options->blas 0 (LLTM_BLAS=0) keeps the own tiles for every product, 1
  * (LLTM_BLAS=1) takes the BLAS for the recurrence at every size. */
-#ifndef LLTM_OWN_TILES_BATCH
-#define LLTM_OWN_TILES_BATCH 8
-#define LLTM_OWN_TILES_STATE 256
-#define LLTM_OWN_TILES_TEAM 4
-#endif
 static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_options* options,
                                                       int64_t rows,
                                                       int64_t batch_size, int64_t input_features,
@@ -1619,12 +1658,12 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
   if (LLTM_NAME(uses_amx_)(options, batch_size, state_size)) {
     products.recurrence = LLTM_ON_AMX;
   } else if (options->blas != 0 && rows <= LLTM_BLAS_MAX && 3 * state_size <= LLTM_BLAS_MAX &&
-             state_size + input_features <= LLTM_BLAS_MAX && lltm_blas_loaded()) {
+             state_size + input_features <= LLTM_BLAS_MAX && lltm_blas_loaded() &&
+             (options->blas == 1 || !lltm_own_products_pay(batch_size, state_size))) {
     products.blas = 1;
-    const int own_tiles_pay =
-        batch_size > 1 && state_size <= LLTM_OWN_TILES_STATE &&
-        (batch_size < LLTM_OWN_TILES_BATCH || lltm_pass_team() >= LLTM_OWN_TILES_TEAM);
-    if (options->blas == 1 || !own_tiles_pay) products.recurrence = LLTM_ON_BLAS;
+    if (options->blas == 1 || !lltm_own_tiles_pay(batch_size, state_size)) {
+      products.recurrence = LLTM_ON_BLAS;
+    }
   }
   lltm_note_cpu_recurrence(lltm_recurrence_names[products.recurrence]);
   return products;

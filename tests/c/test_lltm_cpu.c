@@ -1161,8 +1161,9 @@ LLTM_CHECK(lltm_cpu_product_paths) {
     }
   }
   printf("lltm_cpu_product_paths: %s; %ld mismatches\n",
-         lltm_amx_usable() ? "AMX against the portable products"
-                           : "no AMX here: the portable products twice",
+         !lltm_amx_usable() ? "no AMX or AVX512-BF16 here: the portable products twice"
+         : lltm_amx_tiles() ? "AMX against the portable products"
+                            : "AVX512-BF16 (no AMX) against the portable products",
          failures - failures_before);
   return failures - failures_before;
 }
