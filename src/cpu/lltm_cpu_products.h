@@ -1,0 +1,619 @@
+/* Part of the CPU passes (lltm_cpu_impl.h), included from it once for
+ * every element type, with its parameters defined: the matrix
+ * products, the own tiles', the BLAS's and AMX's, and where each runs. */
+
+/* The matrix products. Each tile of a result, LLTM_TILE_ROWS rows by
+ * LLTM_TILE_COLUMNS columns, is summed in registers over the depth: each
+ * step of the depth loads one row of b's tile and one value of a per row.
+ * Of the tiles from 4 to 12 rows by 16 to 64 columns tried on an AVX-512
+ * machine, 8 x 32 ran fastest in float32, with AVX-512 and with AVX2. */
+#ifndef LLTM_TILE_ROWS
+#define LLTM_TILE_ROWS 8
+#define LLTM_TILE_COLUMNS 32
+
+/* Where a tile lies in a rows x columns result cut into tiles, counted down
+ * each column of tiles first (so that consecutive tiles read the same
+ * columns of b); `rows` and `columns` of it lie inside the result. */
+struct lltm_tile {
+  int64_t first_row, first_column;
+  int rows, columns;
+};
+
+static inline struct lltm_tile lltm_tile_at(int64_t index, int64_t rows, int64_t columns) {
+  const int64_t row_tiles = (rows + LLTM_TILE_ROWS - 1) / LLTM_TILE_ROWS;
+  struct lltm_tile tile;
+  tile.first_row = index % row_tiles * LLTM_TILE_ROWS;
+  tile.first_column = index / row_tiles * LLTM_TILE_COLUMNS;
+  tile.rows = (int)(rows - tile.first_row < LLTM_TILE_ROWS ? rows - tile.first_row
+                                                            : LLTM_TILE_ROWS);
+  tile.columns = (int)(columns - tile.first_column < LLTM_TILE_COLUMNS
+                           ? columns - tile.first_column
+                           : LLTM_TILE_COLUMNS);
+  return tile;
+}
+
+static inline int64_t lltm_tile_count(int64_t rows, int64_t columns) {
+  return (rows + LLTM_TILE_ROWS - 1) / LLTM_TILE_ROWS *
+         ((columns + LLTM_TILE_COLUMNS - 1) / LLTM_TILE_COLUMNS);
+}
+
+/* How a pass takes its matrix products: the steps' recurrent ones by the
+ * own tiles, on AMX or on the BLAS; the others (every step's input part of
+ * its gates; the gradients of the inputs, the weights and h0) on AMX where
+ * the recurrence is, else through the BLAS where `blas` says so, else by
+ * the own tiles. products_plan_ decides, in one place. */
+enum { LLTM_OWN_TILES, LLTM_ON_AMX, LLTM_ON_BLAS };
+static const char* const lltm_recurrence_names[] = {"own tiles", "amx", "blas"};
+struct lltm_products {
+  int recurrence, blas;
+};
+
+/* Where the own tiles take a pass's products rather than the BLAS, as
+ * measured: lltm_sequence float32, T=16, training and inference,
+ * microseconds a step, the plan against each forced.
+ * Every product, where the BLAS's kernels are narrower than the CPU's
+ * vectors (lltm_blas_narrow: AVX2's on a CPU with AVX-512, as
+ * OPENBLAS_CORETYPE=Haswell asks) and a batch of more than 2 rows takes
+ * a state up to 768, or 16 rows at most of any state: the own tiles run
+ * their AVX-512 clone. On the 2-core AMD EPYC (Zen 4) so, one thread,
+ * inference at B=16, S=256 took 71 us against 143, at B=64, S=512 1166
+ * against 1840; 2 threads, B=16, S=1024, 915 against 1151; but B=64,
+ * S=1024 3944 against 3703. */
+#define LLTM_OWN_PRODUCTS_STATE 768
+#define LLTM_OWN_PRODUCTS_BATCH 16
+static inline int lltm_own_products_pay(int64_t batch_size, int64_t state_size) {
+  return batch_size > 2 &&
+         (state_size <= LLTM_OWN_PRODUCTS_STATE || batch_size <= LLTM_OWN_PRODUCTS_BATCH) &&
+         lltm_blas_narrow();
+}
+
+/* Else the recurrence's product alone, one a step:
+ * - 2 to 7 rows of a state up to 256, on any CPU: a step's product is a few
+ *   microseconds, and the BLAS's call and its packing of the weights cost
+ *   more than the product (on an AMD EPYC with AVX2 only, 2 x 128 x 384
+ *   took 7.3 us against 12.4 for two gemv and 25.6 for a gemm);
+ * - more rows of a state up to 256, on a CPU with AVX-512, where the tile's
+ *   8 x 32 sums fit its 32 registers (with AVX2, 64 x 256 x 768 ran at 24.5
+ *   GFLOP/s against OpenBLAS's 45.3): on the H200 machine's Xeon
+ *   (OpenBLAS's SkylakeX kernels), one thread, inference at B=16, S=256
+ *   took 131 us against 203, at B=64, S=128 142 against 155; and with
+ *   AVX2 too on LLTM_OWN_TILES_TEAM threads or more, where a thread's slab
+ *   of states is too small to pay for its call (on the Xeon, 4 to 16
+ *   threads, B=64, S=128: 0.6 to 0.9 of the BLAS's time);
+ * - one row on LLTM_OWN_TILES_TEAM threads or more, of a state up to 512,
+ *   where the BLAS's gemv is too small to share out (a part is at least
+ *   LLTM_BLAS_PART_ELEMENTS) and the tiles are not: on 16 threads of the
+ *   Xeon, inference at S=256 took 23 us against 40, at S=512 51 against 77.
+ * Larger batches and states take the BLAS's: on the Xeon, one thread,
+ * B=64, S=512 took 3804 us against 2458. */
+#define LLTM_OWN_TILES_BATCH 8
+#define LLTM_OWN_TILES_STATE 256
+#define LLTM_OWN_TILES_TEAM 4
+#define LLTM_OWN_TILES_ROW_STATE 512
+static inline int lltm_own_tiles_pay(int64_t batch_size, int64_t state_size) {
+  const int team = lltm_pass_team();
+  if (batch_size == 1) {
+    return state_size <= LLTM_OWN_TILES_ROW_STATE && team >= LLTM_OWN_TILES_TEAM;
+  }
+  return state_size <= LLTM_OWN_TILES_STATE &&
+         (batch_size < LLTM_OWN_TILES_BATCH || team >= LLTM_OWN_TILES_TEAM || lltm_cpu_avx512());
+}
+
+#endif
+
+/* sums[i][j] = the sum over k < depth of a_rows[i][k * a_depth_stride] *
+ * b[k * b_stride + j], for i < rows and j < LLTM_TILE_COLUMNS. Inlined
+ * with `rows` a constant, so that the sums live in registers. */
+static LLTM_ALWAYS_INLINE void LLTM_NAME(tile_sums_)(int rows, int64_t depth,
+                                                     const SCALAR* const* a_rows,
+                                                     int64_t a_depth_stride, const SCALAR* b,
+                                                     int64_t b_stride,
+                                                     SCALAR (*sums)[LLTM_TILE_COLUMNS]) {
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < LLTM_TILE_COLUMNS; ++j) sums[i][j] = 0;
+  }
+  for (int64_t k = 0; k < depth; ++k) {
+    const SCALAR* b_row = b + k * b_stride;
+    for (int i = 0; i < rows; ++i) {
+      const SCALAR factor = a_rows[i][k * a_depth_stride];
+      for (int j = 0; j < LLTM_TILE_COLUMNS; ++j) sums[i][j] += factor * b_row[j];
+    }
+  }
+}
+
+/* tile_sums_ of one row, in four sums over every fourth step of the depth
+ * added at the end: four chains of additions overlap where one would wait
+ * for each addition before the next. */
+static LLTM_ALWAYS_INLINE void LLTM_NAME(row_sums_)(int64_t depth, const SCALAR* a,
+                                                    int64_t a_depth_stride, const SCALAR* b,
+                                                    int64_t b_stride, SCALAR* sums) {
+  SCALAR parts[4][LLTM_TILE_COLUMNS];
+  for (int q = 0; q < 4; ++q) {
+    for (int j = 0; j < LLTM_TILE_COLUMNS; ++j) parts[q][j] = 0;
+  }
+  int64_t k = 0;
+  for (; k + 4 <= depth; k += 4) {
+    for (int q = 0; q < 4; ++q) {
+      const SCALAR factor = a[(k + q) * a_depth_stride];
+      const SCALAR* b_row = b + (k + q) * b_stride;
+      for (int j = 0; j < LLTM_TILE_COLUMNS; ++j) parts[q][j] += factor * b_row[j];
+    }
+  }
+  for (; k < depth; ++k) {
+    const SCALAR factor = a[k * a_depth_stride];
+    for (int j = 0; j < LLTM_TILE_COLUMNS; ++j) parts[0][j] += factor * b[k * b_stride + j];
+  }
+  for (int j = 0; j < LLTM_TILE_COLUMNS; ++j) {
+    sums[j] = (parts[0][j] + parts[1][j]) + (parts[2][j] + parts[3][j]);
+  }
+}
+
+/* out[j] = start[j] + sums[j] (start NULL: zero), for j < count; start may
+ * be out. The loops hold no condition, so that a narrow STORAGE's
+ * conversions vectorise. */
+static LLTM_ALWAYS_INLINE void LLTM_NAME(add_sums_)(int64_t count, const STORAGE* start,
+                                                    const SCALAR* sums, STORAGE* out) {
+  if (start) {
+    for (int64_t j = 0; j < count; ++j) out[j] = STORE(LOAD(start[j]) + sums[j]);
+  } else {
+    for (int64_t j = 0; j < count; ++j) out[j] = STORE(sums[j]);
+  }
+}
+
+/* add_sums_ with vector clones of its own, for the rows of a narrow
+ * STORAGE's products. */
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(add_sums_row_)(int64_t count, const STORAGE* start, const SCALAR* sums,
+                                     STORAGE* out) {
+  LLTM_NAME(add_sums_)(count, start, sums, out);
+}
+
+/* One tile: out[i][j] = start + sum over k < depth of
+ * a_rows[i][k * a_depth_stride] * b[k * b_stride + j], for i < count and
+ * j < width, where start is out[i][j] when `accumulate`, else base[j] (zero
+ * where base is NULL). a_rows holds LLTM_TILE_ROWS rows and b
+ * LLTM_TILE_COLUMNS columns, all readable; a tile of few rows (batch 1, a
+ * batch's last rows) sums 1, 2 or 4 of them. What is summed past count and
+ * width is dropped. */
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(product_tile_)(int64_t depth, const SCALAR* const* a_rows,
+                                     int64_t a_depth_stride, const SCALAR* b, int64_t b_stride,
+                                     int count, int width, const STORAGE* base, int accumulate,
+                                     STORAGE* out, int64_t out_stride) {
+  SCALAR sums[LLTM_TILE_ROWS][LLTM_TILE_COLUMNS];
+  if (count > 4) {
+    LLTM_NAME(tile_sums_)(LLTM_TILE_ROWS, depth, a_rows, a_depth_stride, b, b_stride, sums);
+  } else if (count > 2) {
+    LLTM_NAME(tile_sums_)(4, depth, a_rows, a_depth_stride, b, b_stride, sums);
+  } else if (count == 2) {
+    LLTM_NAME(tile_sums_)(2, depth, a_rows, a_depth_stride, b, b_stride, sums);
+  } else {
+    LLTM_NAME(row_sums_)(depth, a_rows[0], a_depth_stride, b, b_stride, sums[0]);
+  }
+  for (int i = 0; i < count; ++i) {
+    LLTM_NAME(add_sums_)(width, accumulate ? out + i * out_stride : base, sums[i],
+                         out + i * out_stride);
+  }
+}
+
+/* The rows of a (row stride a_row_stride) that a tile reads: its own, then
+ * its last again up to LLTM_TILE_ROWS. */
+static void LLTM_NAME(tile_rows_)(const SCALAR* a, int64_t a_row_stride, struct lltm_tile tile,
+                                  const SCALAR** a_rows) {
+  for (int i = 0; i < LLTM_TILE_ROWS; ++i) {
+    a_rows[i] = a + (tile.first_row + (i < tile.rows ? i : tile.rows - 1)) * a_row_stride;
+  }
+}
+
+/* The `count` columns of b (depth rows, row stride b_stride) from `first`
+ * on, fewer than a tile's, zero-padded to a tile's width in memory of their
+ * own (NULL where none can be had): so that every tile runs the same code.
+ * `panels` such copies one after another, copy p from b + p * panel_offset
+ * (the forward pass's three gates). */
+static SCALAR* LLTM_NAME(padded_columns_)(int panels, int64_t panel_offset, int64_t depth,
+                                          const SCALAR* b, int64_t b_stride, int64_t first,
+                                          int64_t count) {
+  SCALAR* padded =
+      (SCALAR*)calloc((size_t)(panels * depth * LLTM_TILE_COLUMNS + 1), sizeof(SCALAR));
+  if (!padded) return NULL;
+  for (int p = 0; p < panels; ++p) {
+    for (int64_t k = 0; k < depth; ++k) {
+      memcpy(padded + (p * depth + k) * LLTM_TILE_COLUMNS,
+             b + p * panel_offset + k * b_stride + first, sizeof(SCALAR) * (size_t)count);
+    }
+  }
+  return padded;
+}
+
+/* Part `index` of `parts` of `count` items, each part but the last a
+ * whole multiple of `align` items: its first item and how many (none for
+ * parts past the items). */
+#ifndef LLTM_PART_DEFINED
+#define LLTM_PART_DEFINED
+static inline void lltm_part(int64_t index, int64_t parts, int64_t count, int64_t align,
+                             int64_t* first, int64_t* size) {
+  int64_t each = (count + parts - 1) / parts;
+  each = (each + align - 1) / align * align;
+  *first = index * each < count ? index * each : count;
+  *size = count - *first < each ? count - *first : each;
+}
+#endif
+
+/* How many parts the BLAS's products are cut into, each on a thread of its
+ * own: one a thread of the pass (lltm_team_size) for work of `elements`
+ * elements, but none of less than LLTM_BLAS_PART_ELEMENTS (on 16 threads
+ * of the H200 machine's Xeon, float32 inference at a batch of 1 took 0.87
+ * of the time of a part a thread at a state of 512, 0.66 at 768), and no
+ * more than LLTM_BLAS_MOST_PARTS, well below the buffers OpenBLAS keeps
+ * for calls at once (twice its MAX_THREADS, 64 in the scipy-openblas32
+ * wheels), past which it warns on stderr. Threads past the parts wait. */
+#ifndef LLTM_BLAS_MOST_PARTS
+#define LLTM_BLAS_MOST_PARTS 32
+#define LLTM_BLAS_PART_ELEMENTS 16384
+static inline int lltm_blas_parts(int64_t elements) {
+  const int team = lltm_team_size(elements);
+  const int64_t worth = elements / LLTM_BLAS_PART_ELEMENTS;
+  int parts = team < LLTM_BLAS_MOST_PARTS ? team : LLTM_BLAS_MOST_PARTS;
+  if (worth < parts) parts = worth > 1 ? (int)worth : 1;
+  return parts;
+}
+#endif
+
+/* Whether the BLAS takes a product of these sizes and strides as
+ * blas_product_ hands them over: every one fits its ints, and each
+ * factor's leading stride spans a row (cblas refuses less, and says so on
+ * stderr). */
+static int LLTM_NAME(blas_takes_)(int64_t rows, int64_t columns, int64_t depth,
+                                  int64_t a_row_stride, int64_t a_depth_stride,
+                                  int64_t b_row_stride, int64_t b_column_stride,
+                                  int64_t out_stride) {
+  const int64_t lda = a_depth_stride == 1 ? a_row_stride : a_depth_stride;
+  const int64_t ldb = b_column_stride == 1 ? b_row_stride : b_column_stride;
+  const int64_t a_span = a_depth_stride == 1 ? depth : rows;
+  const int64_t b_span = b_column_stride == 1 ? columns : depth;
+  return depth > 0 && (a_row_stride == 1 || a_depth_stride == 1) &&
+         (b_row_stride == 1 || b_column_stride == 1) && lda >= a_span && ldb >= b_span &&
+         out_stride >= columns && rows <= LLTM_BLAS_MAX && columns <= LLTM_BLAS_MAX &&
+         depth <= LLTM_BLAS_MAX && lda <= LLTM_BLAS_MAX && ldb <= LLTM_BLAS_MAX &&
+         out_stride <= LLTM_BLAS_MAX;
+}
+
+/* out = base + a b, or out += a b where `accumulate`, as product_ below
+ * says, through the BLAS, for a STORAGE that is SCALAR: the result cut
+ * into parts (of rows, or of columns where they are more), one a thread
+ * (lltm_blas_parts), each one BLAS call on its own thread. */
+static void LLTM_NAME(blas_product_)(int64_t rows, int64_t columns, int64_t depth,
+                                     const SCALAR* a, int64_t a_row_stride,
+                                     int64_t a_depth_stride, const SCALAR* b,
+                                     int64_t b_row_stride, int64_t b_column_stride,
+                                     const STORAGE* base, int accumulate, STORAGE* out,
+                                     int64_t out_stride) {
+  SCALAR* result = (SCALAR*)(void*)out; /* the same type: never called for a narrow one */
+  const int transpose_a = a_depth_stride != 1, transpose_b = b_column_stride != 1;
+  const int64_t lda = transpose_a ? a_depth_stride : a_row_stride;
+  const int64_t ldb = transpose_b ? b_column_stride : b_row_stride;
+  const int by_rows = rows >= columns;
+  const int64_t elements = rows * columns * depth / 16;
+  const int parts = lltm_blas_parts(elements);
+  LLTM_FOR_EACH(part, parts, elements, {
+    int64_t first, count;
+    lltm_part(part, parts, by_rows ? rows : columns, by_rows ? 8 : 16, &first, &count);
+    const int64_t first_row = by_rows ? first : 0, first_column = by_rows ? 0 : first;
+    const int64_t part_rows = by_rows ? count : rows, part_columns = by_rows ? columns : count;
+    SCALAR* part_out = result + first_row * out_stride + first_column;
+    for (int64_t i = 0; count > 0 && base && !accumulate && i < part_rows; ++i) {
+      memcpy(part_out + i * out_stride, base + first_column, sizeof(SCALAR) * (size_t)part_columns);
+    }
+    if (count > 0) {
+      LLTM_MATH(blas_gemm_)(transpose_a, transpose_b, part_rows, part_columns, depth,
+                            a + first_row * (transpose_a ? 1 : lda), lda,
+                            b + first_column * (transpose_b ? ldb : 1), ldb,
+                            accumulate || base ? (SCALAR)1 : (SCALAR)0, part_out, out_stride);
+    }
+  });
+}
+
+/* out (rows x columns, row stride out_stride) = base + a b, or out += a b
+ * where `accumulate` (base, one value a column, may be NULL: zero). a is
+ * rows x depth, element (i, k) at a[i * a_row_stride + k * a_depth_stride];
+ * b is depth x columns, element (k, j) at b[k * b_row_stride + j *
+ * b_column_stride]. Through the BLAS where `blas` asks for it and it takes
+ * the product (one of each factor's strides 1); else by the tiles below,
+ * which take b_column_stride 1 only. The tiles' depth goes
+ * in blocks of LLTM_DEPTH_BLOCK, so that a tile's columns of b stay in
+ * cache for every tile of rows (the weight gradients' depth is every step
+ * of the batch). The threading threshold counts sixteen multiply-adds as
+ * one element of a pointwise pass. */
+#ifndef LLTM_DEPTH_BLOCK
+#define LLTM_DEPTH_BLOCK 256
+#endif
+/* The math type's product, which the 16-bit types' call on their converted
+ * factors: defined with linkage, in lltm_cpu_float.c for them. */
+int LLTM_MATH(lltm_cpu_product_)(int blas, int64_t rows, int64_t columns, int64_t depth,
+                                 const SCALAR* a, int64_t a_row_stride, int64_t a_depth_stride,
+                                 const SCALAR* b, int64_t b_row_stride, int64_t b_column_stride,
+                                 const SCALAR* base, int accumulate, SCALAR* out,
+                                 int64_t out_stride);
+int LLTM_NAME(lltm_cpu_product_)(int blas, int64_t rows, int64_t columns, int64_t depth,
+                                 const SCALAR* a, int64_t a_row_stride, int64_t a_depth_stride,
+                                 const SCALAR* b, int64_t b_row_stride, int64_t b_column_stride,
+                                 const STORAGE* base, int accumulate, STORAGE* out,
+                                 int64_t out_stride) {
+  if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
+  if (LLTM_NARROW_STORAGE) {
+    /* SCALAR's own product of the factors (SCALAR already), its sums kept
+     * in SCALAR over every depth block, then added to base or out and
+     * rounded once. */
+    SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns));
+    if (!sums) return LLTM_ERROR_NO_MEMORY;
+    const int status =
+        LLTM_MATH(lltm_cpu_product_)(blas, rows, columns, depth, a, a_row_stride, a_depth_stride, b,
+                                     b_row_stride, b_column_stride, NULL, 0, sums, columns);
+    LLTM_FOR_EACH(i, rows, rows * columns, {
+      LLTM_NAME(add_sums_row_)(columns, accumulate ? out + i * out_stride : base,
+                               sums + i * columns, out + i * out_stride);
+    });
+    free(sums);
+    return status;
+  }
+  if (blas && LLTM_NAME(blas_takes_)(rows, columns, depth, a_row_stride, a_depth_stride,
+                                     b_row_stride, b_column_stride, out_stride)) {
+    LLTM_NAME(blas_product_)(rows, columns, depth, a, a_row_stride, a_depth_stride, b,
+                             b_row_stride, b_column_stride, base, accumulate, out, out_stride);
+    return LLTM_SUCCESS;
+  }
+  if (b_column_stride != 1 && depth > 0) return LLTM_ERROR_ARGUMENTS;
+  const int64_t b_stride = b_row_stride;
+  const int64_t full_columns = columns - columns % LLTM_TILE_COLUMNS;
+  SCALAR* padded = NULL;
+  if (full_columns < columns) {
+    padded = LLTM_NAME(padded_columns_)(1, 0, depth, b, b_stride, full_columns,
+                                        columns - full_columns);
+    if (!padded) return LLTM_ERROR_NO_MEMORY;
+  }
+  int64_t done = 0;
+  do { /* once at least, so that depth 0 writes base */
+    const int64_t block = depth - done < LLTM_DEPTH_BLOCK ? depth - done : LLTM_DEPTH_BLOCK;
+    LLTM_FOR_EACH(index, lltm_tile_count(rows, columns), rows * columns * block / 16, {
+      const struct lltm_tile tile = lltm_tile_at(index, rows, columns);
+      const SCALAR* a_rows[LLTM_TILE_ROWS];
+      LLTM_NAME(tile_rows_)(a + done * a_depth_stride, a_row_stride, tile, a_rows);
+      const int is_padded = tile.first_column == full_columns;
+      LLTM_NAME(product_tile_)(
+          block, a_rows, a_depth_stride,
+          is_padded ? padded + done * LLTM_TILE_COLUMNS : b + done * b_stride + tile.first_column,
+          is_padded ? LLTM_TILE_COLUMNS : b_stride, tile.rows, tile.columns,
+          base ? base + tile.first_column : NULL, accumulate || done,
+          out + tile.first_row * out_stride + tile.first_column, out_stride);
+    });
+    done += block;
+  } while (done < depth);
+  free(padded);
+  return LLTM_SUCCESS;
+}
+
+/* The products read their factors as SCALAR. Where STORAGE is SCALAR those
+ * are the tensors themselves (LLTM_AS_SCALAR changes no value, only the
+ * type its pointer is spelled with); a narrow STORAGE's factors are
+ * converted first (widen_), once for every product that reads them, so that
+ * the tiles run float's code. */
+#ifndef LLTM_AS_SCALAR
+#define LLTM_AS_SCALAR(values) ((const SCALAR*)(const void*)(values))
+#endif
+
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(widen_)(int64_t count, const STORAGE* values, SCALAR* into) {
+  for (int64_t i = 0; i < count; ++i) into[i] = LOAD(values[i]);
+}
+
+/* *operand: `count` elements from `values` (NULL: none) as SCALAR, the
+ * elements themselves or a converted copy, also in *copy for the caller to
+ * free; 0 where no memory could be had for one. */
+static int LLTM_NAME(operand_)(int64_t count, const STORAGE* values, const SCALAR** operand,
+                               SCALAR** copy) {
+  *operand = NULL;
+  *copy = NULL;
+  if (!LLTM_NARROW_STORAGE || !values) {
+    *operand = LLTM_AS_SCALAR(values);
+    return 1;
+  }
+  *copy = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(count + 1));
+  if (!*copy) return 0;
+  LLTM_NAME(widen_)(count, values, *copy);
+  *operand = *copy;
+  return 1;
+}
+
+/* The transpose (columns, rows) of a (rows, columns) matrix with row
+ * stride `stride`, in memory of its own (NULL where none can be had). Rows
+ * go in blocks of 16, so that each column's writes fill whole cache lines
+ * while the block's rows stay in cache. */
+static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const STORAGE* matrix,
+                                      int64_t stride) {
+  SCALAR* result = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
+  if (!result) return NULL;
+  LLTM_FOR_EACH(block, (rows + 15) / 16, rows * columns, {
+    const int64_t r0 = block * 16, r1 = r0 + 16 < rows ? r0 + 16 : rows;
+    for (int64_t k = 0; k < columns; ++k) {
+      for (int64_t r = r0; r < r1; ++r) result[k * rows + r] = LOAD(matrix[r * stride + k]);
+    }
+  });
+  return result;
+}
+
+/* The 16-bit types' products on AMX (lltm_amx.h), where the pass takes them
+ * (use_amx, from uses_amx_ below). They read the tensors themselves, not
+ * SCALAR copies, so that a pass on AMX makes none: a's element (i, k) at
+ * a[i * a_row_stride + k * a_depth_stride], b's (k, j) at
+ * b[k * b_row_stride + j * b_column_stride], one stride of each 1. A
+ * product AMX declines (a float16 factor not finite) takes SCALAR's own
+ * product of converted copies instead. */
+
+/* sums (rows x columns, row stride sums_stride) = a b, by SCALAR's own
+ * product of copies of a and b converted to SCALAR. */
+static int LLTM_NAME(converted_product_)(int64_t rows, int64_t columns, int64_t depth,
+                                         const STORAGE* a, int64_t a_row_stride,
+                                         int64_t a_depth_stride, const STORAGE* b,
+                                         int64_t b_row_stride, int64_t b_column_stride,
+                                         SCALAR* sums, int64_t sums_stride) {
+  SCALAR* a_copy = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * depth + 1));
+  SCALAR* b_copy = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(depth * columns + 1));
+  int status = a_copy && b_copy ? LLTM_SUCCESS : LLTM_ERROR_NO_MEMORY;
+  if (status == LLTM_SUCCESS) {
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t k = 0; k < depth; ++k) {
+        a_copy[i * depth + k] = LOAD(a[i * a_row_stride + k * a_depth_stride]);
+      }
+    }
+    for (int64_t k = 0; k < depth; ++k) {
+      for (int64_t j = 0; j < columns; ++j) {
+        b_copy[k * columns + j] = LOAD(b[k * b_row_stride + j * b_column_stride]);
+      }
+    }
+    status = LLTM_MATH(lltm_cpu_product_)(0, rows, columns, depth, a_copy, depth, 1, b_copy,
+                                          columns, 1, NULL, 0, sums, sums_stride);
+  }
+  free(a_copy);
+  free(b_copy);
+  return status;
+}
+
+#ifdef AMX_DTYPE
+/* Where a product's sums go (amx_product_): each run of them added to
+ * base's or out's and rounded into out, by the thread that wrote them. */
+struct LLTM_NAME(sums_out_) {
+  const SCALAR* sums; /* row stride `columns` */
+  int64_t columns;
+  const STORAGE* base;
+  int accumulate;
+  STORAGE* out;
+  int64_t out_stride;
+};
+
+static void LLTM_NAME(add_run_)(void* context, int64_t first_row, int64_t rows,
+                                int64_t first_column, int64_t columns) {
+  const struct LLTM_NAME(sums_out_)* to = (const struct LLTM_NAME(sums_out_)*)context;
+  for (int64_t i = first_row; i < first_row + rows; ++i) {
+    STORAGE* out = to->out + i * to->out_stride + first_column;
+    LLTM_NAME(add_sums_row_)(columns,
+                             to->accumulate ? out : to->base ? to->base + first_column : NULL,
+                             to->sums + i * to->columns + first_column, out);
+  }
+}
+#endif
+
+/* out (rows x columns, row stride out_stride) = base + a b, or out += a b
+ * where `accumulate` (base, one value a column, may be NULL: zero), as
+ * product_ does, on AMX: b packed once (or given packed: packed_b, else
+ * NULL), a LLTM_AMX_ROWS rows at a time, each run of a block's sums added
+ * and rounded by the thread that wrote them, while they are in its cache. */
+#ifndef LLTM_AMX_ROWS
+#define LLTM_AMX_ROWS 256
+#endif
+static int LLTM_NAME(amx_product_)(int64_t rows, int64_t columns, int64_t depth,
+                                   const STORAGE* a, int64_t a_row_stride,
+                                   int64_t a_depth_stride, const STORAGE* b,
+                                   int64_t b_row_stride, int64_t b_column_stride,
+                                   const lltm_amx_factor* packed_b, const STORAGE* base,
+                                   int accumulate, STORAGE* out, int64_t out_stride) {
+#ifdef AMX_DTYPE
+  if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
+  const int64_t block = rows < LLTM_AMX_ROWS ? rows : LLTM_AMX_ROWS;
+  lltm_amx_factor left = {0}, right = {0};
+  SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(block * columns));
+  int status = !sums     ? LLTM_ERROR_NO_MEMORY
+               : packed_b ? LLTM_SUCCESS
+                          : lltm_amx_pack_right(AMX_DTYPE, depth, columns, b, b_row_stride,
+                                                b_column_stride, &right);
+  for (int64_t first = 0; status == LLTM_SUCCESS && first < rows; first += block) {
+    const int64_t count = rows - first < block ? rows - first : block;
+    const STORAGE* a_rows = a + first * a_row_stride;
+    struct LLTM_NAME(sums_out_) to = {sums, columns, base, accumulate, out + first * out_stride,
+                                      out_stride};
+    status = lltm_amx_multiply(count, a_rows, a_row_stride, a_depth_stride,
+                               packed_b ? packed_b : &right, &left, sums, columns,
+                               LLTM_NAME(add_run_), &to);
+    if (status == LLTM_AMX_DECLINED) {
+      status = LLTM_NAME(converted_product_)(count, columns, depth, a_rows, a_row_stride,
+                                             a_depth_stride, b, b_row_stride, b_column_stride,
+                                             sums, columns);
+      if (status == LLTM_SUCCESS) LLTM_NAME(add_run_)(&to, 0, count, 0, columns);
+    }
+  }
+  lltm_amx_free(&left);
+  lltm_amx_free(&right);
+  free(sums);
+  return status;
+#else
+  (void)rows, (void)columns, (void)depth, (void)a, (void)a_row_stride, (void)a_depth_stride;
+  (void)b, (void)b_row_stride, (void)b_column_stride, (void)packed_b, (void)base;
+  (void)accumulate, (void)out, (void)out_stride;
+  return LLTM_ERROR_DTYPE;
+#endif
+}
+
+/* A pass's recurrent product on AMX: the hidden weights (the right
+ * factor, depth x columns, laid out as amx_product_'s b) packed once, each
+ * step's left factor (its old h forward, the next step's gate gradients
+ * backward) packed as it comes, and its sums, up to `rows` rows of them
+ * (row stride `columns`), for the step tiles. */
+struct LLTM_NAME(recurrent_amx_) {
+  const STORAGE* weights;
+  int64_t depth, columns, row_stride, column_stride;
+  lltm_amx_factor packed_weights, packed_step;
+  SCALAR* sums;
+  /* The forward's: a gate's hidden weights each, and the input weights. */
+  lltm_amx_factor gate_weights[3], input_weights;
+};
+
+/* *amx with its weights' layout and room for its sums, nothing packed. */
+static int LLTM_NAME(recurrent_amx_room_)(int64_t rows, int64_t depth, int64_t columns,
+                                          const STORAGE* weights, int64_t row_stride,
+                                          int64_t column_stride,
+                                          struct LLTM_NAME(recurrent_amx_) * amx) {
+  memset(amx, 0, sizeof *amx);
+  amx->weights = weights;
+  amx->depth = depth;
+  amx->columns = columns;
+  amx->row_stride = row_stride;
+  amx->column_stride = column_stride;
+  amx->sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
+  return amx->sums ? LLTM_SUCCESS : LLTM_ERROR_NO_MEMORY;
+}
+
+static int LLTM_NAME(start_recurrent_amx_)(int64_t rows, int64_t depth, int64_t columns,
+                                           const STORAGE* weights, int64_t row_stride,
+                                           int64_t column_stride,
+                                           struct LLTM_NAME(recurrent_amx_) * amx) {
+  const int status = LLTM_NAME(recurrent_amx_room_)(rows, depth, columns, weights, row_stride,
+                                                    column_stride, amx);
+  if (status != LLTM_SUCCESS) return status;
+#ifdef AMX_DTYPE
+  return lltm_amx_pack_right(AMX_DTYPE, depth, columns, weights, row_stride, column_stride,
+                             &amx->packed_weights);
+#else
+  return LLTM_ERROR_DTYPE;
+#endif
+}
+
+/* amx->sums = `rows` rows of a (row stride a_stride) times the weights. */
+static int LLTM_NAME(recurrent_sums_)(struct LLTM_NAME(recurrent_amx_) * amx, int64_t rows,
+                                      const STORAGE* a, int64_t a_stride) {
+  if (rows <= 0) return LLTM_SUCCESS;
+#ifdef AMX_DTYPE
+  const int status = lltm_amx_multiply(rows, a, a_stride, 1, &amx->packed_weights,
+                                       &amx->packed_step, amx->sums, amx->columns, NULL, NULL);
+  if (status != LLTM_AMX_DECLINED) return status;
+#endif
+  return LLTM_NAME(converted_product_)(rows, amx->columns, amx->depth, a, a_stride, 1,
+                                       amx->weights, amx->row_stride, amx->column_stride,
+                                       amx->sums, amx->columns);
+}
+
+static void LLTM_NAME(end_recurrent_amx_)(struct LLTM_NAME(recurrent_amx_) * amx) {
+  lltm_amx_free(&amx->packed_weights);
+  for (int gate = 0; gate < 3; ++gate) lltm_amx_free(&amx->gate_weights[gate]);
+  lltm_amx_free(&amx->input_weights);
+  lltm_amx_free(&amx->packed_step);
+  free(amx->sums);
+}
