@@ -23,18 +23,6 @@
  * it on the first call), else 0. */
 int lltm_blas_loaded(void);
 
-/* Whether the CPU runs AVX-512 (F, BW, DQ and VL, as x86-64-v4 asks): the
- * vector width of the own tiles' widest clone (lltm_cpu_math.h). */
-static inline int lltm_cpu_avx512(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-#else
-  return 0;
-#endif
-}
-
 /* c = a b + beta c, row-major, through the loaded library's cblas_sgemm
  * and cblas_dgemm: a (m x k) with row stride lda, or its transpose where
  * transpose_a (a then k x m); b (k x n) with row stride ldb, or its

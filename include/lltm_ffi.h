@@ -173,6 +173,10 @@ int lltm_cell_path(int dtype, int device, int64_t multiply_adds, int capturing, 
  * they are AMX's. */
 int lltm_amx_usable(void);
 int lltm_amx_tiles(void);
+/* 1 where the CPU runs AVX-512 (F, BW, DQ and VL, as x86-64-v4 asks): the
+ * vector width of the own tiles' widest clone (lltm_cpu_math.h), which the
+ * plan of the CPU passes' products and the checks above go by. */
+int lltm_cpu_avx512(void);
 
 /* The CPU passes' BLAS (include/lltm_blas.h): the path of the library to
  * load on the first product that asks for one (NULL: none), given before

@@ -134,12 +134,12 @@ def _describe_module(report, extension):
         report.row("CPU 16-bit products", "portable (no AMX or AVX512-BF16 on this CPU)")
     else:
         setting = os.environ.get("LLTM_AMX")
-        tiles = "AMX" if lib.lltm_amx_tiles() else "AVX512-BF16 (no AMX)"
+        amx = lib.lltm_amx_tiles()
         report.row("CPU 16-bit products",
                    "portable (LLTM_AMX=0)" if setting == "0"
-                   else f"{tiles} for every size (LLTM_AMX=1)" if setting == "1"
-                   else "AMX (bfloat16 tiles; float16 tiles for the large products)"
-                   if lib.lltm_amx_tiles()
+                   else f"{'AMX' if amx else 'AVX512-BF16 (no AMX)'} for every size (LLTM_AMX=1)"
+                   if setting == "1"
+                   else "AMX (bfloat16 tiles; float16 tiles for the large products)" if amx
                    else "AVX512-BF16 dot products for bfloat16 (no AMX; float16 portable)")
     report.row("CPU products", _cpu_products_text(lib, ffi))
     return lib if extension.lib is not None else None

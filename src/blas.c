@@ -26,7 +26,6 @@ typedef void (*dgemv_function)(int, int, int, int, double, const double*, int, c
                                int, double, double*, int);
 typedef void (*set_threads_function)(int);
 typedef char* (*config_function)(void);
-typedef char* (*corename_function)(void);
 
 static struct {
   sgemm_function sgemm;
@@ -34,7 +33,7 @@ static struct {
   sgemv_function sgemv;
   dgemv_function dgemv;
   config_function config;
-  corename_function corename;
+  int narrow; /* lltm_blas_narrow's answer, known at the load */
 } blas;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -58,6 +57,18 @@ static void* symbol(void* library, const char* name) {
   return found ? found : dlsym(library, name);
 }
 
+/* Whether kernels named by `corename` (openblas_get_corename; NULL: no
+ * such function) are narrower than the CPU's vectors (lltm_blas_narrow). */
+static int narrow_kernels(config_function corename) {
+  static const char* const avx512_kernels[] = {"skylakex", "cooperlake", "sapphirerapids"};
+  const char* name = corename ? corename() : NULL;
+  if (!name || !lltm_cpu_avx512()) return 0;
+  for (size_t i = 0; i < sizeof avx512_kernels / sizeof *avx512_kernels; ++i) {
+    if (strcasecmp(name, avx512_kernels[i]) == 0) return 0;
+  }
+  return 1;
+}
+
 /* The library at the path given, kept open; nothing where none was given,
  * it cannot be opened, or it lacks a function used. */
 static void load(void) {
@@ -70,7 +81,6 @@ static void load(void) {
   blas.sgemv = (sgemv_function)symbol(library, "cblas_sgemv");
   blas.dgemv = (dgemv_function)symbol(library, "cblas_dgemv");
   blas.config = (config_function)symbol(library, "openblas_get_config");
-  blas.corename = (corename_function)symbol(library, "openblas_get_corename");
   const set_threads_function set_threads =
       (set_threads_function)symbol(library, "openblas_set_num_threads");
   /* Without the thread setting its calls would start threads of their own
@@ -81,6 +91,7 @@ static void load(void) {
     return;
   }
   set_threads(1);
+  blas.narrow = narrow_kernels((config_function)symbol(library, "openblas_get_corename"));
   loaded = 1;
 }
 
@@ -94,15 +105,7 @@ const char* lltm_blas_config(void) {
   return blas.config ? blas.config() : "a BLAS without openblas_get_config";
 }
 
-int lltm_blas_narrow(void) {
-  static const char* const avx512_kernels[] = {"skylakex", "cooperlake", "sapphirerapids"};
-  if (!lltm_blas_loaded() || !blas.corename || !lltm_cpu_avx512()) return 0;
-  const char* corename = blas.corename();
-  for (size_t i = 0; corename && i < sizeof avx512_kernels / sizeof *avx512_kernels; ++i) {
-    if (strcasecmp(corename, avx512_kernels[i]) == 0) return 0;
-  }
-  return 1;
-}
+int lltm_blas_narrow(void) { return lltm_blas_loaded() && blas.narrow; }
 
 static int trans(int transpose) { return transpose ? CBLAS_TRANS : CBLAS_NO_TRANS; }
 

@@ -346,12 +346,6 @@ def recurrence_of_a_pass():
     return _extension.ffi.string(_extension.lib.lltm_cpu_recurrence()).decode()
 
 
-def cpu_has_avx512():
-    """Whether the CPU has AVX-512's F, BW, DQ and VL, as lltm_cpu_avx512 asks
-    (torch asks the same for its AVX512 kernels)."""
-    return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
-
-
 def test_a_large_batch_of_a_small_state_takes_the_own_tiles_where_they_pay(torch_threads,
                                                                           monkeypatch):
     """The plan's recurrence of 8 rows or more of a state up to 256
@@ -368,7 +362,7 @@ def test_a_large_batch_of_a_small_state_takes_the_own_tiles_where_they_pay(torch
         got = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
         return got, recurrence_of_a_pass()
 
-    for threads, own in ((2, cpu_has_avx512()), (4, True)):
+    for threads, own in ((2, bool(_extension.lib.lltm_cpu_avx512())), (4, True)):
         torch_threads(threads)
         (default, recurrence), (blas, forced) = results("default"), results("blas")
         assert (recurrence, forced) == ("own tiles" if own else "blas", "blas")

@@ -42,6 +42,16 @@ static int64_t round_up(int64_t value, int64_t multiple) {
 static int tiles_kind(void);
 enum { NO_TILES = -1, AMX_TILES = 1, DOT_TILES = 2 };
 
+int lltm_cpu_avx512(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return 0;
+#endif
+}
+
 /* A product's work for lltm_team_size: a pointwise element's time is that
  * of some thousand multiply-adds on AMX, which multiplies whole blocks of
  * rows, and of some 16 on AVX512-BF16, which multiplies the rows there
@@ -404,10 +414,7 @@ VECTOR_TARGET int lltm_amx_pack_right(int dtype, int64_t depth, int64_t columns,
 
 static int amx_permitted(void) {
   unsigned eax, ebx, ecx, edx;
-  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-      !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq")) {
-    return 0;
-  }
+  if (!lltm_cpu_avx512()) return 0;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_OSXSAVE)) return 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & bit_AMX_TILE) ||
       !(edx & bit_AMX_BF16)) {
@@ -425,9 +432,7 @@ static int amx_permitted(void) {
 /* AVX512-BF16's dot products (Intel's Cooper Lake and later, AMD's Zen 4
  * and later), on AVX-512. */
 static int dot_permitted(void) {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512bf16");
+  return lltm_cpu_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
 static int tiles_kind(void) {
@@ -455,12 +460,10 @@ static const struct {
 
 /* One block of sums, 32 x 32, at out (row stride out_stride), over
  * depth_blocks of the packed depth from left and right on: the two tile
- * rows of each factor lie `second` elements apart. The tiles configured.
- * `rows` of the block are the result's (block_sums). */
+ * rows of each factor lie `second` elements apart. The tiles configured. */
 AMX_TARGET static void block_product(const uint16_t* left, const uint16_t* right, int64_t second,
-                                     int64_t depth_blocks, int rows, int accumulate, float* out,
+                                     int64_t depth_blocks, int accumulate, float* out,
                                      int64_t out_stride) {
-  (void)rows;
   MEMORY_BARRIER();
   const int64_t bytes = 4 * out_stride;
   if (accumulate) {
@@ -568,8 +571,11 @@ static void block_sums(int amx, const uint16_t* left, const uint16_t* right, int
     memset(edge, 0, sizeof edge);
     for (int i = 0; i < rows; ++i) memcpy(edge + i * BLOCK, sums + i * stride, 4 * columns);
   }
-  (amx ? block_product : dot_block_product)(left, right, second, depth_blocks, rows, accumulate,
-                                            out, out_stride);
+  if (amx) {
+    block_product(left, right, second, depth_blocks, accumulate, out, out_stride);
+  } else {
+    dot_block_product(left, right, second, depth_blocks, rows, accumulate, out, out_stride);
+  }
   if (!inside) {
     for (int i = 0; i < rows; ++i) memcpy(sums + i * stride, edge + i * BLOCK, 4 * columns);
   }
