@@ -336,19 +336,17 @@ def assert_paths_agree(paths, dtype):
     assert not failures, f"{first} against {second}: {'; '.join(failures)}"
 
 
-def assert_sequence_paths_agree(shape, reverse, dtype, generator, monkeypatch, *setting):
-    """lltm_sequence at `shape` on both CPU paths (on_both_cpu_paths with
-    `setting`): each as accurate as torch in the dtype, and the two within
-    PATHS_APART units of roundoff of each other."""
+def assert_sequence_paths_agree(shape, reverse, dtype, generator, on_paths):
+    """lltm_sequence at `shape` on two CPU paths (on_paths(run): {path:
+    run()}, run on each): each as accurate as torch in the dtype, and the
+    two within PATHS_APART units of roundoff of each other."""
     steps, batch, features, state = shape
     arguments = [torch.randn(steps, batch, features, generator=generator, dtype=torch.float64),
                  *selfcheck.random_inputs(batch, features, state, torch.float64, "cpu",
                                           generator)[1:]]
     grads = random_grads([(steps, batch, state), (batch, state), (batch, state)], generator)
     halves, doubles = rounded(arguments, dtype, "cpu")
-    paths = on_both_cpu_paths(
-        lambda: with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES), monkeypatch,
-        *setting)
+    paths = on_paths(lambda: with_gradients(ffi_sequence(reverse), halves, grads, SEQUENCE_NAMES))
     in_torch = with_gradients(torch_sequence(reverse), halves, grads, SEQUENCE_NAMES)
     exact = with_gradients(torch_sequence(reverse), doubles, grads, SEQUENCE_NAMES)
     for got in paths.values():
@@ -361,7 +359,39 @@ def assert_sequence_paths_agree(shape, reverse, dtype, generator, monkeypatch, *
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("shape", CPU_PATH_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
 def test_the_cpu_product_paths_agree(shape, reverse, dtype, monkeypatch, generator):
-    assert_sequence_paths_agree(shape, reverse, dtype, generator, monkeypatch)
+    assert_sequence_paths_agree(shape, reverse, dtype, generator,
+                                lambda run: on_both_cpu_paths(run, monkeypatch))
+
+
+@needs_amx
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_a_bfloat16_row_takes_the_dot_products_beside_amx_on_four_threads(reverse, generator):
+    """A bfloat16 pass of one row (src/cpu/lltm_amx.c, product_tiles): where
+    the CPU has AMX, AMX's tiles on 1 thread and AVX512-BF16's dot products,
+    where it has them too, on 4; where it has the dot products alone, those
+    on both. The recurrence each pass reports says which; the two agree as
+    the CPU's paths do."""
+    saved = torch.get_num_threads()
+    recurrences = {}
+
+    def on_threads(run):
+        results = {}
+        try:
+            for threads in (1, 4):
+                torch.set_num_threads(threads)
+                results[threads] = run()
+                recurrence = _extension.lib.lltm_cpu_recurrence()
+                recurrences[threads] = _extension.ffi.string(recurrence).decode()
+        finally:
+            torch.set_num_threads(saved)
+        return results
+
+    assert_sequence_paths_agree((6, 1, 7, 33), reverse, torch.bfloat16, generator, on_threads)
+    with open("/proc/cpuinfo") as cpuinfo:
+        dots = "avx512_bf16" in cpuinfo.read()
+    amx = bool(_extension.lib.lltm_amx_tiles())
+    assert recurrences == {1: "amx" if amx else "avx512-bf16",
+                           4: "avx512-bf16" if dots else "amx"}
 
 
 @needs_amx
@@ -389,8 +419,9 @@ def test_the_cpu_product_paths_agree_on_packed_layers(dtype, monkeypatch, genera
                          ids=lambda shape: "x".join(map(str, shape)))
 def test_the_blas_and_the_own_products_agree(shape, reverse, dtype, monkeypatch):
     monkeypatch.setenv("LLTM_AMX", "0")
-    assert_sequence_paths_agree(shape, reverse, dtype, torch.Generator().manual_seed(20240531),
-                                monkeypatch, "LLTM_BLAS", ("BLAS", "own tiles"))
+    assert_sequence_paths_agree(
+        shape, reverse, dtype, torch.Generator().manual_seed(20240531),
+        lambda run: on_both_cpu_paths(run, monkeypatch, "LLTM_BLAS", ("BLAS", "own tiles")))
 
 
 @needs_amx

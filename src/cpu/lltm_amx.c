@@ -40,6 +40,7 @@ static int64_t round_up(int64_t value, int64_t multiple) {
 }
 
 static int tiles_kind(void);
+static int product_tiles(int dtype, int64_t rows);
 enum { NO_TILES = -1, AMX_TILES = 1, DOT_TILES = 2 };
 
 int lltm_cpu_avx512(void) {
@@ -59,7 +60,9 @@ int lltm_cpu_avx512(void) {
  * B=64, S=128 took 52 us a step counted as AMX's (one thread for the
  * steps), 32 so; at B=16, 14.3 counted as 32, 12.8 so. */
 int64_t lltm_amx_work(int64_t rows, int64_t columns, const lltm_amx_factor* right) {
-  if (tiles_kind() == DOT_TILES) return rows * columns * right->packed_depth / 16;
+  if (product_tiles(right->dtype, rows) == DOT_TILES) {
+    return rows * columns * right->packed_depth / 16;
+  }
   return round_up(rows, BLOCK) * columns * right->packed_depth / 1024;
 }
 
@@ -435,14 +438,40 @@ static int dot_permitted(void) {
   return lltm_cpu_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
-static int tiles_kind(void) {
+/* What the CPU has, asked once: ASKED, and AMX_TILES and DOT_TILES where
+ * it has them. */
+enum { ASKED = 4 };
+static int tiles_offered(void) {
   static int state; /* 0: not asked yet */
-  int kind = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-  if (!kind) {
-    kind = amx_permitted() ? AMX_TILES : dot_permitted() ? DOT_TILES : NO_TILES;
-    __atomic_store_n(&state, kind, __ATOMIC_RELEASE);
+  int offered = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+  if (!offered) {
+    offered = ASKED | (amx_permitted() ? AMX_TILES : 0) | (dot_permitted() ? DOT_TILES : 0);
+    __atomic_store_n(&state, offered, __ATOMIC_RELEASE);
   }
-  return kind;
+  return offered;
+}
+
+static int tiles_kind(void) {
+  const int offered = tiles_offered();
+  return offered & AMX_TILES ? AMX_TILES : offered & DOT_TILES ? DOT_TILES : NO_TILES;
+}
+
+/* A bfloat16 product of one row takes the dot products where the CPU has
+ * them beside AMX and LLTM_DOT_ROW_TEAM threads or more share it: AMX
+ * multiplies whole blocks of 32 rows, the dot products the rows there are.
+ * The H200 machine's host (a Xeon with AMX), bfloat16 inference at B=1,
+ * T=16, us a step on AMX and on the dot products, one process: 4 threads,
+ * S=128 17.1 and 14.2, S=512 83.2 and 53.4, S=1024 278 and 232; 16
+ * threads, S=128 24.5 and 19.1, S=512 42.2 and 31.3, S=1024 94.5 and 64.7;
+ * but 1 thread, S=512 78.5 and 98.1, 2 threads, S=256 20.8 and 23.5. */
+#define LLTM_DOT_ROW_TEAM 4
+static int product_tiles(int dtype, int64_t rows) {
+  const int offered = tiles_offered();
+  if (offered & AMX_TILES && offered & DOT_TILES && dtype == LLTM_BFLOAT16 && rows == 1 &&
+      lltm_pass_team() >= LLTM_DOT_ROW_TEAM) {
+    return DOT_TILES;
+  }
+  return tiles_kind();
 }
 
 int lltm_amx_usable(void) { return tiles_kind() > 0; }
@@ -602,7 +631,7 @@ AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_fac
                                  int64_t first_row, int64_t end_row, int64_t first_column,
                                  int64_t end_column, float* sums, int64_t stride) {
   const int64_t depth = left->packed_depth, second = TILE_ROWS * depth;
-  const int amx = tiles_kind() == AMX_TILES;
+  const int amx = product_tiles(left->dtype, left->count) == AMX_TILES;
   if (amx) _tile_loadconfig(&tile_config);
   int64_t done = 0;
   do { /* once at least, so that depth 0 writes zeros */
@@ -654,6 +683,7 @@ void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* rig
 #else
 
 static int tiles_kind(void) { return NO_TILES; }
+static int product_tiles(int dtype, int64_t rows) { return (void)dtype, (void)rows, NO_TILES; }
 int lltm_amx_usable(void) { return 0; }
 int lltm_amx_tiles(void) { return 0; }
 
@@ -670,6 +700,10 @@ void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* rig
 }
 
 #endif /* LLTM_AMX_COMPILED */
+
+const char* lltm_amx_tiles_name(int dtype, int64_t rows) {
+  return product_tiles(dtype, rows) == AMX_TILES ? "amx" : "avx512-bf16";
+}
 
 int lltm_amx_pack_left(int64_t rows, const uint16_t* a, int64_t row_stride,
                        int64_t depth_stride, const lltm_amx_factor* right, int64_t work,

@@ -89,6 +89,11 @@ void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* rig
                          float* sums, int64_t stride);
 int64_t lltm_amx_work(int64_t rows, int64_t columns, const lltm_amx_factor* right);
 
+/* What multiplies a product of `rows` rows of dtype's: "amx" (AMX's
+ * tiles) or "avx512-bf16" (AVX512-BF16's dot products). Only where
+ * lltm_amx_usable. */
+const char* lltm_amx_tiles_name(int dtype, int64_t rows);
+
 void lltm_amx_free(lltm_amx_factor* packed);
 
 #endif /* LLTM_AMX_H */

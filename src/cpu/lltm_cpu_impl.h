@@ -207,7 +207,11 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
       products.recurrence = LLTM_ON_BLAS;
     }
   }
-  lltm_note_cpu_recurrence(lltm_recurrence_names[products.recurrence]);
+  const char* recurrence = lltm_recurrence_names[products.recurrence];
+#ifdef AMX_DTYPE
+  if (products.recurrence == LLTM_ON_AMX) recurrence = lltm_amx_tiles_name(AMX_DTYPE, batch_size);
+#endif
+  lltm_note_cpu_recurrence(recurrence);
   return products;
 }
 
