@@ -162,8 +162,8 @@ def _cpu_products_text(lib, ffi):
         return loaded + ", every recurrence too (LLTM_BLAS=1)"
     narrow = getattr(lib, "lltm_blas_narrow", None)
     if narrow is not None and narrow():
-        return loaded + (", the own tiles for batches of 3 or more up to a state of 768 (the "
-                         "BLAS's kernels are narrower than this CPU's AVX-512)")
+        return loaded + (", the own tiles for batches of 3 or more (the BLAS's kernels are "
+                         "narrower than this CPU's AVX-512)")
     return loaded + ", the own tiles for small recurrences"
 
 

@@ -30,9 +30,10 @@ PATHS = {"own": "0", "blas": "1", "default": None}
 # default), 9 and 40 (the BLAS's by default on a CPU without AVX-512);
 # states short of the tiles and past the default's LLTM_OWN_TILES_STATE;
 # 300 input features; 70 x 4 = 280 rows, past one block of the input part
-# of the gates (256 rows).
+# of the gates (256 rows); weights' rows of 1040 elements, past a page (the
+# backward pass's recurrence in panels, a short one last).
 SHAPES = [(5, 1, 7, 33), (4, 2, 5, 300), (3, 5, 9, 40), (6, 9, 4, 70), (2, 17, 300, 31),
-          (3, 40, 7, 130), (70, 4, 3, 20)]
+          (3, 40, 7, 130), (70, 4, 3, 20), (3, 4, 1000, 40)]
 TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10}
 SEED = 20240531
 
@@ -374,12 +375,12 @@ def test_where_the_blas_is_narrower_than_the_cpu_the_own_tiles_take_every_produc
         torch_threads, monkeypatch):
     """With the BLAS's kernels narrower than the CPU's vectors
     (lltm_blas_narrow: OPENBLAS_CORETYPE=Haswell on a CPU with AVX-512), a
-    batch of 16 of a state of 300 (past LLTM_OWN_TILES_STATE) takes every
-    product on the own tiles: the bits of LLTM_BLAS=0's. Elsewhere its
-    recurrence is the BLAS's."""
+    batch of 20 of a state of 810 (past LLTM_OWN_TILES_STATE, and off the
+    panels' width) takes every product on the own tiles: the bits
+    of LLTM_BLAS=0's. Elsewhere its recurrence is the BLAS's."""
     if _blas.library_path() is None:
         pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
-    shape = (3, 16, 8, 300)
+    shape = (3, 20, 8, 810)
     arguments, grads = random_arguments(shape, torch.float32), random_grads(shape, torch.float32)
     torch_threads(1)
     use_path(monkeypatch, "own")

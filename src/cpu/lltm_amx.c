@@ -56,7 +56,7 @@ int lltm_cpu_avx512(void) {
 /* A product's work for lltm_team_size: a pointwise element's time is that
  * of some thousand multiply-adds on AMX, which multiplies whole blocks of
  * rows, and of some 16 on AVX512-BF16, which multiplies the rows there
- * are. On 2 threads of the 2-core AMD EPYC (Zen 4), bfloat16 inference at
+ * are. On 2 threads of the 2-core AMD EPYC (Zen 5), bfloat16 inference at
  * B=64, S=128 took 52 us a step counted as AMX's (one thread for the
  * steps), 32 so; at B=16, 14.3 counted as 32, 12.8 so. */
 int64_t lltm_amx_work(int64_t rows, int64_t columns, const lltm_amx_factor* right) {

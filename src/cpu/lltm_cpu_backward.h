@@ -50,9 +50,8 @@ struct LLTM_NAME(step_gradients_) {
 
 /* A step's backward tile. d_h, the gradient reaching its h, is, for the
  * rows below `continued`, the next step's gate gradients (next_d_gates, as
- * SCALAR) times the hidden weights (`weights`, 3 * state x (state +
- * input_features); `last_columns`, the last block of states' columns padded
- * to a tile, where that block is short of one), and for the others the
+ * SCALAR) times the hidden weights (`hidden`, 3 * state x state), and for
+ * the others the
  * final h's gradient; d_c, that reaching its cell, is likewise the gradient
  * carried from the next step or the final cell's. Both then take the
  * step's own output and cell gradients, and the cell's backward math writes
@@ -61,9 +60,9 @@ struct LLTM_NAME(step_gradients_) {
  * below `continued` already (row stride state). Where gate_factors is not
  * NULL the tile's gate gradients are also converted into it, as SCALAR
  * (laid out as d_gates), for the products that read them. */
-static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_features,
-                                           struct lltm_tile tile, const SCALAR* weights,
-                                           const SCALAR* last_columns, int64_t continued,
+static void LLTM_NAME(backward_step_tile_)(int64_t state_size, struct lltm_tile tile,
+                                           const struct LLTM_NAME(tile_factor_) * hidden,
+                                           int64_t continued,
                                            const SCALAR* next_d_gates,
                                            const SCALAR* carried_sums,
                                            struct LLTM_NAME(step_gradients_) gradients,
@@ -80,13 +79,12 @@ static void LLTM_NAME(backward_step_tile_)(int64_t state_size, int64_t input_fea
       LLTM_NAME(add_sums_row_)(tile.columns, NULL, carried_sums + offset, d_h + offset);
     }
     if (!carried_sums) {
-      const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
       const SCALAR* a_rows[LLTM_TILE_ROWS];
       LLTM_NAME(tile_rows_)(next_d_gates, gates_size, carried, a_rows);
-      LLTM_NAME(product_tile_)(gates_size, a_rows, 1,
-                               is_padded ? last_columns : weights + tile.first_column,
-                               is_padded ? LLTM_TILE_COLUMNS : state_size + input_features,
-                               carried.rows, tile.columns, NULL, 0,
+      int64_t b_stride;
+      const SCALAR* b = LLTM_NAME(tile_columns_)(hidden, tile.first_column, 0, &b_stride);
+      LLTM_NAME(product_tile_)(gates_size, a_rows, 1, b, b_stride, carried.rows, tile.columns,
+                               NULL, 0,
                                d_h + tile.first_row * state_size + tile.first_column,
                                state_size);
     }
@@ -245,28 +243,34 @@ static int LLTM_NAME(recurrence_backward_)(
    * converted by the step tiles that write them. */
   struct LLTM_NAME(recurrent_amx_) amx = {0};
   const SCALAR* weight_factors = NULL;
-  SCALAR *weights_copy = NULL, *gates_copy = NULL, *last_columns = NULL, *sums = NULL;
+  SCALAR *weights_copy = NULL, *gates_copy = NULL, *sums = NULL;
+  struct LLTM_NAME(tile_factor_) hidden = {NULL, 0, 0, 0, NULL};
   if (status == LLTM_SUCCESS && use_amx) {
     if (walk->steps > 1 || wants_d_h0) {
       status = LLTM_NAME(start_recurrent_amx_)(walk->batch_size, gates_size, state_size, weights,
                                                columns, 1, &amx);
     }
   } else if (status == LLTM_SUCCESS) {
-    const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
-    const int needs_last_columns = !on_blas && walk->steps > 1 && full_states < state_size;
+    const int needs_tiles = !on_blas && walk->steps > 1;
     const int has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &weight_factors,
                                                 &weights_copy);
     gates_copy =
         LLTM_NARROW_STORAGE
             ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->rows * gates_size + 1))
             : NULL;
-    last_columns = has_weights && needs_last_columns
-                       ? LLTM_NAME(padded_columns_)(1, 0, gates_size, weight_factors, columns,
-                                                    full_states, state_size - full_states)
-                       : NULL;
+    /* The hidden weights in panels where a row of them spans a page
+     * (tile_factor_ says why); short rows read in place cost nothing to lay
+     * out, which a backward pass of few steps would notice (16 threads of
+     * the H200 machine's Xeon, float32 training at B=16, S=256 took 10% more
+     * with its weights in panels). */
+    const int long_rows = columns * (int64_t)sizeof(SCALAR) >= LLTM_PAGE_BYTES;
+    const int has_tiles =
+        !has_weights || !needs_tiles ||
+        LLTM_NAME(tile_factor_of_)(gates_size, weight_factors, columns, state_size, long_rows,
+                                   &hidden) == LLTM_SUCCESS;
     sums = on_blas ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(batch_state + 1)) : NULL;
     if (!has_weights || (LLTM_NARROW_STORAGE && !gates_copy) ||
-        (needs_last_columns && !last_columns) || (on_blas && !sums)) {
+        !has_tiles || (on_blas && !sums)) {
       status = LLTM_ERROR_NO_MEMORY;
     }
   }
@@ -302,9 +306,9 @@ static int LLTM_NAME(recurrence_backward_)(
         }
         if (count > 0) {
           const struct lltm_tile tile = {0, first, (int)step.rows, (int)count};
-          LLTM_NAME(backward_step_tile_)(state_size, input_features, tile, NULL, NULL,
-                                         step.continued, NULL, sums, gradients, step_cells,
-                                         step_gates, d_h0, d_c0, step_d_gates, step_gate_factors);
+          LLTM_NAME(backward_step_tile_)(state_size, tile, NULL, step.continued, NULL, sums,
+                                         gradients, step_cells, step_gates, d_h0, d_c0,
+                                         step_d_gates, step_gate_factors);
         }
       });
     } else if (use_amx) {
@@ -316,16 +320,15 @@ static int LLTM_NAME(recurrence_backward_)(
       LLTM_FOR_EACH(part, parts.parts, parts.work, {
         struct lltm_tile tile;
         if (LLTM_NAME(amx_step_part_)(&parts, part, &tile)) {
-          LLTM_NAME(backward_step_tile_)(state_size, input_features, tile, NULL, NULL,
-                                         step.continued, NULL, amx.sums, gradients, step_cells,
-                                         step_gates, d_h0, d_c0, step_d_gates, NULL);
+          LLTM_NAME(backward_step_tile_)(state_size, tile, NULL, step.continued, NULL, amx.sums,
+                                         gradients, step_cells, step_gates, d_h0, d_c0,
+                                         step_d_gates, NULL);
         }
       });
     } else {
       LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size), elements, {
-        LLTM_NAME(backward_step_tile_)(state_size, input_features,
-                                       lltm_tile_at(index, step.rows, state_size), weight_factors,
-                                       last_columns, step.continued, next_d_gates, NULL,
+        LLTM_NAME(backward_step_tile_)(state_size, lltm_tile_at(index, step.rows, state_size),
+                                       &hidden, step.continued, next_d_gates, NULL,
                                        gradients, step_cells, step_gates, d_h0, d_c0,
                                        step_d_gates, step_gate_factors);
       });
@@ -335,7 +338,7 @@ static int LLTM_NAME(recurrence_backward_)(
     step = lltm_previous_step(walk, &step);
   }
   free(scratch);
-  free(last_columns);
+  free(hidden.panels);
   free(sums);
   if (status == LLTM_SUCCESS && wants_d_h0) {
     /* Each row of h0 is the old state of its sequence's first step. */

@@ -25,19 +25,16 @@ static inline const STORAGE* LLTM_NAME(old_row_)(const STORAGE* previous,
 }
 
 /* A step's forward tile: its old h times the hidden weights (`hidden`,
- * transposed: state x 3 * state; `last_columns`, each gate's columns of the
- * last block of states padded to a tile, where that block is short of one)
- * added to the tile's three gates, then the cell's forward math. Where
- * hidden_sums is not NULL it holds the step's products already (row stride
- * 3 * state). */
+ * each gate's transposed, state x state, in panels) added to the tile's
+ * three gates, then the cell's forward math. Where hidden_sums is not NULL
+ * it holds the step's products already (row stride 3 * state). */
 static void LLTM_NAME(forward_step_tile_)(int64_t state_size, struct lltm_tile tile,
-                                          const SCALAR* hidden, const SCALAR* last_columns,
+                                          const struct LLTM_NAME(tile_factor_) * hidden,
                                           const SCALAR* hidden_sums,
                                           struct LLTM_NAME(old_state_) old, STORAGE* gates,
                                           STORAGE* new_h, STORAGE* new_cell) {
   const int64_t gates_size = 3 * state_size;
   if (!hidden_sums) {
-    const int is_padded = tile.columns < LLTM_TILE_COLUMNS;
     const SCALAR* a_rows[LLTM_TILE_ROWS];
     for (int i = 0; i < LLTM_TILE_ROWS; ++i) {
       const int64_t row = tile.first_row + (i < tile.rows ? i : tile.rows - 1);
@@ -47,11 +44,10 @@ static void LLTM_NAME(forward_step_tile_)(int64_t state_size, struct lltm_tile t
     }
     for (int gate = 0; gate < 3; ++gate) {
       const int64_t column = gate * state_size + tile.first_column;
-      LLTM_NAME(product_tile_)(
-          state_size, a_rows, 1,
-          is_padded ? last_columns + gate * state_size * LLTM_TILE_COLUMNS : hidden + column,
-          is_padded ? LLTM_TILE_COLUMNS : gates_size, tile.rows, tile.columns, NULL, 1,
-          gates + tile.first_row * gates_size + column, gates_size);
+      int64_t b_stride;
+      const SCALAR* b = LLTM_NAME(tile_columns_)(&hidden[gate], tile.first_column, 0, &b_stride);
+      LLTM_NAME(product_tile_)(state_size, a_rows, 1, b, b_stride, tile.rows, tile.columns, NULL,
+                               1, gates + tile.first_row * gates_size + column, gates_size);
     }
   }
   for (int i = 0; i < tile.rows; ++i) {
@@ -203,9 +199,8 @@ static int LLTM_NAME(amx_step_part_)(const struct LLTM_NAME(amx_step_) * step, i
 
 /* What a forward pass's products read: the tensors (on AMX), or their
  * SCALAR factors: the weights as they are (weight_factors), or where the
- * own tiles take the recurrence transposed (`transposed`, columns x 3 *
- * state; its hidden rows alone where the weights as they are serve the
- * input part of the gates). */
+ * own tiles take the recurrence and the input part of the gates too, the
+ * input weights transposed (`transposed`, input_features x 3 * state). */
 struct LLTM_NAME(forward_factors_) {
   struct lltm_products products;
   int64_t input_features, state_size;
@@ -228,8 +223,7 @@ static int LLTM_NAME(input_gates_)(const struct LLTM_NAME(forward_factors_) * f,
   const SCALAR* input_factors = f->input_factors + first * features;
   if (!f->weight_factors) {
     return LLTM_NAME(lltm_cpu_product_)(f->products.blas, count, gates_size, features,
-                                        input_factors, features, 1,
-                                        f->transposed + state_size * gates_size, gates_size, 1,
+                                        input_factors, features, 1, f->transposed, gates_size, 1,
                                         f->bias, 0, into, gates_size);
   }
   return LLTM_NAME(lltm_cpu_product_)(f->products.blas, count, gates_size, features, input_factors,
@@ -301,14 +295,13 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
   const int on_blas = products.recurrence == LLTM_ON_BLAS;
   /* The steps' input part of their gates, and the bias, a block of steps
    * at a time (LLTM_INPUT_BLOCK_ROWS); then the recurrent products, step
-   * by step: on AMX and the BLAS from the
-   * weights as they are; by the own tiles from the weights transposed
-   * (columns, 3 * state), so that every product runs along contiguous
-   * rows, as the backward pass's do: rows below state_size are the hidden
-   * weights, the rest the input ones. */
+   * by step: on AMX and the BLAS from the weights as they are; by the own
+   * tiles from the weights transposed (the hidden ones in panels), so that
+   * every product runs along contiguous rows, as the backward pass's do. */
   struct LLTM_NAME(forward_factors_) factors = {products, input_features, state_size, inputs,
                                                 weights, bias, NULL, NULL, NULL, NULL};
-  SCALAR *transposed = NULL, *last_columns = NULL, *h_factors = NULL, *sums = NULL;
+  SCALAR *hidden_panels = NULL, *h_factors = NULL, *sums = NULL;
+  struct LLTM_NAME(tile_factor_) hidden[3]; /* in hidden_panels */
   SCALAR *inputs_copy = NULL, *weights_copy = NULL;
   STORAGE *old_h_scratch = NULL, *cell_scratch = NULL, *gate_block = NULL;
   struct LLTM_NAME(recurrent_amx_) amx = {0};
@@ -332,30 +325,32 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
                                                &factors.input_factors, &inputs_copy);
     h_factors = LLTM_NARROW_STORAGE ? (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(batch_state + 1))
                                     : NULL;
-    int has_weights = 1, needs_last_columns = 0;
+    int has_weights = 1;
     if (on_blas) {
       has_weights = LLTM_NAME(operand_)(gates_size * columns, weights, &factors.weight_factors,
                                         &weights_copy);
       sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(walk->batch_size * gates_size + 1));
     } else {
-      const int64_t full_states = state_size - state_size % LLTM_TILE_COLUMNS;
-      needs_last_columns = full_states < state_size;
-      /* Where the BLAS takes the input part of the gates from the weights
-       * as they are, the tiles need only the hidden columns transposed (a
-       * narrow STORAGE's input ones are converted on the way all the same). */
+      /* The tiles take the hidden weights transposed, in panels. Where the
+       * BLAS takes the input part of the gates from the weights as they
+       * are, that is all; else the input weights are transposed too (a
+       * narrow STORAGE's converted on the way all the same). */
       const int hidden_only = products.blas && !LLTM_NARROW_STORAGE;
       factors.weight_factors = hidden_only ? LLTM_AS_SCALAR(weights) : NULL;
-      transposed = LLTM_NAME(transposed_)(gates_size, hidden_only ? state_size : columns, weights,
-                                          columns);
-      last_columns = transposed && needs_last_columns
-                         ? LLTM_NAME(padded_columns_)(3, state_size, state_size, transposed,
-                                                      gates_size, full_states,
-                                                      state_size - full_states)
-                         : NULL;
-      factors.transposed = transposed;
+      SCALAR* input_part = NULL;
+      hidden_panels = LLTM_NAME(forward_tile_factors_)(state_size, columns, weights, !hidden_only,
+                                                       &input_part);
+      factors.transposed = input_part;
+      has_weights = hidden_panels != NULL;
+      const int64_t gate_size =
+          (state_size + LLTM_TILE_COLUMNS - 1) / LLTM_TILE_COLUMNS * state_size * LLTM_TILE_COLUMNS;
+      for (int gate = 0; gate < 3 && has_weights; ++gate) {
+        const struct LLTM_NAME(tile_factor_) gate_factor = {NULL, 0, state_size, 0,
+                                                            hidden_panels + gate * gate_size};
+        hidden[gate] = gate_factor;
+      }
     }
-    if (!has_inputs || !has_weights || (on_blas && !sums) || (!on_blas && !transposed) ||
-        (needs_last_columns && !last_columns) || (LLTM_NARROW_STORAGE && !h_factors)) {
+    if (!has_inputs || !has_weights || (on_blas && !sums) || (LLTM_NARROW_STORAGE && !h_factors)) {
       status = LLTM_ERROR_NO_MEMORY;
     }
   }
@@ -406,7 +401,7 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
       LLTM_FOR_EACH(part, parts.parts, parts.work, {
         struct lltm_tile tile;
         if (LLTM_NAME(amx_step_part_)(&parts, part, &tile)) {
-          LLTM_NAME(forward_step_tile_)(state_size, tile, NULL, NULL, amx.sums, old, step_gates,
+          LLTM_NAME(forward_step_tile_)(state_size, tile, NULL, amx.sums, old, step_gates,
                                         step_outputs, step_cells);
         }
       });
@@ -424,15 +419,15 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
           LLTM_NAME(blas_gate_sums_)(step.rows, state_size, columns, first, count, h,
                                      factors.weight_factors, sums);
           const struct lltm_tile tile = {0, first, (int)step.rows, (int)count};
-          LLTM_NAME(forward_step_tile_)(state_size, tile, NULL, NULL, sums, old, step_gates,
+          LLTM_NAME(forward_step_tile_)(state_size, tile, NULL, sums, old, step_gates,
                                         step_outputs, step_cells);
         }
       });
     } else {
       LLTM_FOR_EACH(index, lltm_tile_count(step.rows, state_size), elements * gates_size / 16, {
         LLTM_NAME(forward_step_tile_)(state_size, lltm_tile_at(index, step.rows, state_size),
-                                      transposed, last_columns, NULL, old, step_gates,
-                                      step_outputs, step_cells);
+                                      hidden, NULL, old, step_gates, step_outputs,
+                                      step_cells);
       });
     }
     if (final_h && step.continued < step.rows) {
@@ -448,8 +443,7 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
   free(old_h_scratch);
   free(cell_scratch);
   free(gate_block);
-  free(transposed);
-  free(last_columns);
+  free(hidden_panels);
   free(h_factors);
   free(sums);
   free(inputs_copy);

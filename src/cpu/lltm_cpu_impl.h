@@ -166,7 +166,7 @@ static int LLTM_NAME(backward_)(int64_t batch_size, int64_t state_size,
  * AMX's but from a state of 320 and 2^24 multiply-adds a step's recurrent
  * product (BENCHMARKS.md), and only there does float16 take AMX by
  * default; it never takes the dot products by default (on the 2-core AMD
- * EPYC, Zen 4, one thread, inference at 16x64x512x512 took 2491 us a step
+ * EPYC, Zen 5, one thread, inference at 16x64x512x512 took 2491 us a step
  * so against the portable products' 1292). */
 #define LLTM_AMX_FLOAT16_STATE 320
 #define LLTM_AMX_FLOAT16_MULTIPLY_ADDS ((int64_t)1 << 24)
@@ -201,7 +201,7 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
     products.recurrence = LLTM_ON_AMX;
   } else if (options->blas != 0 && rows <= LLTM_BLAS_MAX && 3 * state_size <= LLTM_BLAS_MAX &&
              state_size + input_features <= LLTM_BLAS_MAX && lltm_blas_loaded() &&
-             (options->blas == 1 || !lltm_own_products_pay(batch_size, state_size))) {
+             (options->blas == 1 || !lltm_own_products_pay(batch_size))) {
     products.blas = 1;
     if (options->blas == 1 || !lltm_own_tiles_pay(batch_size, state_size)) {
       products.recurrence = LLTM_ON_BLAS;

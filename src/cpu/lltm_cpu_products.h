@@ -10,6 +10,8 @@
 #ifndef LLTM_TILE_ROWS
 #define LLTM_TILE_ROWS 8
 #define LLTM_TILE_COLUMNS 32
+/* A page of memory, as far as where a factor's rows lie apart goes. */
+#define LLTM_PAGE_BYTES 4096
 
 /* Where a tile lies in a rows x columns result cut into tiles, counted down
  * each column of tiles first (so that consecutive tiles read the same
@@ -51,20 +53,17 @@ struct lltm_products {
 /* Where the own tiles take a pass's products rather than the BLAS, as
  * measured: lltm_sequence float32, T=16, training and inference,
  * microseconds a step, the plan against each forced.
- * Every product, where the BLAS's kernels are narrower than the CPU's
- * vectors (lltm_blas_narrow: AVX2's on a CPU with AVX-512, as
- * OPENBLAS_CORETYPE=Haswell asks) and a batch of more than 2 rows takes
- * a state up to 768, or 16 rows at most of any state: the own tiles run
- * their AVX-512 clone. On the 2-core AMD EPYC (Zen 4) so, one thread,
- * inference at B=16, S=256 took 71 us against 143, at B=64, S=512 1166
- * against 1840; 2 threads, B=16, S=1024, 915 against 1151; but B=64,
- * S=1024 3944 against 3703. */
-#define LLTM_OWN_PRODUCTS_STATE 768
-#define LLTM_OWN_PRODUCTS_BATCH 16
-static inline int lltm_own_products_pay(int64_t batch_size, int64_t state_size) {
-  return batch_size > 2 &&
-         (state_size <= LLTM_OWN_PRODUCTS_STATE || batch_size <= LLTM_OWN_PRODUCTS_BATCH) &&
-         lltm_blas_narrow();
+ * Every product of a batch of more than 2 rows, where the BLAS's kernels
+ * are narrower than the CPU's vectors (lltm_blas_narrow: AVX2's on a CPU
+ * with AVX-512, as OPENBLAS_CORETYPE=Haswell asks): the own tiles run
+ * their AVX-512 clone, on the recurrence's weights in panels. On the
+ * 2-core AMD EPYC (Zen 5) so, against the BLAS, nn.LSTM beside them: one
+ * thread, inference at B=16, S=256 71 us against 143; B=64, S=1024 4563
+ * against 7402 (nn.LSTM 5963), training 14758 against 21039 (17245); 2
+ * threads, B=64, S=1024 inference 2304 against 3669 (3335), B=32, S=1024
+ * training 3958 against 5858 (5885). */
+static inline int lltm_own_products_pay(int64_t batch_size) {
+  return batch_size > 2 && lltm_blas_narrow();
 }
 
 /* Else the recurrence's product alone, one a step:
@@ -205,24 +204,65 @@ static void LLTM_NAME(tile_rows_)(const SCALAR* a, int64_t a_row_stride, struct 
   }
 }
 
-/* The `count` columns of b (depth rows, row stride b_stride) from `first`
- * on, fewer than a tile's, zero-padded to a tile's width in memory of their
- * own (NULL where none can be had): so that every tile runs the same code.
- * `panels` such copies one after another, copy p from b + p * panel_offset
- * (the forward pass's three gates). */
-static SCALAR* LLTM_NAME(padded_columns_)(int panels, int64_t panel_offset, int64_t depth,
-                                          const SCALAR* b, int64_t b_stride, int64_t first,
-                                          int64_t count) {
-  SCALAR* padded =
+/* Where a product's tiles read their factor b (depth x columns, row
+ * stride b_stride): the columns from first_panel on from panels of a
+ * tile's width, each panel's depth rows one after another (zeros past the
+ * last column), the others from b itself. A short last tile takes a panel,
+ * so that it runs the same code as the others; and where rows of b lie far
+ * apart, every tile does: a tile reading 32 columns of each row otherwise
+ * takes another page at every row (2-core AMD EPYC, Zen 5, one thread, a
+ * step's product of 64 rows by 3072 columns over a depth of 1024, a
+ * state of 1024's: 3051 us so, 1744 in panels; 16 rows 548 and 395; at
+ * a depth of 512 within 2% of each other). tile_columns_ finds a tile's. */
+struct LLTM_NAME(tile_factor_) {
+  const SCALAR* b;
+  int64_t b_stride, depth, first_panel;
+  SCALAR* panels; /* tile_factor_of_'s are the caller's to free() */
+};
+
+/* *factor, for b's `columns` columns: from the first on in panels
+ * where `all`, else those past the last whole tile's width. LLTM_SUCCESS,
+ * or LLTM_ERROR_NO_MEMORY. */
+static int LLTM_NAME(tile_factor_of_)(int64_t depth, const SCALAR* b, int64_t b_stride,
+                                      int64_t columns, int all,
+                                      struct LLTM_NAME(tile_factor_) * factor) {
+  const int64_t first_panel = all ? 0 : columns - columns % LLTM_TILE_COLUMNS;
+  const int64_t panels = (columns - first_panel + LLTM_TILE_COLUMNS - 1) / LLTM_TILE_COLUMNS;
+  factor->b = b;
+  factor->b_stride = b_stride;
+  factor->depth = depth;
+  factor->first_panel = first_panel;
+  factor->panels = NULL;
+  if (panels == 0) return LLTM_SUCCESS;
+  factor->panels =
       (SCALAR*)calloc((size_t)(panels * depth * LLTM_TILE_COLUMNS + 1), sizeof(SCALAR));
-  if (!padded) return NULL;
-  for (int p = 0; p < panels; ++p) {
+  if (!factor->panels) return LLTM_ERROR_NO_MEMORY;
+  LLTM_FOR_EACH(panel, panels, depth * (columns - first_panel) / 16, {
+    const int64_t first = first_panel + panel * LLTM_TILE_COLUMNS;
+    const int64_t count = columns - first < LLTM_TILE_COLUMNS ? columns - first
+                                                               : LLTM_TILE_COLUMNS;
+    SCALAR* into = factor->panels + panel * depth * LLTM_TILE_COLUMNS;
     for (int64_t k = 0; k < depth; ++k) {
-      memcpy(padded + (p * depth + k) * LLTM_TILE_COLUMNS,
-             b + p * panel_offset + k * b_stride + first, sizeof(SCALAR) * (size_t)count);
+      memcpy(into + k * LLTM_TILE_COLUMNS, b + k * b_stride + first,
+             sizeof(SCALAR) * (size_t)count);
     }
+  });
+  return LLTM_SUCCESS;
+}
+
+/* The tile of the factor's columns from first_column (a multiple of a
+ * tile's width) on, from depth `done` on, and its row stride. */
+static inline const SCALAR* LLTM_NAME(tile_columns_)(const struct LLTM_NAME(tile_factor_) * factor,
+                                                     int64_t first_column, int64_t done,
+                                                     int64_t* stride) {
+  if (first_column < factor->first_panel) {
+    *stride = factor->b_stride;
+    return factor->b + done * factor->b_stride + first_column;
   }
-  return padded;
+  *stride = LLTM_TILE_COLUMNS;
+  return factor->panels +
+         ((first_column - factor->first_panel) / LLTM_TILE_COLUMNS * factor->depth + done) *
+             LLTM_TILE_COLUMNS;
 }
 
 /* Part `index` of `parts` of `count` items, each part but the last a
@@ -363,13 +403,9 @@ int LLTM_NAME(lltm_cpu_product_)(int blas, int64_t rows, int64_t columns, int64_
     return LLTM_SUCCESS;
   }
   if (b_column_stride != 1 && depth > 0) return LLTM_ERROR_ARGUMENTS;
-  const int64_t b_stride = b_row_stride;
-  const int64_t full_columns = columns - columns % LLTM_TILE_COLUMNS;
-  SCALAR* padded = NULL;
-  if (full_columns < columns) {
-    padded = LLTM_NAME(padded_columns_)(1, 0, depth, b, b_stride, full_columns,
-                                        columns - full_columns);
-    if (!padded) return LLTM_ERROR_NO_MEMORY;
+  struct LLTM_NAME(tile_factor_) factor;
+  if (LLTM_NAME(tile_factor_of_)(depth, b, b_row_stride, columns, 0, &factor) != LLTM_SUCCESS) {
+    return LLTM_ERROR_NO_MEMORY;
   }
   int64_t done = 0;
   do { /* once at least, so that depth 0 writes base */
@@ -378,17 +414,16 @@ int LLTM_NAME(lltm_cpu_product_)(int blas, int64_t rows, int64_t columns, int64_
       const struct lltm_tile tile = lltm_tile_at(index, rows, columns);
       const SCALAR* a_rows[LLTM_TILE_ROWS];
       LLTM_NAME(tile_rows_)(a + done * a_depth_stride, a_row_stride, tile, a_rows);
-      const int is_padded = tile.first_column == full_columns;
-      LLTM_NAME(product_tile_)(
-          block, a_rows, a_depth_stride,
-          is_padded ? padded + done * LLTM_TILE_COLUMNS : b + done * b_stride + tile.first_column,
-          is_padded ? LLTM_TILE_COLUMNS : b_stride, tile.rows, tile.columns,
-          base ? base + tile.first_column : NULL, accumulate || done,
-          out + tile.first_row * out_stride + tile.first_column, out_stride);
+      int64_t b_stride;
+      const SCALAR* b_tile = LLTM_NAME(tile_columns_)(&factor, tile.first_column, done, &b_stride);
+      LLTM_NAME(product_tile_)(block, a_rows, a_depth_stride, b_tile, b_stride, tile.rows,
+                               tile.columns, base ? base + tile.first_column : NULL,
+                               accumulate || done,
+                               out + tile.first_row * out_stride + tile.first_column, out_stride);
     });
     done += block;
   } while (done < depth);
-  free(padded);
+  free(factor.panels);
   return LLTM_SUCCESS;
 }
 
@@ -424,21 +459,50 @@ static int LLTM_NAME(operand_)(int64_t count, const STORAGE* values, const SCALA
   return 1;
 }
 
-/* The transpose (columns, rows) of a (rows, columns) matrix with row
- * stride `stride`, in memory of its own (NULL where none can be had). Rows
- * go in blocks of 16, so that each column's writes fill whole cache lines
- * while the block's rows stay in cache. */
-static SCALAR* LLTM_NAME(transposed_)(int64_t rows, int64_t columns, const STORAGE* matrix,
-                                      int64_t stride) {
-  SCALAR* result = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(rows * columns + 1));
-  if (!result) return NULL;
-  LLTM_FOR_EACH(block, (rows + 15) / 16, rows * columns, {
-    const int64_t r0 = block * 16, r1 = r0 + 16 < rows ? r0 + 16 : rows;
-    for (int64_t k = 0; k < columns; ++k) {
-      for (int64_t r = r0; r < r1; ++r) result[k * rows + r] = LOAD(matrix[r * stride + k]);
+/* A forward pass's weights (3 * state rows of `columns`, the hidden ones
+ * first) as the own tiles read them: the hidden weights transposed, in
+ * panels (tile_factor_'s; gate g's in run g), then where `inputs` the input
+ * weights transposed (input_features x 3 * state), at *input_part. In one
+ * block of memory of its own (NULL where none can be had): two blocks of
+ * these sizes freed at the end of every pass had glibc hand their pages
+ * back and fault them in again on the next (2-core AMD EPYC, one thread,
+ * a state of 256, a batch of 16, one step: 955 us a call against 268). The
+ * transpose goes 16 rows at a time, so that each column's writes fill
+ * whole cache lines while the rows stay in cache. */
+static SCALAR* LLTM_NAME(forward_tile_factors_)(int64_t state_size, int64_t columns,
+                                                const STORAGE* weights, int inputs,
+                                                SCALAR** input_part) {
+  const int64_t gates_size = 3 * state_size, features = columns - state_size;
+  const int64_t panels = (state_size + LLTM_TILE_COLUMNS - 1) / LLTM_TILE_COLUMNS;
+  const int64_t panel_size = state_size * LLTM_TILE_COLUMNS;
+  const int64_t input_size = inputs ? features * gates_size : 0;
+  SCALAR* block =
+      (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(3 * panels * panel_size + input_size + 1));
+  if (!block) return NULL;
+  LLTM_FOR_EACH(index, 3 * panels, gates_size * state_size / 16, {
+    const int64_t gate_end = (index / panels + 1) * state_size;
+    const int64_t first = gate_end - state_size + index % panels * LLTM_TILE_COLUMNS;
+    const int count = (int)(gate_end - first < LLTM_TILE_COLUMNS ? gate_end - first
+                                                                 : LLTM_TILE_COLUMNS);
+    SCALAR* into = block + index * panel_size;
+    for (int j = 0; j < LLTM_TILE_COLUMNS; ++j) {
+      const STORAGE* row = weights + (first + j) * columns;
+      for (int64_t k = 0; k < state_size; ++k) {
+        into[k * LLTM_TILE_COLUMNS + j] = j < count ? LOAD(row[k]) : 0;
+      }
     }
   });
-  return result;
+  SCALAR* transposed = block + 3 * panels * panel_size;
+  LLTM_FOR_EACH(rows, (input_size ? gates_size + 15 : 0) / 16, input_size, {
+    const int64_t r0 = rows * 16, r1 = r0 + 16 < gates_size ? r0 + 16 : gates_size;
+    for (int64_t k = 0; k < features; ++k) {
+      for (int64_t r = r0; r < r1; ++r) {
+        transposed[k * gates_size + r] = LOAD(weights[r * columns + state_size + k]);
+      }
+    }
+  });
+  *input_part = inputs ? transposed : NULL;
+  return block;
 }
 
 /* The 16-bit types' products on AMX (lltm_amx.h), where the pass takes them
