@@ -51,15 +51,15 @@ struct LLTM_NAME(step_gradients_) {
 /* A step's backward tile. d_h, the gradient reaching its h, is, for the
  * rows below `continued`, the next step's gate gradients (next_d_gates, as
  * SCALAR) times the hidden weights (`hidden`, 3 * state x state), and for
- * the others the
- * final h's gradient; d_c, that reaching its cell, is likewise the gradient
- * carried from the next step or the final cell's. Both then take the
- * step's own output and cell gradients, and the cell's backward math writes
- * the tile's gate gradients and, over d_c, the gradient reaching the old
- * cell. Where carried_sums is not NULL it holds the products of the rows
- * below `continued` already (row stride state). Where gate_factors is not
- * NULL the tile's gate gradients are also converted into it, as SCALAR
- * (laid out as d_gates), for the products that read them. */
+ * the others the final h's gradient; d_c, that reaching its cell, is
+ * likewise the gradient carried from the next step or the final cell's.
+ * Both then take the step's own output and cell gradients, and the cell's
+ * backward math writes the tile's gate gradients and, over d_c, the
+ * gradient reaching the old cell. Where carried_sums is not NULL it holds
+ * the products of the rows below `continued` already (row stride state).
+ * Where gate_factors is not NULL the tile's gate gradients are also
+ * converted into it, as SCALAR (laid out as d_gates), for the products that
+ * read them. */
 static void LLTM_NAME(backward_step_tile_)(int64_t state_size, struct lltm_tile tile,
                                            const struct LLTM_NAME(tile_factor_) * hidden,
                                            int64_t continued,

@@ -339,16 +339,9 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
       factors.weight_factors = hidden_only ? LLTM_AS_SCALAR(weights) : NULL;
       SCALAR* input_part = NULL;
       hidden_panels = LLTM_NAME(forward_tile_factors_)(state_size, columns, weights, !hidden_only,
-                                                       &input_part);
+                                                       hidden, &input_part);
       factors.transposed = input_part;
       has_weights = hidden_panels != NULL;
-      const int64_t gate_size =
-          (state_size + LLTM_TILE_COLUMNS - 1) / LLTM_TILE_COLUMNS * state_size * LLTM_TILE_COLUMNS;
-      for (int gate = 0; gate < 3 && has_weights; ++gate) {
-        const struct LLTM_NAME(tile_factor_) gate_factor = {NULL, 0, state_size, 0,
-                                                            hidden_panels + gate * gate_size};
-        hidden[gate] = gate_factor;
-      }
     }
     if (!has_inputs || !has_weights || (on_blas && !sums) || (LLTM_NARROW_STORAGE && !h_factors)) {
       status = LLTM_ERROR_NO_MEMORY;

@@ -460,17 +460,19 @@ static int LLTM_NAME(operand_)(int64_t count, const STORAGE* values, const SCALA
 }
 
 /* A forward pass's weights (3 * state rows of `columns`, the hidden ones
- * first) as the own tiles read them: the hidden weights transposed, in
- * panels (tile_factor_'s; gate g's in run g), then where `inputs` the input
- * weights transposed (input_features x 3 * state), at *input_part. In one
- * block of memory of its own (NULL where none can be had): two blocks of
- * these sizes freed at the end of every pass had glibc hand their pages
- * back and fault them in again on the next (2-core AMD EPYC, one thread,
- * a state of 256, a batch of 16, one step: 955 us a call against 268). The
- * transpose goes 16 rows at a time, so that each column's writes fill
- * whole cache lines while the rows stay in cache. */
+ * first) as the own tiles read them: each gate's hidden weights transposed,
+ * in panels, as hidden[gate] (a tile_factor_ wholly in panels), then where
+ * `inputs` the input weights transposed (input_features x 3 * state), at
+ * *input_part. In one block of memory of its own, returned for the caller
+ * to free (NULL where none can be had): two blocks of these sizes freed at
+ * the end of every pass had glibc hand their pages back and fault them in
+ * again on the next (2-core AMD EPYC, one thread, a state of 256, a batch
+ * of 16, one step: 955 us a call against 268). The transpose goes 16 rows
+ * at a time, so that each column's writes fill whole cache lines while the
+ * rows stay in cache. */
 static SCALAR* LLTM_NAME(forward_tile_factors_)(int64_t state_size, int64_t columns,
                                                 const STORAGE* weights, int inputs,
+                                                struct LLTM_NAME(tile_factor_) hidden[3],
                                                 SCALAR** input_part) {
   const int64_t gates_size = 3 * state_size, features = columns - state_size;
   const int64_t panels = (state_size + LLTM_TILE_COLUMNS - 1) / LLTM_TILE_COLUMNS;
@@ -502,6 +504,11 @@ static SCALAR* LLTM_NAME(forward_tile_factors_)(int64_t state_size, int64_t colu
     }
   });
   *input_part = inputs ? transposed : NULL;
+  for (int gate = 0; gate < 3; ++gate) {
+    const struct LLTM_NAME(tile_factor_) gate_factor = {NULL, 0, state_size, 0,
+                                                        block + gate * panels * panel_size};
+    hidden[gate] = gate_factor;
+  }
   return block;
 }
 
