@@ -247,7 +247,8 @@ PROFILED_STEPS = 5
 # reductions aside).
 PRODUCT_KERNELS = ("gemm", "nvjet", "xmma", "cutlass")
 # The recurrence's path, by the name of the kernel that runs it.
-PATHS = (("cluster_kernel", "cluster"), ("persistent_kernel", "persistent"))
+PATHS = (("cluster_kernel", "cluster"), ("cluster_mma_kernel", "cluster"),
+         ("persistent_kernel", "persistent"))
 
 
 def profile_kernels(train_step, steps):

@@ -71,7 +71,8 @@ MAX_RUNS = 20
 SLOW_CALL_SECONDS = 1.0
 
 # A recurrence kernel's name says its direction and path (docs/ARCHITECTURE.md).
-KERNEL = re.compile(r"lltm_sequence_(gates_)?(forward|backward)_(cluster_|persistent_)?kernel\b")
+KERNEL = re.compile(
+    r"lltm_sequence_(gates_)?(forward|backward)_(cluster_|persistent_)?(?:mma_)?kernel\b")
 PATH_NAMES = {"cluster_": "cluster", "persistent_": "persistent", "gates_": "cuBLAS", "": "steps"}
 
 

@@ -11,12 +11,16 @@
  *
  *  sequence, CUDA device (the first row that takes a pass runs it):
  *   cluster     dense steps, compute capability 9.0 and newer, a state of
- *               at most 256, every cluster resident at once, clusters not
- *               turned off (LLTM_CLUSTER=0): cluster_kernel.cu's forward
- *               and backward kernels, one launch a pass. H200, float32,
- *               F=32, us a step forward and backward: T=64 B=16 S=128 6.8
- *               against 12.9 on the paths below, T=1024 B=16 S=128 1.8
- *               against 9.1 (cluster_kernel.cu).
+ *               at most 256 (a float16 or bfloat16 forward: 512), every
+ *               cluster resident at once, clusters not turned off
+ *               (LLTM_CLUSTER=0): cluster_kernel.cu's forward and backward
+ *               kernels, cluster_mma_kernel.cu's tensor-core forward past
+ *               256, one launch a pass. H200, float32, F=32, us a step
+ *               forward and backward: T=64 B=16 S=128 6.8 against 12.9 on
+ *               the paths below, T=1024 B=16 S=128 1.8 against 9.1
+ *               (cluster_kernel.cu); bfloat16, T=1024 B=16 S=512, the
+ *               forward alone: 2.0 against the persistent kernels' 4.2
+ *               (cluster_mma_kernel.cu).
  *   persistent  dense steps, at least 2 of them, batch x state at most
  *               LLTM_PERSISTENT_ELEMENTS, a block's weights and the batch's
  *               state in shared memory, every block resident (the 16-bit
@@ -248,7 +252,8 @@ const char* lltm_path_refusal(int code) {
       return "it needs thread-block clusters, which LLTM_CLUSTER=0 turns off";
     case LLTM_ERROR_PATH_CLUSTER_SIZES:
       return "the cluster kernels need compute capability 9.0 or newer, a module compiled "
-             "for it, a state of at most 256 and every cluster resident at once";
+             "for it, a state of at most 256 (a float16 or bfloat16 forward pass: 512) and "
+             "every cluster resident at once";
     case LLTM_ERROR_PATH_PERSISTENT_SIZES:
       return "the persistent kernels need at least 2 steps, batch x state of at most 16384, "
              "a block's hidden weights and the batch's state in shared memory and every "

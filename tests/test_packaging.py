@@ -85,6 +85,7 @@ def test_the_ptx_build_of_the_sources_covers_every_virtual_architecture():
     archs = {source: build_ffi.ptx_archs_of(source) for source in sources}
     assert "compute_80" in archs["src/cuda/recurrence/persistent_kernel.cu"]
     assert "compute_90" in archs["src/cuda/recurrence/cluster_kernel.cu"]
+    assert "compute_90" in archs["src/cuda/recurrence/cluster_mma_kernel.cu"]
     covered = {arch for flags in archs.values() for arch in shlex.split(flags)}
     assert covered == set(shlex.split(build_ffi.PTX_ARCHS))
 

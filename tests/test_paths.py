@@ -209,6 +209,60 @@ def _errors_in_torch_ops(given, batch_sizes, reverse, grads, reference):
     return errors
 
 
+# The cluster row's tensor-core forward (cluster_mma_kernel.cu): float16 and
+# bfloat16 states past 256, to 512, its backward on a row below. One row of
+# one cluster's 16, rows past one cluster, states off every tile, from two
+# steps to a hundred.
+MMA_SHAPES = [(2, 1, 3, 257), (6, 17, 5, 300), (100, 16, 7, 512), (5, 33, 4, 500)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("shape", MMA_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+def test_the_cluster_rows_tensor_core_forward_agrees_with_the_float64_cpu_pass(
+        shape, reverse, generator, monkeypatch):
+    device = _device_of("cluster")
+    arguments, _, grads = _arguments(shape, False, generator)
+    for name in ("LLTM_PATH", "LLTM_PAD", "LLTM_CLUSTER"):
+        monkeypatch.delenv(name, raising=False)
+    for dtype in (torch.float16, torch.bfloat16):
+        _skip_where_the_gpu_lacks("cluster", dtype, device)
+        given = [argument.to(dtype).to(device) for argument in arguments]
+        assert lltm_ffi.recurrence_path(*given, reverse=reverse) == "cluster"
+        assert lltm_ffi.recurrence_path(*given, reverse=reverse, backward=True) != "cluster"
+        reference = _reference_of(given, None, reverse, grads, monkeypatch)
+        got = _results(given, None, reverse, grads)
+        torch_errors = _errors_in_torch_ops(given, None, reverse, grads, reference)
+        for name, value, wanted, torch_error in zip(NAMES, got, reference, torch_errors,
+                                                     strict=True):
+            error = selfcheck.relative_error(value, wanted)
+            tolerance = max(TOLERANCES[dtype], 4 * torch_error)
+            assert error <= tolerance, (f"{dtype} {name}: relative error {error:.3g} > {tolerance:g}"
+                                        f" (torch ops in {dtype}: {torch_error:.3g})")
+        with torch.inference_mode():
+            outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*given, reverse=reverse)
+        for name, alone, trained in (("outputs", outputs, got[0]), ("h_n", h_n, got[1]),
+                                     ("c_n", c_n, got[2])):
+            assert torch.equal(alone.cpu().double(), trained), (
+                f"{dtype} {name}: the forward alone differs from the training forward")
+
+
+@pytest.mark.gpu
+def test_the_cluster_row_forced_refuses_a_backward_it_cannot_take(generator, monkeypatch):
+    """LLTM_PATH=cluster at a bfloat16 state the tensor-core forward takes
+    and no cluster backward does: the forward runs, the backward is refused
+    naming the path and the pass."""
+    device = _device_of("cluster")
+    _skip_where_the_gpu_lacks("cluster", torch.bfloat16, device)
+    arguments, _, _ = _arguments((3, 2, 4, 300), False, generator)
+    inputs, weights, *rest = [argument.to(torch.bfloat16).to(device) for argument in arguments]
+    weights.requires_grad_(True)
+    monkeypatch.setenv("LLTM_PATH", "cluster")
+    outputs, _ = lltm_ffi.lltm_sequence(inputs, weights, *rest)
+    with pytest.raises(ValueError, match=r"LLTM_PATH=cluster cannot take dense steps .*backward"):
+        outputs.float().sum().backward()
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 @pytest.mark.parametrize("path", ["cpu", *(pytest.param(path, marks=pytest.mark.gpu)

@@ -97,6 +97,11 @@ static const int kClusterMaxSize = 16;
 // The largest state the weights-in-registers scheme takes: 256 is 48
 // registers of weights a lane in a block of at most kClusterMaxThreads.
 static const int64_t kClusterMaxState = 256;
+// float16 and bfloat16 forward passes take the tensor-core kernel
+// (cluster_mma_kernel.cu) past kClusterMaxState, to this state: its
+// weights, in registers, are 96 of a lane's 249 there (nvcc 13.0, sm_90);
+// a state of 640 spilled 400 bytes a lane.
+static const int64_t kClusterMmaMaxState = 512;
 // One step already gains: it saves the cuBLAS loop's launches.
 static const int64_t kClusterMinSteps = 1;
 // One wave of clusters at most: past one, each wave would run the whole
@@ -153,74 +158,6 @@ struct ClusterLayout {
 };
 
 #if LLTM_CLUSTER_PTX
-
-// Which cluster of the grid this block's is (its rank and the cluster's
-// size: lltm_cluster_ptx.cuh).
-__device__ __forceinline__ unsigned cluster_index() {
-  unsigned index;
-  asm("mov.u32 %0, %%clusterid.x;" : "=r"(index));
-  return index;
-}
-
-// A block's mailbox: the two mbarriers of its double buffer, in shared
-// memory after the buffers. Exchange n, the values every block pushes at
-// the n-th step it visits, lands in buffer (n + 1) % 2 and completes a
-// phase of barrier (n + 1) % 2; the next step waits for that phase alone.
-// A phase expects the bytes the cluster pushes into this block (each push,
-// st.async, counts its bytes in as it lands) and one arrival: this block's
-// thread 0 arming it, for exchanges 0 and 1 before the first step and for
-// exchange n + 2 once it has received exchange n. A push can never come
-// before its arming: a block pushes exchange n + 2 only after receiving
-// exchange n + 1 from every block, thread 0's part of it included, which
-// thread 0 sends after arming.
-template <typename Math>
-struct ClusterMailbox {
-  uint64_t* barriers;  // two
-  unsigned bytes;      // a phase's: what the cluster pushes into this block
-
-  // Before the kernel's first cluster barrier, in every thread: sets up the
-  // barriers and arms those of the exchanges that happen of the first two.
-  __device__ void open(bool first, bool second) const {
-    if (threadIdx.x != 0) return;
-    for (int b = 0; b < 2; ++b) mbarrier_init(shared_address(barriers + b));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    if (first) arm(1);
-    if (second) arm(0);
-  }
-
-  __device__ void arm(int barrier) const {
-    mbarrier_arrive_expecting(shared_address(barriers + barrier), bytes);
-  }
-
-  // Waits until exchange n has landed whole; then thread 0 arms its barrier
-  // for exchange n + 2 where that one happens (`again`).
-  __device__ void receive(int64_t n, bool again) const {
-    const int barrier = (int)((n + 1) & 1);
-    const unsigned parity = (unsigned)((n >> 1) & 1);
-    mbarrier_wait(shared_address(barriers + barrier), parity);
-    if (again && threadIdx.x == 0) arm(barrier);
-  }
-
-  // Pushes `value` of exchange n to `local`'s place in block `rank` of the
-  // cluster (this block's own too).
-  __device__ void send(Math* local, unsigned rank, Math value, int64_t n) const {
-    unsigned target, barrier;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;"
-        : "=r"(target) : "r"(shared_address(local)), "r"(rank));
-    asm("mapa.shared::cluster.u32 %0, %1, %2;"
-        : "=r"(barrier) : "r"(shared_address(barriers + ((n + 1) & 1))), "r"(rank));
-    push(target, value, barrier);
-  }
-
-  __device__ static void push(unsigned target, float value, unsigned barrier) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-                 ::"r"(target), "r"(__float_as_uint(value)), "r"(barrier) : "memory");
-  }
-  __device__ static void push(unsigned target, double value, unsigned barrier) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
-                 ::"r"(target), "l"(__double_as_longlong(value)), "r"(barrier) : "memory");
-  }
-};
 
 // One level of warp_reduce_scatter: lanes whose bit `offset` is set keep
 // the upper half of their kCount values, the others the lower half, each
@@ -387,7 +324,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_forward_c
   }
   Math cell = at.active ? static_cast<Math>(c0[at.row * state_size + at.column]) : Math(0);
   // Exchange n (the new h of step n) happens for every step but the last.
-  const ClusterMailbox<Math> mailbox = {
+  const ClusterMailbox mailbox = {
       reinterpret_cast<uint64_t*>(buffers + 2 * kRows * Layout::kSpan),
       (unsigned)(at.rows * state_size * sizeof(Math))};
   mailbox.open(steps > 1, steps > 2);
@@ -567,7 +504,7 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
   // Exchange n (the d_gates of the n-th step visited) happens for every step
   // but the last visited, and for that one too where d_h0 is wanted.
   auto exchanged = [&](int64_t n) { return n < steps - 1 || (n == steps - 1 && d_h0); };
-  const ClusterMailbox<Math> mailbox = {
+  const ClusterMailbox mailbox = {
       reinterpret_cast<uint64_t*>(buffers + 2 * kRows * kRowSpan),
       (unsigned)(at.rows * 3 * state_size * sizeof(Math))};
   mailbox.open(exchanged(0), exchanged(1));
@@ -711,6 +648,23 @@ static int active_clusters(int device, const void* kernel, int blocks, int threa
   return active;
 }
 
+// The tensor-core forward kernel's plan (cluster_mma_kernel.cu): a cluster
+// for each 16 batch rows, every one resident at once.
+template <typename Dtype>
+static lltm_cluster_plan plan_cluster_mma(int device, int64_t batch_size, int64_t state_size) {
+  lltm_cluster_plan plan = {NULL, 0, 0, 0, 0};
+  if constexpr (sizeof(Dtype) == 2) {
+    const ClusterMmaKernel mma = cluster_mma_forward<Dtype>(state_size);
+    if (!mma.kernel) return plan;
+    const int64_t clusters = (batch_size + mma.rows - 1) / mma.rows;
+    const int active =
+        active_clusters(device, mma.kernel, mma.cluster_size, mma.threads, mma.shared_bytes);
+    if (active < 1 || clusters > (int64_t)active * kClusterMaxWaves) return plan;
+    plan = {mma.kernel, mma.cluster_size, (int)clusters, mma.threads, mma.shared_bytes};
+  }
+  return plan;
+}
+
 // The layout (see the header comment): the state padded to whole chunks of
 // 32 lanes' vectors; the smallest cluster (a power of two, 2 at least) whose blocks
 // own about kClusterBlockColumns columns, larger where they would own more
@@ -721,8 +675,10 @@ static lltm_cluster_plan plan_cluster(int backward, int64_t steps, int64_t batch
                                       int64_t state_size) {
   typedef typename ClusterMath<Dtype>::type Math;
   lltm_cluster_plan plan = {NULL, 0, 0, 0, 0};
+  const bool tensor_cores = sizeof(Dtype) == 2 && !backward && state_size > kClusterMaxState &&
+                            state_size <= kClusterMmaMaxState;
   if (steps < kClusterMinSteps || batch_size < 1 || state_size < 1 ||
-      state_size > kClusterMaxState) {
+      (state_size > kClusterMaxState && !tensor_cores)) {
     return plan;
   }
   int device, major;
@@ -732,6 +688,7 @@ static lltm_cluster_plan plan_cluster(int backward, int64_t steps, int64_t batch
       major < 9) {
     return plan;
   }
+  if (tensor_cores) return plan_cluster_mma<Dtype>(device, batch_size, state_size);
   const int width = Vector<Math>::kWidth;
   int chunks = (int)((state_size + 32 * width - 1) / (32 * width));
   if (chunks > 2) chunks = 4;

@@ -1,12 +1,15 @@
-// What the cluster kernels (cluster_kernel.cu) and the tensor-core
-// persistent kernels' shared staging (lltm_persistent.cuh) share of a
-// thread-block cluster: this block's rank in it, its size, the cluster's
-// barrier, and an mbarrier's address, set-up, arming and wait; and, on the
-// host, the configuration of a launch in clusters. Compute capability 9.0
+// What the cluster kernels (cluster_kernel.cu, cluster_mma_kernel.cu) and
+// the tensor-core persistent kernels' shared staging (lltm_persistent.cuh)
+// share of a thread-block cluster: this block's rank in it, its size, the
+// cluster's barrier, an mbarrier's address, set-up, arming and wait, and
+// the cluster kernels' mailbox; and, on the host, the configuration of a
+// launch in clusters. Compute capability 9.0
 // and newer; for older targets, whose kernels run no cluster, a block is
 // rank 0 of 1 and never waits.
 #ifndef LLTM_CLUSTER_PTX_CUH
 #define LLTM_CLUSTER_PTX_CUH
+
+#include <stdint.h>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define LLTM_CLUSTER_PTX 1
@@ -82,6 +85,94 @@ __device__ __forceinline__ void mbarrier_wait(unsigned, unsigned) {}
 __device__ __forceinline__ unsigned shared_address(const void* pointer) {
   return (unsigned)__cvta_generic_to_shared(pointer);
 }
+
+#if LLTM_CLUSTER_PTX
+
+// Which cluster of the grid this block's is (its rank and the cluster's
+// size: above).
+__device__ __forceinline__ unsigned cluster_index() {
+  unsigned index;
+  asm("mov.u32 %0, %%clusterid.x;" : "=r"(index));
+  return index;
+}
+
+// A block's mailbox: the two mbarriers of its double buffer, in shared
+// memory after the buffers. Exchange n, the values every block pushes at
+// the n-th step it visits, lands in buffer (n + 1) % 2 and completes a
+// phase of barrier (n + 1) % 2; the next step waits for that phase alone.
+// A phase expects the bytes the cluster pushes into this block (each push,
+// st.async or a bulk copy, counts its bytes in as it lands) and one
+// arrival: this block's thread 0 arming it, for exchanges 0 and 1 before
+// the first step and for exchange n + 2 once it has received exchange n.
+// A push can never come before its arming: a block pushes exchange n + 2
+// only after receiving exchange n + 1 from every block, which each block
+// sends after its thread 0 armed (cluster_kernel.cu: thread 0 sends a part
+// of it; cluster_mma_kernel.cu: a block barrier comes between).
+struct ClusterMailbox {
+  uint64_t* barriers;  // two
+  unsigned bytes;      // a phase's: what the cluster pushes into this block
+
+  // Before the kernel's first cluster barrier, in every thread: sets up the
+  // barriers and arms those of the exchanges that happen of the first two.
+  __device__ void open(bool first, bool second) const {
+    if (threadIdx.x != 0) return;
+    for (int b = 0; b < 2; ++b) mbarrier_init(shared_address(barriers + b));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if (first) arm(1);
+    if (second) arm(0);
+  }
+
+  __device__ void arm(int barrier) const {
+    mbarrier_arrive_expecting(shared_address(barriers + barrier), bytes);
+  }
+
+  // Waits until exchange n has landed whole; then thread 0 arms its barrier
+  // for exchange n + 2 where that one happens (`again`).
+  __device__ void receive(int64_t n, bool again) const {
+    const int barrier = (int)((n + 1) & 1);
+    const unsigned parity = (unsigned)((n >> 1) & 1);
+    mbarrier_wait(shared_address(barriers + barrier), parity);
+    if (again && threadIdx.x == 0) arm(barrier);
+  }
+
+  // Pushes `value` of exchange n to `local`'s place in block `rank` of the
+  // cluster (this block's own too).
+  template <typename T>
+  __device__ void send(T* local, unsigned rank, T value, int64_t n) const {
+    unsigned target, barrier;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(target) : "r"(shared_address(local)), "r"(rank));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(barrier) : "r"(shared_address(barriers + ((n + 1) & 1))), "r"(rank));
+    push(target, value, barrier);
+  }
+
+  // A bulk copy of `bytes` (a multiple of 16) of this block's shared
+  // memory at `local`, as exchange n, to the same place in block `rank`
+  // (another block): this block's writes there must precede it in the
+  // async proxy (fence.proxy.async.shared::cta).
+  __device__ void copy(const void* local, unsigned rank, unsigned bytes, int64_t n) const {
+    unsigned target, barrier;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(target) : "r"(shared_address(local)), "r"(rank));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(barrier) : "r"(shared_address(barriers + ((n + 1) & 1))), "r"(rank));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];" ::"r"(target), "r"(shared_address(local)), "r"(bytes), "r"(barrier) : "memory");
+  }
+
+  __device__ static void push(unsigned target, float value, unsigned barrier) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(target), "r"(__float_as_uint(value)), "r"(barrier) : "memory");
+  }
+  __device__ static void push(unsigned target, double value, unsigned barrier) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+                 ::"r"(target), "l"(__double_as_longlong(value)), "r"(barrier) : "memory");
+  }
+};
+
+#endif  // LLTM_CLUSTER_PTX
 
 // The configuration of a launch of `blocks` blocks of `threads` threads and
 // `shared_bytes` of dynamic shared memory each, in clusters of `cluster`

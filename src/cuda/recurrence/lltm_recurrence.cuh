@@ -5,6 +5,7 @@
 //                             lltm_plan.h) gives, the products and sums
 //                             around it
 //   cluster_kernel.cu         the cluster kernels (lltm_cluster.h)
+//   cluster_mma_kernel.cu     the cluster path's tensor-core forward kernel
 //   persistent_kernel.cu      the persistent kernels (lltm_persistent.cuh)
 //   cublas_loop_kernel.cu     the cuBLAS loop
 //   step_by_step_kernel.cu    the step-by-step kernels
@@ -323,6 +324,17 @@ int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
 // persistent launch (blocks == 0: none) and launches the kernel it names.
 cudaError_t launch_clusters(const lltm_cluster_plan& plan, void** arguments,
                             cudaStream_t stream);
+// cluster_mma_kernel.cu: the cluster path's tensor-core forward kernel for
+// a 16-bit state past the cluster kernels' (kernel NULL: none), its
+// threads and shared memory a block, its clusters' blocks and batch rows.
+struct ClusterMmaKernel {
+  const void* kernel;
+  int threads;
+  size_t shared_bytes;
+  int cluster_size, rows;
+};
+template <typename Dtype>
+ClusterMmaKernel cluster_mma_forward(int64_t state_size);
 template <typename Dtype>
 PersistentPlan plan_persistent(bool backward, int64_t steps, int64_t batch_size,
                                int64_t state_size, bool clusters);
