@@ -1,8 +1,13 @@
 // The forward recurrence of a float16 or bfloat16 dense pass at states the
 // cluster kernels' registers do not hold (past kClusterMaxState), on tensor
 // cores, in clusters of 16 blocks (compute capability 9.0 and newer): the
-// cluster path's forward there (plan_cluster, cluster_kernel.cu, plans it;
-// its backward takes the rows below the cluster row).
+// cluster path's forward there (plan_cluster, cluster_kernel.cu, plans it).
+// Its backward takes the rows below the cluster row: a backward kernel in
+// this layout (each block d_h of its columns, a product of depth three
+// states; each warp's d_gates of three gates copied to every block) trained
+// at T=1024 B=16 under bfloat16 autocast in 7.61 us a step at a state of
+// 512 and 6.32 at 384, against 6.82 and 6.34 with the persistent kernels'
+// backward (H200, separate runs).
 //
 // Why. The persistent kernels pay each step a barrier of the whole grid
 // and a staging of the whole state from global memory: on an H200, at
