@@ -12,7 +12,7 @@
 // Why. The persistent kernels pay each step a barrier of the whole grid
 // and a staging of the whole state from global memory: on an H200, at
 // T=1024 B=16 and a bfloat16 state of 512, 4.2 us a forward step, where
-// cuDNN's LSTM infers at 2.2. Here, as in the cluster kernels, the state
+// cuDNN's LSTM infers at about 2. Here, as in the cluster kernels, the state
 // travels between the blocks of a cluster, and a block waits for nothing
 // but the values it needs: 2.0 us a step there.
 //
@@ -29,7 +29,7 @@
 // A step, in each block: each warp's products over its half of the depth
 // (two sums a gate, alternating depth tiles, for the tensor cores'
 // latency); the two warps of a group swap through shared memory the sums
-// of each other's rows (the block's one barrier a step), so that each
+// of each other's rows (a block barrier between), so that each
 // lane holds the three gates of two (row, column) elements and takes their
 // cells (the input part of the gates read kMmaPrefetch steps ahead, the
 // cells kept in registers). Each warp writes its eight rows of its group's
@@ -45,7 +45,10 @@
 // step) at states of 384 and 512: 2.56 and 2.90 with each lane's values
 // pushed to every block (st.async, 1,024 arrivals on a block's mailbox a
 // step), 2.17 and 2.34 with a group's bulk copies, 1.77 and 2.04 with the
-// two warps of a group sharing the cells (one warp took them before).
+// two warps of a group sharing the cells (one warp took them before); 2.04
+// and 2.06 with the block barrier after each mailbox wait (before, the
+// warps' own arrivals on the mailbox ordered their writes, which
+// compute-sanitizer's racecheck does not follow).
 
 #include "lltm_cluster_ptx.cuh"
 #include "lltm_persistent.cuh"
