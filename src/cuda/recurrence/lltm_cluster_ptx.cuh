@@ -135,15 +135,22 @@ struct ClusterMailbox {
     if (again && threadIdx.x == 0) arm(barrier);
   }
 
+  // In block `rank` of the cluster: `local`'s place (*target) and the
+  // barrier of exchange n (*barrier), as the cluster's shared addresses.
+  __device__ void remote(const void* local, unsigned rank, int64_t n, unsigned* target,
+                         unsigned* barrier) const {
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(*target) : "r"(shared_address(local)), "r"(rank));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(*barrier) : "r"(shared_address(barriers + ((n + 1) & 1))), "r"(rank));
+  }
+
   // Pushes `value` of exchange n to `local`'s place in block `rank` of the
   // cluster (this block's own too).
   template <typename T>
   __device__ void send(T* local, unsigned rank, T value, int64_t n) const {
     unsigned target, barrier;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;"
-        : "=r"(target) : "r"(shared_address(local)), "r"(rank));
-    asm("mapa.shared::cluster.u32 %0, %1, %2;"
-        : "=r"(barrier) : "r"(shared_address(barriers + ((n + 1) & 1))), "r"(rank));
+    remote(local, rank, n, &target, &barrier);
     push(target, value, barrier);
   }
 
@@ -153,10 +160,7 @@ struct ClusterMailbox {
   // async proxy (fence.proxy.async.shared::cta).
   __device__ void copy(const void* local, unsigned rank, unsigned bytes, int64_t n) const {
     unsigned target, barrier;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;"
-        : "=r"(target) : "r"(shared_address(local)), "r"(rank));
-    asm("mapa.shared::cluster.u32 %0, %1, %2;"
-        : "=r"(barrier) : "r"(shared_address(barriers + ((n + 1) & 1))), "r"(rank));
+    remote(local, rank, n, &target, &barrier);
     asm volatile(
         "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, "
         "[%3];" ::"r"(target), "r"(shared_address(local)), "r"(bytes), "r"(barrier) : "memory");
