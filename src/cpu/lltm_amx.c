@@ -288,6 +288,37 @@ INLINE int pack_right_rows(int dtype, int64_t first, int64_t columns, int64_t de
   return finite;
 }
 
+#ifdef LLTM_AMX_COMPILED
+/* A bfloat16 tile of a right factor from its 16 columns' 32 values each
+ * (`column_stride` apart): in the tile, row p holds pair p of every column,
+ * a transpose of 16 x 16 pairs. Pair by pair, packing the weights took
+ * about as long as a pass's products at a batch of 1 and a state of 128. */
+INLINE void transpose_pairs(const uint16_t* columns, int64_t column_stride, uint16_t* tile) {
+  __m512i r[16], t[16];
+  for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(columns + j * column_stride);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int c = 0; c < 4; ++c) {
+      t[8 * i + c] = _mm512_shuffle_i32x4(r[8 * i + c], r[8 * i + 4 + c], 0x88);
+      t[8 * i + 4 + c] = _mm512_shuffle_i32x4(r[8 * i + c], r[8 * i + 4 + c], 0xdd);
+    }
+  }
+  for (int c = 0; c < 8; ++c) {
+    _mm512_storeu_si512(tile + c * TILE_DEPTH, _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88));
+    _mm512_storeu_si512(tile + (8 + c) * TILE_DEPTH, _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd));
+  }
+}
+#endif
+
 /* A block of TILE_ROWS columns of a right factor whose columns run along
  * its depth (row stride 1: a transposed one), from `first` on, a tile at a
  * time: each column is read along its depth. */
@@ -304,6 +335,12 @@ INLINE int pack_right_columns(int dtype, int64_t first, int64_t columns, int64_t
       memset(tile, 0, 2 * TILE_ELEMENTS);
       continue;
     }
+#ifdef LLTM_AMX_COMPILED
+    if (dtype == LLTM_BFLOAT16 && first + TILE_ROWS <= columns && k + per_tile <= depth) {
+      transpose_pairs(b + first * column_stride + k, column_stride, tile);
+      continue;
+    }
+#endif
     for (int j = 0; j < TILE_ROWS; ++j) {
       const uint16_t* column = b + (first + j) * column_stride + k;
       if (first + j < columns && k + per_tile <= depth) {
