@@ -152,13 +152,15 @@ const char* lltm_path_name(int path);
  * a build without CUDA. */
 int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64_t batch_size,
                        int64_t state_size, int packed, const lltm_sequence_options* options);
-/* The state size a sequence pass of state_size columns runs at (its other
- * arguments as lltm_sequence_path's): state_size, or the next size whose
- * rows are whole 16 bytes where the plan pads the state with zero units
- * there (their weights, bias and initial state zero, they stay zero and
- * change nothing of the others; the caller pads and cuts back). */
-int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_size,
-                            int64_t state_size, int packed, const lltm_sequence_options* options);
+/* The state size a sequence call of state_size columns runs at, backward
+ * 1 where a backward pass will follow its forward (its other arguments as
+ * lltm_sequence_path's): state_size, or the next size whose rows are
+ * whole 16 bytes where the plan pads the state with zero units there
+ * (their weights, bias and initial state zero, they stay zero and change
+ * nothing of the others; the caller pads and cuts back). */
+int64_t lltm_sequence_state(int dtype, int device, int backward, int64_t steps,
+                            int64_t batch_size, int64_t state_size, int packed,
+                            const lltm_sequence_options* options);
 /* The path of a call of the cell (lltm) whose gate product takes
  * `multiply_adds` multiply-adds, elements of `dtype`, on `device`, while
  * a CUDA graph is captured (capturing 1) or not, `forced` an lltm_path or

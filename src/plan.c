@@ -11,7 +11,7 @@
  *
  *  sequence, CUDA device (the first row that takes a pass runs it):
  *   cluster     dense steps, compute capability 9.0 and newer, a state of
- *               at most 256 (a float16 or bfloat16 forward: 512), every
+ *               at most 256 (a float16 or bfloat16 forward: 768), every
  *               cluster resident at once, clusters not turned off
  *               (LLTM_CLUSTER=0): cluster_kernel.cu's forward and backward
  *               kernels, cluster_mma_kernel.cu's tensor-core forward past
@@ -19,8 +19,9 @@
  *               forward and backward: T=64 B=16 S=128 6.8 against 12.9 on
  *               the paths below, T=1024 B=16 S=128 1.8 against 9.1
  *               (cluster_kernel.cu); bfloat16, T=1024 B=16 S=512, the
- *               forward alone: 2.0 against the persistent kernels' 4.2
- *               (cluster_mma_kernel.cu).
+ *               forward alone: 2.0 against the persistent kernels' 4.2,
+ *               S=768 3.5 against 4.0 (cluster_mma_kernel.cu, whose
+ *               header also gives what it costs a training forward).
  *   persistent  dense steps, at least 2 of them, batch x state at most
  *               LLTM_PERSISTENT_ELEMENTS, a block's weights and the batch's
  *               state in shared memory, every block resident (the 16-bit
@@ -46,8 +47,9 @@
  *               on AMX, LLTM_AMX). The CPU's one path: nothing to measure.
  *  the sequence's state (lltm_sequence_state), CUDA device: where a state's
  *               rows are not whole 16 bytes and the padded state's forward
- *               takes the persistent row on LLTM_PAD_STEPS steps or more,
- *               or the cublas row on as many or with large products
+ *               (or where a backward follows, its backward) takes the
+ *               persistent row on LLTM_PAD_STEPS steps or more, or its
+ *               forward the cublas row on as many or with large products
  *               (LLTM_PAD_STATE), the call runs at the padded state (zero
  *               units, the inputs' features padded alike; Python pads and
  *               cuts back): cuBLAS then takes its 16-byte aligned
@@ -56,9 +58,10 @@
  *               through a ring of padded copies either way). H200
  *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
  *               T=1024 B=16, bfloat16 autocast training, us a step: S=650
- *               8.2 padded, 9.6 as given (768: 8.4); S=1500, on the cublas
- *               row, 19.8 and 39.1 (1536: 19.1). The cluster and steps rows
- *               are not padded: not measured so.
+ *               8.4 padded, 9.7 as given (768: 9.0); S=1500, on the cublas
+ *               row, 19.7 and 40.0 (1536: 18.9). The steps row is not
+ *               padded (not measured so), nor a forward alone on the
+ *               cluster row (measured: LLTM_PAD_STEPS's note below).
  *  cell (lltm), CUDA device:
  *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
  *               32-bit indices hold such a step), of
@@ -199,8 +202,19 @@ int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64
 #define LLTM_PAD_STATE 1024
 #define LLTM_PAD_ROWS 16
 
-int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_size,
-                            int64_t state_size, int packed, const lltm_sequence_options* options) {
+/* A call whose backward will run pads where that backward takes the
+ * persistent row on LLTM_PAD_STEPS steps or more, whatever row takes its
+ * forward (the cluster row's tensor-core forward, which takes any state
+ * as well): H200, T=1024 under bfloat16 autocast, training, us a step as
+ * given and padded, B=64: S=300 12.25 and 10.04, 500 14.40 and 12.16, 650
+ * 18.55 and 14.54, 700 19.15 and 15.02; B=16: 6.25 and 6.14, 7.03 and
+ * 7.20, 9.60 and 9.10, 9.77 and 9.67. A forward alone on the cluster row
+ * stays as given: padded, at B=16, S=300 took 2.05 against 1.90, 500
+ * 2.69 against 2.48. */
+
+int64_t lltm_sequence_state(int dtype, int device, int backward, int64_t steps,
+                            int64_t batch_size, int64_t state_size, int packed,
+                            const lltm_sequence_options* options) {
   if (!options) options = &default_options;
   const int64_t row = dtype == LLTM_FLOAT64 ? 2 : dtype == LLTM_FLOAT32 ? 4 : 8;
   const int64_t padded = (state_size + row - 1) / row * row;
@@ -213,7 +227,12 @@ int64_t lltm_sequence_state(int dtype, int device, int64_t steps, int64_t batch_
   if (!long_steps && !large_products) return state_size;
   const int path =
       lltm_sequence_path(dtype, device, 0, steps, batch_size, padded, packed, options);
-  return path == LLTM_PATH_CUBLAS || (long_steps && path == LLTM_PATH_PERSISTENT)
+  const int backward_path =
+      backward ? lltm_sequence_path(dtype, device, 1, steps, batch_size, padded, packed, options)
+               : path;
+  return path == LLTM_PATH_CUBLAS ||
+                 (long_steps && (path == LLTM_PATH_PERSISTENT ||
+                                 backward_path == LLTM_PATH_PERSISTENT))
              ? padded
              : state_size;
 }
@@ -252,7 +271,7 @@ const char* lltm_path_refusal(int code) {
       return "it needs thread-block clusters, which LLTM_CLUSTER=0 turns off";
     case LLTM_ERROR_PATH_CLUSTER_SIZES:
       return "the cluster kernels need compute capability 9.0 or newer, a module compiled "
-             "for it, a state of at most 256 (a float16 or bfloat16 forward pass: 512) and "
+             "for it, a state of at most 256 (a float16 or bfloat16 forward pass: 768) and "
              "every cluster resident at once";
     case LLTM_ERROR_PATH_PERSISTENT_SIZES:
       return "the persistent kernels need at least 2 steps, batch x state of at most 16384, "

@@ -20,9 +20,10 @@ from conftest import set_or_unset
 PADDED_37 = {torch.float64: 38, torch.float32: 40, torch.float16: 40, torch.bfloat16: 40}
 
 
-def _state(dtype, state_size, device="cpu", steps=4, batch_size=3, packed=False):
-    return plan.sequence_state(dtype, torch.device(device), steps, batch_size, state_size, packed,
-                               plan.sequence_options("test"))
+def _state(dtype, state_size, device="cpu", steps=4, batch_size=3, packed=False,
+           backward=False):
+    return plan.sequence_state(dtype, torch.device(device), backward, steps, batch_size,
+                               state_size, packed, plan.sequence_options("test"))
 
 
 @pytest.mark.parametrize("dtype", list(PADDED_37), ids=str)
@@ -123,8 +124,17 @@ def test_the_plan_pads_where_the_persistent_and_cublas_rows_run(cuda_device, mon
     if compiled_capability(cuda_device) < (8, 0):
         pytest.skip("the persistent kernels' 16-bit types need compute capability 8.0")
     # bfloat16 rows of 650 elements are 1,300 bytes: padded to 656, on a
-    # long sequence (a short one's call would spend more on the padding).
-    assert _state(torch.bfloat16, 650, cuda_device, steps=1024, batch_size=16) == 656
+    # long sequence (a short one's call would spend more on the padding)
+    # whose backward takes the persistent row; a forward alone stays as
+    # given where the cluster row's tensor-core kernel takes it (compute
+    # capability 9.0), which takes any state alike. float32 rows of 650
+    # are 2,600 bytes: padded to 652, their forward on the persistent row.
+    clusters = compiled_capability(cuda_device) >= (9, 0)
+    assert _state(torch.bfloat16, 650, cuda_device, steps=1024, batch_size=16,
+                  backward=True) == 656
+    assert _state(torch.bfloat16, 650, cuda_device, steps=1024,
+                  batch_size=16) == (650 if clusters else 656)
+    assert _state(torch.float32, 650, cuda_device, steps=1024, batch_size=16) == 652
     assert _state(torch.bfloat16, 1500, cuda_device, steps=1024, batch_size=64) == 1504
     assert _state(torch.bfloat16, 656, cuda_device, steps=1024, batch_size=16) == 656
     assert _state(torch.bfloat16, 650, cuda_device, steps=64, batch_size=16) == 650

@@ -213,7 +213,8 @@ def _errors_in_torch_ops(given, batch_sizes, reverse, grads, reference):
 # bfloat16 states past 256, to 512, its backward on a row below. One row of
 # one cluster's 16, rows past one cluster, states off every tile, from two
 # steps to a hundred.
-MMA_SHAPES = [(2, 1, 3, 257), (6, 17, 5, 300), (100, 16, 7, 512), (5, 33, 4, 500)]
+MMA_SHAPES = [(2, 1, 3, 257), (6, 17, 5, 300), (100, 16, 7, 512), (5, 33, 4, 500),
+              (3, 16, 6, 513), (7, 20, 9, 650), (60, 16, 11, 768)]
 
 
 @pytest.mark.gpu

@@ -104,13 +104,14 @@ def sequence_path(function, dtype, device, backward, steps, batch_size, state_si
         f"{dtype}, {device}, {'backward' if backward else 'forward'})"))
 
 
-def sequence_state(dtype, device, steps, batch_size, state_size, packed, options):
-    """The state size a sequence pass of these sizes runs at (sequence_path's
-    arguments): state_size, or more where the plan pads the state with zero
-    units to rows of whole 16 bytes."""
+def sequence_state(dtype, device, backward, steps, batch_size, state_size, packed, options):
+    """The state size a sequence call of these sizes runs at (sequence_path's
+    arguments; backward: whether a backward pass will follow the forward):
+    state_size, or more where the plan pads the state with zero units to
+    rows of whole 16 bytes."""
     return _on_device(device, lambda index: lib.lltm_sequence_state(
-        _extension._DTYPE_CODES[dtype], index, steps, batch_size, state_size, int(packed),
-        options))
+        _extension._DTYPE_CODES[dtype], index, int(backward), steps, batch_size, state_size,
+        int(packed), options))
 
 
 def check_forced_sequence(function, dtype, device, backward, steps, batch_size, state_size,

@@ -396,10 +396,12 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         if inputs.shape[0] == 0:
             return inputs.new_empty(0, h0.shape[1]), (h0, c0)
         options = plan.sequence_options("lltm_sequence") if plain else None
-        state_size = _planned_state(inputs, h0, batch_sizes, options) if plain else h0.shape[1]
+        backward = _records_backward(*tensors)
+        state_size = (_planned_state(inputs, h0, batch_sizes, options, backward) if plain
+                      else h0.shape[1])
         if state_size != h0.shape[1]:
             return _on_padded_state(state_size, *arguments)
-        if plain and not _records_backward(*tensors):
+        if plain and not backward:
             return _forward_alone(options, *arguments)
         outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
         return outputs, (h_n, c_n)
@@ -412,10 +414,11 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
         return new_h.unsqueeze(0), (new_h, new_cell)
     options = plan.sequence_options("lltm_sequence") if plain else None
-    state_size = _planned_state(inputs, h0, None, options) if plain else h0.shape[1]
+    backward = _records_backward(*tensors)
+    state_size = _planned_state(inputs, h0, None, options, backward) if plain else h0.shape[1]
     if state_size != h0.shape[1]:
         return _on_padded_state(state_size, inputs, weights, bias, h0, c0, None, reverse)
-    if plain and not _records_backward(*tensors):
+    if plain and not backward:
         return _forward_alone(options, inputs, weights, bias, h0, c0, None, reverse)
     outputs, _, _, h_n, c_n = _forward(
         packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0, None,
@@ -423,14 +426,14 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
     return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
 
 
-def _planned_state(inputs, h0, batch_sizes, options):
+def _planned_state(inputs, h0, batch_sizes, options, backward):
     """The state size the plan runs a call of these checked arguments at
-    with `options` (plan.sequence_state): h0's, or more where it pads the
-    state."""
+    with `options` (plan.sequence_state), `backward` where its backward will
+    run: h0's, or more where it pads the state."""
     batch_size, state_size = h0.shape
     steps = inputs.shape[0] if batch_sizes is None else batch_sizes.shape[0]
-    return plan.sequence_state(inputs.dtype, inputs.device, steps, batch_size, state_size,
-                               batch_sizes is not None, options)
+    return plan.sequence_state(inputs.dtype, inputs.device, backward, steps, batch_size,
+                               state_size, batch_sizes is not None, options)
 
 
 def _on_padded_state(state_size, inputs, weights, bias, h0, c0, batch_sizes, reverse):
@@ -500,8 +503,10 @@ def recurrence_path(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=
     if not steps * batch_size * state_size:
         return None
     options = plan.sequence_options("lltm_sequence")
+    # The state a call runs at depends on whether its backward will run.
+    follows = backward or _records_backward(inputs, weights, bias, h0, c0)
     return plan.sequence_path("lltm_sequence", inputs.dtype, inputs.device, backward, steps,
-                              batch_size, _planned_state(inputs, h0, batch_sizes, options),
+                              batch_size, _planned_state(inputs, h0, batch_sizes, options, follows),
                               batch_sizes is not None, options)
 
 

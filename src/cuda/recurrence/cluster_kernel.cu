@@ -98,10 +98,10 @@ static const int kClusterMaxSize = 16;
 // registers of weights a lane in a block of at most kClusterMaxThreads.
 static const int64_t kClusterMaxState = 256;
 // float16 and bfloat16 forward passes take the tensor-core kernel
-// (cluster_mma_kernel.cu) past kClusterMaxState, to this state: its
-// weights, in registers, are 96 of a lane's 249 there (nvcc 13.0, sm_90);
-// a state of 640 spilled 400 bytes a lane.
-static const int64_t kClusterMmaMaxState = 512;
+// (cluster_mma_kernel.cu) past kClusterMaxState, to this state: a block's
+// weights there, 221 KB, half in its warps' registers and half in shared
+// memory; at a state of 1024 they would be 393 KB.
+static const int64_t kClusterMmaMaxState = 768;
 // One step already gains: it saves the cuBLAS loop's launches.
 static const int64_t kClusterMinSteps = 1;
 // One wave of clusters at most: past one, each wave would run the whole

@@ -1,7 +1,8 @@
 // The forward recurrence of a float16 or bfloat16 dense pass at states the
-// cluster kernels' registers do not hold (past kClusterMaxState), on tensor
-// cores, in clusters of 16 blocks (compute capability 9.0 and newer): the
-// cluster path's forward there (plan_cluster, cluster_kernel.cu, plans it).
+// cluster kernels' registers do not hold (kClusterMaxState to
+// kClusterMmaMaxState), on tensor cores, in clusters of 16 blocks (compute
+// capability 9.0 and newer): the cluster path's forward there
+// (plan_cluster, cluster_kernel.cu, plans it).
 // Its backward takes the rows below the cluster row: a backward kernel in
 // this layout (each block d_h of its columns, a product of depth three
 // states; each warp's d_gates of three gates copied to every block) trained
@@ -21,10 +22,15 @@
 // S takes G = ceil(S / 128) groups of kMmaColumns (8) columns a block, so
 // that 16 blocks of 8 G columns cover it (the columns past S are zeros).
 // A group's columns are one mma tile a gate; two warps share its depth
-// (kMmaSplits), each holding in registers its half of the three tiles'
-// hidden weights (the mma's B operand, loaded once a pass): 4 G depth
-// tiles, 24 G registers. The batch rows' old h, in shared memory
-// (double-buffered, ClusterMmaLayout), is the A operand.
+// (kMmaSplits), each holding its half of the three tiles' hidden weights
+// (the mma's B operand, loaded once a pass): 4 G depth tiles, 24 G
+// registers, for G up to 4. Past that (states 513 to 768, 10 and 12 warps
+// a block, three to a scheduler: 168 registers a lane at most) a warp
+// keeps 12 depth tiles in registers (72) and the rest in shared memory (61
+// and 111 KB a block), read each step beside the state; all in registers
+// spilled, from 8 of them on with the weights' loads unrolled. The batch
+// rows' old h, in shared memory (double-buffered, ClusterMmaLayout), is
+// the A operand.
 //
 // A step, in each block: each warp's products over its half of the depth
 // (two sums a gate, alternating depth tiles, for the tensor cores'
@@ -48,7 +54,14 @@
 // two warps of a group sharing the cells (one warp took them before); 2.04
 // and 2.06 with the block barrier after each mailbox wait (before, the
 // warps' own arrivals on the mailbox ordered their writes, which
-// compute-sanitizer's racecheck does not follow).
+// compute-sanitizer's racecheck does not follow). Past 512, bfloat16
+// autocast, us a step against the persistent kernels (the sweep of
+// BENCHMARKS.md against the one before it): T=1024 B=16 inference 3.4
+// against 4.0 at a state of 650 and 3.5 against 4.0 at 768, but training
+// 8.4 against 8.2 and 9.0 against 8.4, the forward keeping its gates and
+// cells slower than theirs (not yet understood); T=64 B=64, where the
+// persistent kernels do not take the batch and the cuBLAS loop did, 650
+// trained at 21.1 against 26.4 and inferred at 5.0 against 11.4.
 
 #include "lltm_cluster_ptx.cuh"
 #include "lltm_persistent.cuh"
@@ -68,11 +81,14 @@ static const int kMmaPrefetch = 2;
 template <int kGroups>
 struct ClusterMmaLayout {
   static constexpr int kDepthTiles = 4 * kGroups;
+  static constexpr int kRegisterTiles = kGroups <= 4 ? kDepthTiles : 12;
+  static constexpr int kSharedTiles = kDepthTiles - kRegisterTiles;
   static constexpr int kSpan = kMmaClusterBlocks * kMmaColumns * kGroups;
   static constexpr int kChunk = kMmaRows * kMmaColumns;  // elements
   static constexpr int kBuffer = kMmaRows * kSpan;
   static constexpr int kThreads = 32 * kMmaSplits * kGroups;
-  static constexpr size_t kSharedBytes =
+  static constexpr size_t kWeightBytes = (size_t)kThreads * 3 * kSharedTiles * sizeof(uint2);
+  static constexpr size_t kSharedBytes = kWeightBytes +
       2 * kBuffer * 2 + kGroups * 32 * 12 * sizeof(float) + 2 * sizeof(uint64_t);
 };
 
@@ -102,7 +118,9 @@ __global__ void __launch_bounds__(ClusterMmaLayout<kGroups>::kThreads, 1)
   typedef ClusterMmaLayout<kGroups> Layout;
   const int kDepth = Layout::kDepthTiles;
   extern __shared__ __align__(16) unsigned char shared[];
-  Dtype* buffers = reinterpret_cast<Dtype*>(shared);
+  const int kRegisters = Layout::kRegisterTiles, kShared = Layout::kSharedTiles;
+  uint2* shared_weights = reinterpret_cast<uint2*>(shared);
+  Dtype* buffers = reinterpret_cast<Dtype*>(shared + Layout::kWeightBytes);
   float* handed = reinterpret_cast<float*>(buffers + 2 * Layout::kBuffer);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = warp % kGroups, split = warp / kGroups;
@@ -115,25 +133,42 @@ __global__ void __launch_bounds__(ClusterMmaLayout<kGroups>::kThreads, 1)
   // Gate g's weights of this lane's column (the fragment's n, lane / 4) at
   // depth tile first_tile + i: b0 at k = 16 (first_tile + i) + 2 (lane % 4),
   // b1 eight further, two elements each.
-  uint32_t w[3][kDepth][2];
+  uint32_t w[3][kRegisters > 0 ? kRegisters : 1][2];
+  // The rest of the warp's tiles, lane after lane, in shared memory.
+  uint2* warp_weights = shared_weights + warp * 3 * kShared * 32 + lane;
   {
     const int64_t column = group_column + lane / 4;
+    auto pair_of = [&](int g, int i) {
+      const Dtype* row = weights + (g * state_size + column) * weights_row_stride;
+      uint32_t pair[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t k = (int64_t)(first_tile + i) * kMmaDepth + half * 8 + 2 * (lane % 4);
+        const bool in = column < state_size;
+        const uint32_t low = in && k < state_size ? bits_of(row[k]) : 0u;
+        const uint32_t high = in && k + 1 < state_size ? bits_of(row[k + 1]) : 0u;
+        pair[half] = low | high << 16;
+      }
+      return make_uint2(pair[0], pair[1]);
+    };
 #pragma unroll
     for (int g = 0; g < 3; ++g) {
-      const Dtype* row = weights + (g * state_size + column) * weights_row_stride;
 #pragma unroll
-      for (int i = 0; i < kDepth; ++i) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int64_t k = (int64_t)(first_tile + i) * kMmaDepth + half * 8 + 2 * (lane % 4);
-          const bool in = column < state_size;
-          const uint32_t low = in && k < state_size ? bits_of(row[k]) : 0u;
-          const uint32_t high = in && k + 1 < state_size ? bits_of(row[k + 1]) : 0u;
-          w[g][i][half] = low | high << 16;
-        }
+      for (int i = 0; i < kRegisters; ++i) {
+        const uint2 pair = pair_of(g, i);
+        w[g][i][0] = pair.x;
+        w[g][i][1] = pair.y;
+      }
+#pragma unroll 1
+      for (int i = kRegisters; i < kDepth; ++i) {
+        warp_weights[(g * kShared + i - kRegisters) * 32] = pair_of(g, i);
       }
     }
   }
+  auto weight_pair = [&](int g, int i) {
+    if (i < kRegisters) return make_uint2(w[g][i][0], w[g][i][1]);
+    return warp_weights[(g * kShared + i - kRegisters) * 32];
+  };
   // Buffer 0 holds h0's rows, zeros past the batch and the state; buffer 1
   // zeros until the first exchange fills it.
   for (int i = threadIdx.x; i < 2 * Layout::kBuffer; i += blockDim.x) {
@@ -208,14 +243,23 @@ __global__ void __launch_bounds__(ClusterMmaLayout<kGroups>::kThreads, 1)
       // Rows lane / 4 and 8 more, depth 2 (lane % 4) and 8 more of each tile.
       const Dtype* a_lane = h + chunked<kGroups>(lane / 4, 2 * (lane % 4));
       const int lower = 8 * kMmaColumns;
-#pragma unroll
-      for (int i = 0; i < kDepth; ++i) {
+      auto tile_product = [&](int i, float(&sums)[3][4]) {
         const Dtype* tile = a_lane + (first_tile + i) * 2 * Layout::kChunk;
         const uint32_t fragment[4] = {pair_at(tile), pair_at(tile + lower),
                                       pair_at(tile + Layout::kChunk),
                                       pair_at(tile + Layout::kChunk + lower)};
 #pragma unroll
-        for (int g = 0; g < 3; ++g) mma_16x8x16<Dtype>(acc[i & 1][g], fragment, w[g][i][0], w[g][i][1]);
+        for (int g = 0; g < 3; ++g) {
+          const uint2 b = weight_pair(g, i);
+          mma_16x8x16<Dtype>(sums[g], fragment, b.x, b.y);
+        }
+      };
+#pragma unroll
+      for (int i = 0; i < kRegisters; ++i) tile_product(i, acc[i & 1]);
+#pragma unroll 1
+      for (int i = kRegisters; i < kDepth; i += 2) {
+        tile_product(i, acc[0]);
+        tile_product(i + 1, acc[1]);
       }
       float sums[3][4];
 #pragma unroll
@@ -298,6 +342,8 @@ ClusterMmaKernel cluster_mma_forward(int64_t state_size) {
   }
   LLTM_CLUSTER_MMA_GROUPS(3)
   LLTM_CLUSTER_MMA_GROUPS(4)
+  LLTM_CLUSTER_MMA_GROUPS(5)
+  LLTM_CLUSTER_MMA_GROUPS(6)
 #undef LLTM_CLUSTER_MMA_GROUPS
   return kernel;
 }
