@@ -100,7 +100,7 @@ def _one_thread_after_fork():
     """In a forked child, torch's OpenMP ops wait forever for OpenMP threads
     that stayed in the parent (GNU OpenMP does not survive fork), so that
     lltm_ffi.lltm would hang in its gate product; the C passes guard
-    themselves (src/cpu/lltm_cpu.c). The child runs torch on one thread instead,
+    themselves (src/threads.c). The child runs torch on one thread instead,
     as DataLoader's workers do."""
     if torch.get_num_threads() > 1:
         torch.set_num_threads(1)
