@@ -210,7 +210,7 @@ def _errors_in_torch_ops(given, batch_sizes, reverse, grads, reference):
 
 
 # The cluster row's tensor-core forward (cluster_mma_kernel.cu): float16 and
-# bfloat16 states past 256, to 512, its backward on a row below. One row of
+# bfloat16 states past 256, to 768, its backward on a row below. One row of
 # one cluster's 16, rows past one cluster, states off every tile, from two
 # steps to a hundred.
 MMA_SHAPES = [(2, 1, 3, 257), (6, 17, 5, 300), (100, 16, 7, 512), (5, 33, 4, 500),

@@ -87,9 +87,14 @@ struct ClusterMmaLayout {
   static constexpr int kChunk = kMmaRows * kMmaColumns;  // elements
   static constexpr int kBuffer = kMmaRows * kSpan;
   static constexpr int kThreads = 32 * kMmaSplits * kGroups;
+  // The floats a lane of a group hands over a step: each warp's sums of
+  // its two elements' three gates.
+  static constexpr int kHanded = kMmaSplits * 3 * 2;
   static constexpr size_t kWeightBytes = (size_t)kThreads * 3 * kSharedTiles * sizeof(uint2);
-  static constexpr size_t kSharedBytes = kWeightBytes +
-      2 * kBuffer * 2 + kGroups * 32 * 12 * sizeof(float) + 2 * sizeof(uint64_t);
+  // The shared weights, the two buffers (16-bit elements), the sums handed
+  // over, the mailbox's two barriers.
+  static constexpr size_t kSharedBytes = kWeightBytes + 2 * kBuffer * 2 +
+      kGroups * 32 * kHanded * sizeof(float) + 2 * sizeof(uint64_t);
 };
 
 // Element (row, k) of a buffer.
@@ -217,7 +222,7 @@ __global__ void __launch_bounds__(ClusterMmaLayout<kGroups>::kThreads, 1)
   // Exchange n (the new h of step n) happens for every step but the last:
   // each block's chunks copied to the 15 others.
   const ClusterMailbox mailbox = {
-      reinterpret_cast<uint64_t*>(handed + kGroups * 32 * 12),
+      reinterpret_cast<uint64_t*>(handed + kGroups * 32 * Layout::kHanded),
       (unsigned)((kMmaClusterBlocks - 1) * kGroups * Layout::kChunk * sizeof(Dtype))};
   mailbox.open(steps > 1, steps > 2);
   cluster_sync();
@@ -269,7 +274,7 @@ __global__ void __launch_bounds__(ClusterMmaLayout<kGroups>::kThreads, 1)
       }
       // Each warp hands the other the sums of the other's row, through
       // shared memory (6 floats a lane each way).
-      float* hand = handed + group * 32 * 12 + lane;
+      float* hand = handed + group * 32 * Layout::kHanded + lane;
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
 #pragma unroll
