@@ -247,13 +247,13 @@ def failure_text(error):
     return f"{kind}: {type(error).__name__}: {str(error).splitlines()[0]}"
 
 
-def time_point(point, candidates, device, runs, paths):
+def time_point(point, candidates, device, runs):
     """Fills point: each candidate warmed up (a failure recorded, that one
-    left out), on a GPU each lltm variant's paths profiled once a shape and
-    precision (its training step, into `paths`, which its inference point
-    reuses), then the runs, interleaved."""
+    left out), on a GPU each lltm variant's paths profiled (a forward alone
+    may take another path than a training step's), then the runs,
+    interleaved."""
     synchronize = harness.synchronizer(device)
-    working, seconds = {}, {}
+    working, seconds, paths = {}, {}, {}
     for name, candidate in candidates.items():
         try:
             with environment(candidate.settings):
@@ -262,7 +262,7 @@ def time_point(point, candidates, device, runs, paths):
                 if seconds[name] > SLOW_CALL_SECONDS:
                     raise TooSlow(f"{seconds[name]:.1f} s a call, past the sweep's "
                                   f"{SLOW_CALL_SECONDS} s")
-                if device.type == "cuda" and name in VARIANTS and name not in paths:
+                if device.type == "cuda" and name in VARIANTS:
                     paths[name] = recurrence_paths(candidate.function)
         except Exception as error:  # an implementation that cannot run this point is skipped
             seconds.pop(name, None)
@@ -315,7 +315,6 @@ def _run(args, device):
     for shape in shapes:
         models, inputs = models_of(shape, device)
         for precision in PRECISIONS:
-            paths = {}
             for mode in MODES:
                 candidates = {name: Candidate(settings, step_function(
                                   models["lltm"], inputs, precision, device, mode))
@@ -324,7 +323,7 @@ def _run(args, device):
                                        models[name], inputs, precision, device, mode))
                                    for name in PEERS})
                 point = Point(shape, precision.name, mode)
-                time_point(point, candidates, device, args.runs, paths)
+                time_point(point, candidates, device, args.runs)
                 points.append(point)
                 elapsed = time.perf_counter() - started
                 write(output, points, total, variants, device, elapsed)

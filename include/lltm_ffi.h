@@ -143,14 +143,19 @@ typedef struct {
 
 /* The name of path `path` (an lltm_path), NULL for another number. */
 const char* lltm_path_name(int path);
-/* The path a sequence pass would take: forward (backward 0) or backward,
- * of `steps` steps of batch_size rows (packed 1: packed steps, which
- * shrink) and state_size columns, elements of the lltm_dtype `dtype`, on
+/* A sequence pass as the plan sees it: a forward that keeps nothing for a
+ * backward, the backward, or a forward that keeps its gates and cells for
+ * one (the plan may give these two forwards different paths). */
+enum lltm_pass { LLTM_PASS_FORWARD = 0, LLTM_PASS_BACKWARD = 1, LLTM_PASS_FORWARD_SAVED = 2 };
+
+/* The path a sequence pass `pass` (an lltm_pass) would take, of `steps`
+ * steps of batch_size rows (packed 1: packed steps, which shrink) and
+ * state_size columns, elements of the lltm_dtype `dtype`, on
  * `device` (LLTM_CPU, or the current CUDA device) with `options` (NULL:
  * the defaults). An lltm_path, or for a forced path that cannot take the
  * pass its LLTM_ERROR_PATH code; LLTM_ERROR_NO_CUDA for a CUDA device in
  * a build without CUDA. */
-int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64_t batch_size,
+int lltm_sequence_path(int dtype, int device, int pass, int64_t steps, int64_t batch_size,
                        int64_t state_size, int packed, const lltm_sequence_options* options);
 /* The state size a sequence call of state_size columns runs at, backward
  * 1 where a backward pass will follow its forward (its other arguments as

@@ -15,13 +15,15 @@
  *               cluster resident at once, clusters not turned off
  *               (LLTM_CLUSTER=0): cluster_kernel.cu's forward and backward
  *               kernels, cluster_mma_kernel.cu's tensor-core forward past
- *               256, one launch a pass. H200, float32, F=32, us a step
- *               forward and backward: T=64 B=16 S=128 6.8 against 12.9 on
- *               the paths below, T=1024 B=16 S=128 1.8 against 9.1
- *               (cluster_kernel.cu); bfloat16, T=1024 B=16 S=512, the
- *               forward alone: 2.0 against the persistent kernels' 4.2,
- *               S=768 3.5 against 4.0 (cluster_mma_kernel.cu, whose
- *               header also gives what it costs a training forward).
+ *               256 (past 512 a forward that keeps its gates and cells
+ *               goes on to the persistent row where that takes it:
+ *               LLTM_SAVED_CLUSTER_STATE), one launch a pass. H200,
+ *               float32, F=32, us a step forward and backward: T=64 B=16
+ *               S=128 6.8 against 12.9 on the paths below, T=1024 B=16
+ *               S=128 1.8 against 9.1 (cluster_kernel.cu); bfloat16,
+ *               T=1024 B=16 S=512, the forward alone: 2.0 against the
+ *               persistent kernels' 4.2, S=768 3.5 against 4.0
+ *               (cluster_mma_kernel.cu).
  *   persistent  dense steps, at least 2 of them, batch x state at most
  *               LLTM_PERSISTENT_ELEMENTS, a block's weights and the batch's
  *               state in shared memory, every block resident (the 16-bit
@@ -58,8 +60,8 @@
  *               through a ring of padded copies either way). H200
  *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
  *               T=1024 B=16, bfloat16 autocast training, us a step: S=650
- *               8.4 padded, 9.7 as given (768: 9.0); S=1500, on the cublas
- *               row, 19.7 and 40.0 (1536: 18.9). The steps row is not
+ *               8.3 padded, 9.3 as given (768: 8.5); S=1500, on the cublas
+ *               row, 19.8 and 39.2 (1536: 19.0). The steps row is not
  *               padded (not measured so), nor a forward alone on the
  *               cluster row (measured: LLTM_PAD_STEPS's note below).
  *  cell (lltm), CUDA device:
@@ -112,10 +114,23 @@ static int sequence_path_on_device(int path) {
  * leaves to a row below it, which serves it better. */
 #define PASSED_ON 1
 
+/* Past this state a 16-bit forward that keeps its gates and cells goes on
+ * from the cluster row's tensor-core kernel to the persistent row where
+ * that takes it. There (5 and 6 groups a block) the kernel reads part of
+ * its weights from shared memory each step, and the stores of the gates
+ * and cells cost it more than the persistent kernels: H200, bfloat16
+ * autocast, B=16, GPU time a step of the training forward, cluster against
+ * persistent: T=1024 S=768 4.49 against 3.83, S=650 3.97 against 3.74; at
+ * S=512 (every weight in registers) 2.65 against 3.65. Whole training
+ * calls, us a step: T=1024 S=768 9.61 against 9.18, S=650 9.60 against
+ * 9.28; T=64 S=650 25.2 against 21.5. A forward alone stays on the
+ * cluster row (T=1024 S=768 3.89 against 4.30). */
+#define LLTM_SAVED_CLUSTER_STATE 512
+
 /* 0 where path `path` (a GPU row of the sequence) takes the pass, with its
  * layout in *plan; else why not, an LLTM_ERROR_PATH code, or PASSED_ON
  * where `planned` (the plan asks: no path forced). */
-static int row_takes(int path, int planned, int dtype, int backward, int64_t steps,
+static int row_takes(int path, int planned, int dtype, int pass, int64_t steps,
                      int64_t batch_size, int64_t state_size, int packed,
                      const lltm_sequence_options* options, int cublas,
                      lltm_recurrence_plan* plan) {
@@ -123,12 +138,20 @@ static int row_takes(int path, int planned, int dtype, int backward, int64_t ste
     case LLTM_PATH_CLUSTER:
       if (packed) return LLTM_ERROR_PATH_PACKED;
       if (!options->clusters) return LLTM_ERROR_PATH_NO_CLUSTERS;
-      plan->cluster = lltm_plan_cluster(dtype, backward, steps, batch_size, state_size);
-      return plan->cluster.kernel ? 0 : LLTM_ERROR_PATH_CLUSTER_SIZES;
+      plan->cluster = lltm_plan_cluster(dtype, pass == LLTM_PASS_BACKWARD, steps, batch_size,
+                                        state_size);
+      if (!plan->cluster.kernel) return LLTM_ERROR_PATH_CLUSTER_SIZES;
+      return planned && pass == LLTM_PASS_FORWARD_SAVED &&
+                     state_size > LLTM_SAVED_CLUSTER_STATE &&
+                     lltm_plan_persistent(dtype, 0, steps, batch_size, state_size,
+                                          options->clusters)
+                         .blocks
+                 ? PASSED_ON
+                 : 0;
     case LLTM_PATH_PERSISTENT:
       if (packed) return LLTM_ERROR_PATH_PACKED;
-      plan->persistent = lltm_plan_persistent(dtype, backward, steps, batch_size, state_size,
-                                              options->clusters);
+      plan->persistent = lltm_plan_persistent(dtype, pass == LLTM_PASS_BACKWARD, steps,
+                                              batch_size, state_size, options->clusters);
       return plan->persistent.blocks ? 0 : LLTM_ERROR_PATH_PERSISTENT_SIZES;
     case LLTM_PATH_CUBLAS:
       if (!cublas) return LLTM_ERROR_PATH_NO_CUBLAS;
@@ -140,7 +163,7 @@ static int row_takes(int path, int planned, int dtype, int backward, int64_t ste
   }
 }
 
-lltm_recurrence_plan lltm_plan_recurrence(int dtype, int backward, int64_t steps,
+lltm_recurrence_plan lltm_plan_recurrence(int dtype, int pass, int64_t steps,
                                           int64_t batch_size, int64_t state_size, int packed,
                                           const lltm_sequence_options* options, int cublas) {
   if (!options) options = &default_options;
@@ -152,7 +175,7 @@ lltm_recurrence_plan lltm_plan_recurrence(int dtype, int backward, int64_t steps
   }
   for (int path = LLTM_PATH_CLUSTER; path <= LLTM_PATH_STEPS; ++path) {
     if (forced != LLTM_PATH_PLANNED && forced != path) continue;
-    const int refusal = row_takes(path, forced == LLTM_PATH_PLANNED, dtype, backward, steps,
+    const int refusal = row_takes(path, forced == LLTM_PATH_PLANNED, dtype, pass, steps,
                                   batch_size, state_size, packed, options, cublas, &plan);
     if (refusal == 0 || forced == path) {
       plan.path = refusal == 0 ? path : refusal;
@@ -164,7 +187,7 @@ lltm_recurrence_plan lltm_plan_recurrence(int dtype, int backward, int64_t steps
 
 #endif /* LLTM_WITH_CUDA */
 
-int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64_t batch_size,
+int lltm_sequence_path(int dtype, int device, int pass, int64_t steps, int64_t batch_size,
                        int64_t state_size, int packed, const lltm_sequence_options* options) {
   if (!options) options = &default_options;
   if (device == LLTM_CPU) {
@@ -172,11 +195,11 @@ int lltm_sequence_path(int dtype, int device, int backward, int64_t steps, int64
   }
 #ifdef LLTM_WITH_CUDA
   const int cublas = options->cublas && lltm_cublas_usable(dtype);
-  return lltm_plan_recurrence(dtype, backward, steps, batch_size, state_size, packed, options,
+  return lltm_plan_recurrence(dtype, pass, steps, batch_size, state_size, packed, options,
                               cublas)
       .path;
 #else
-  (void)dtype, (void)backward, (void)steps, (void)batch_size, (void)state_size, (void)packed;
+  (void)dtype, (void)pass, (void)steps, (void)batch_size, (void)state_size, (void)packed;
   return LLTM_ERROR_NO_CUDA;
 #endif
 }
@@ -225,11 +248,12 @@ int64_t lltm_sequence_state(int dtype, int device, int backward, int64_t steps,
   const int large_products = (dtype == LLTM_FLOAT16 || dtype == LLTM_BFLOAT16) &&
                              state_size >= LLTM_PAD_STATE && batch_size >= LLTM_PAD_ROWS;
   if (!long_steps && !large_products) return state_size;
-  const int path =
-      lltm_sequence_path(dtype, device, 0, steps, batch_size, padded, packed, options);
-  const int backward_path =
-      backward ? lltm_sequence_path(dtype, device, 1, steps, batch_size, padded, packed, options)
-               : path;
+  const int path = lltm_sequence_path(dtype, device,
+                                      backward ? LLTM_PASS_FORWARD_SAVED : LLTM_PASS_FORWARD,
+                                      steps, batch_size, padded, packed, options);
+  const int backward_path = backward ? lltm_sequence_path(dtype, device, LLTM_PASS_BACKWARD, steps,
+                                                          batch_size, padded, packed, options)
+                                     : path;
   return path == LLTM_PATH_CUBLAS ||
                  (long_steps && (path == LLTM_PATH_PERSISTENT ||
                                  backward_path == LLTM_PATH_PERSISTENT))

@@ -212,9 +212,11 @@ def _errors_in_torch_ops(given, batch_sizes, reverse, grads, reference):
 # The cluster row's tensor-core forward (cluster_mma_kernel.cu): float16 and
 # bfloat16 states past 256, to 768, its backward on a row below. One row of
 # one cluster's 16, rows past one cluster, states off every tile, from two
-# steps to a hundred.
+# steps to a hundred. Past 512 a training forward takes the persistent row
+# where that takes it (src/plan.c): there the batch x state is past its
+# 16384, so that the kernel's training forward runs too.
 MMA_SHAPES = [(2, 1, 3, 257), (6, 17, 5, 300), (100, 16, 7, 512), (5, 33, 4, 500),
-              (3, 16, 6, 513), (7, 20, 9, 650), (60, 16, 11, 768)]
+              (3, 33, 6, 513), (7, 26, 9, 650), (60, 22, 11, 768)]
 
 
 @pytest.mark.gpu
@@ -230,6 +232,8 @@ def test_the_cluster_rows_tensor_core_forward_agrees_with_the_float64_cpu_pass(
         _skip_where_the_gpu_lacks("cluster", dtype, device)
         given = [argument.to(dtype).to(device) for argument in arguments]
         assert lltm_ffi.recurrence_path(*given, reverse=reverse) == "cluster"
+        trained = [argument.detach().requires_grad_(True) for argument in given]
+        assert lltm_ffi.recurrence_path(*trained, reverse=reverse) == "cluster"
         assert lltm_ffi.recurrence_path(*given, reverse=reverse, backward=True) != "cluster"
         reference = _reference_of(given, None, reverse, grads, monkeypatch)
         got = _results(given, None, reverse, grads)
@@ -246,6 +250,27 @@ def test_the_cluster_rows_tensor_core_forward_agrees_with_the_float64_cpu_pass(
                                      ("c_n", c_n, got[2])):
             assert torch.equal(alone.cpu().double(), trained), (
                 f"{dtype} {name}: the forward alone differs from the training forward")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state", [513, 650, 768])
+def test_a_training_forward_past_512_takes_the_persistent_row_where_it_can(state, generator,
+                                                                          monkeypatch):
+    """A bfloat16 forward that keeps its gates and cells for a backward:
+    the persistent row where it takes the call, else the tensor-core
+    kernel; a forward alone: the tensor-core kernel (src/plan.c)."""
+    device = _device_of("cluster")
+    _skip_where_the_gpu_lacks("cluster", torch.bfloat16, device)
+    for name in ("LLTM_PATH", "LLTM_PAD", "LLTM_CLUSTER"):
+        monkeypatch.delenv(name, raising=False)
+    for batch_size, trained_path in ((16, "persistent"), (64, "cluster")):
+        arguments, _, _ = _arguments((300, batch_size, 8, state), False, generator)
+        given = [argument.to(torch.bfloat16).to(device) for argument in arguments]
+        assert lltm_ffi.recurrence_path(*given) == "cluster"
+        trained = [argument.detach().requires_grad_(True) for argument in given]
+        assert lltm_ffi.recurrence_path(*trained) == trained_path
+        with torch.no_grad():
+            assert lltm_ffi.recurrence_path(*trained) == "cluster"
 
 
 @pytest.mark.gpu

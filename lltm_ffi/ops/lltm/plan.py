@@ -89,16 +89,19 @@ def _name_or_refusal(function, number, forced, call):
                      "unset LLTM_PATH to let the plan choose")
 
 
-def sequence_path(function, dtype, device, backward, steps, batch_size, state_size, packed,
-                  options):
-    """The name of the path a sequence pass takes (forward, or backward
-    where `backward`) of `steps` steps (packed ones where `packed`) of
-    batch_size rows and state_size columns, `dtype` on `device`, with
-    `options` (sequence_options'); ValueError where the path LLTM_PATH
-    forces cannot take it."""
+def sequence_path(function, dtype, device, sequence_pass, steps, batch_size, state_size,
+                  packed, options):
+    """The name of the path a sequence pass takes (`sequence_pass` an
+    lltm_pass: lib.LLTM_PASS_FORWARD, LLTM_PASS_BACKWARD, or
+    LLTM_PASS_FORWARD_SAVED, a forward that keeps its gates and cells for a
+    backward) of `steps` steps (packed ones where `packed`) of batch_size
+    rows and state_size columns, `dtype` on `device`, with `options`
+    (sequence_options'); ValueError where the path LLTM_PATH forces cannot
+    take it."""
     number = _on_device(device, lambda index: lib.lltm_sequence_path(
-        _extension._DTYPE_CODES[dtype], index, int(backward), steps, batch_size, state_size,
+        _extension._DTYPE_CODES[dtype], index, sequence_pass, steps, batch_size, state_size,
         int(packed), options))
+    backward = sequence_pass == lib.LLTM_PASS_BACKWARD
     return _name_or_refusal(function, number, options.path, lambda: (
         f"{'packed' if packed else 'dense'} steps ({steps} of {batch_size} x {state_size}, "
         f"{dtype}, {device}, {'backward' if backward else 'forward'})"))
@@ -120,8 +123,9 @@ def check_forced_sequence(function, dtype, device, backward, steps, batch_size, 
     sequence that cannot take the pass; nothing (and no question to C)
     where it forces none."""
     if PATHS[options.path:options.path + 1] and PATHS[options.path] in SEQUENCE_PATHS:
-        sequence_path(function, dtype, device, backward, steps, batch_size, state_size, packed,
-                      options)
+        sequence_path(function, dtype, device,
+                      lib.LLTM_PASS_BACKWARD if backward else lib.LLTM_PASS_FORWARD, steps,
+                      batch_size, state_size, packed, options)
 
 
 def cell_path(function, dtype, device, batch_size, input_features, state_size):

@@ -478,7 +478,9 @@ def recurrence_path(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=
                     backward=False):
     """The name of the path (a row of the plan's table, docs/ARCHITECTURE.md)
     that lltm_sequence, called eagerly with these arguments, takes for its
-    forward pass (backward=True: its backward pass): cluster, persistent,
+    forward pass (backward=True: its backward pass; a forward that keeps
+    what its backward needs, where an argument requires grad in grad mode,
+    may take another path than a forward alone): cluster, persistent,
     cublas or steps on a GPU, cpu on the CPU, or cell-steps where one dense
     forward step runs as a call of the cell; None where the call computes
     nothing (no steps, rows or state). The arguments are lltm_sequence's
@@ -503,9 +505,12 @@ def recurrence_path(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=
     if not steps * batch_size * state_size:
         return None
     options = plan.sequence_options("lltm_sequence")
-    # The state a call runs at depends on whether its backward will run.
+    # The state a call runs at, and its forward's path, depend on whether
+    # its backward will run.
     follows = backward or _records_backward(inputs, weights, bias, h0, c0)
-    return plan.sequence_path("lltm_sequence", inputs.dtype, inputs.device, backward, steps,
+    sequence_pass = (plan.lib.LLTM_PASS_BACKWARD if backward else
+                     plan.lib.LLTM_PASS_FORWARD_SAVED if follows else plan.lib.LLTM_PASS_FORWARD)
+    return plan.sequence_path("lltm_sequence", inputs.dtype, inputs.device, sequence_pass, steps,
                               batch_size, _planned_state(inputs, h0, batch_sizes, options, follows),
                               batch_sizes is not None, options)
 

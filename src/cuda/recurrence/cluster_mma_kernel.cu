@@ -57,11 +57,14 @@
 // compute-sanitizer's racecheck does not follow). Past 512, bfloat16
 // autocast, us a step against the persistent kernels (the sweep of
 // BENCHMARKS.md against the one before it): T=1024 B=16 inference 3.4
-// against 4.0 at a state of 650 and 3.5 against 4.0 at 768, but training
-// 8.4 against 8.2 and 9.0 against 8.4, the forward keeping its gates and
-// cells slower than theirs (not yet understood); T=64 B=64, where the
-// persistent kernels do not take the batch and the cuBLAS loop did, 650
-// trained at 21.1 against 26.4 and inferred at 5.0 against 11.4.
+// against 4.0 at a state of 650 and 3.5 against 4.0 at 768. A forward
+// that keeps its gates and cells is slower than theirs there (GPU time a
+// step, T=1024 B=16: 3.97 against 3.74 at 650, 4.49 against 3.83 at 768;
+// at 512, every weight in registers, 2.65 against 3.65), so the plan gives
+// it to them where they take the batch (src/plan.c,
+// LLTM_SAVED_CLUSTER_STATE). At T=64 B=64, where they do not and the
+// cuBLAS loop did, 650 trains at 21.1 against 26.4 and infers at 5.0
+// against 11.4.
 
 #include "lltm_cluster_ptx.cuh"
 #include "lltm_persistent.cuh"

@@ -38,12 +38,12 @@ typedef struct {
   lltm_persistent_plan persistent;
 } lltm_recurrence_plan;
 
-// The plan of one pass, forward (backward 0) or backward, of `steps` steps
-// of batch_size rows (packed: packed steps) and state_size columns, elements
-// of the lltm_dtype `dtype`, on the current device, with `options` (NULL:
+// The plan of one pass `pass` (an lltm_pass, include/lltm_ffi.h) of
+// `steps` steps of batch_size rows (packed: packed steps) and state_size
+// columns, elements of the lltm_dtype `dtype`, on the current device, with `options` (NULL:
 // the defaults); `cublas` says whether the pass's products run through
 // cuBLAS (loaded, taking the dtype, and not turned off).
-lltm_recurrence_plan lltm_plan_recurrence(int dtype, int backward, int64_t steps,
+lltm_recurrence_plan lltm_plan_recurrence(int dtype, int pass, int64_t steps,
                                           int64_t batch_size, int64_t state_size, int packed,
                                           const lltm_sequence_options* options, int cublas);
 

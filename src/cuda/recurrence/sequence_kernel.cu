@@ -32,12 +32,12 @@
 #include "lltm_kernels.h"
 #include "lltm_recurrence.cuh"
 
-// The plan of a pass's recurrence (src/plan.c); `cublas` whether its
-// products run through cuBLAS.
+// The plan of a pass's recurrence (src/plan.c), `pass` an lltm_pass;
+// `cublas` whether its products run through cuBLAS.
 template <typename Dtype>
-static lltm_recurrence_plan plan_of(bool backward, const lltm_walk& walk, int64_t state_size,
+static lltm_recurrence_plan plan_of(int pass, const lltm_walk& walk, int64_t state_size,
                                     const lltm_sequence_options* options, bool cublas) {
-  return lltm_plan_recurrence(lltm_dtype_of<Dtype>(), backward, walk.steps, walk.batch_size,
+  return lltm_plan_recurrence(lltm_dtype_of<Dtype>(), pass, walk.steps, walk.batch_size,
                               state_size, walk.batch_sizes != NULL, options, cublas);
 }
 
@@ -77,7 +77,9 @@ static int sequence_forward_steps(bool cublas, cudaStream_t stream,
                                   const lltm_sequence_options* options, int64_t input_features,
                                   const Dtype* inputs, ForwardRecurrence<Dtype> r) {
   const int64_t gates_size = 3 * r.state_size;
-  const lltm_recurrence_plan plan = plan_of<Dtype>(false, r.walk, r.state_size, options, cublas);
+  const lltm_recurrence_plan plan =
+      plan_of<Dtype>(r.cells ? LLTM_PASS_FORWARD_SAVED : LLTM_PASS_FORWARD, r.walk, r.state_size,
+                     options, cublas);
   if (plan.path < 0) return plan.path;
   const int code = product<Dtype>(cublas, stream, r.walk.rows, gates_size, input_features, inputs,
                                   input_features, false, r.weights + r.state_size,
@@ -163,7 +165,7 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream,
   const int64_t gates_size = 3 * state_size;
   const Dtype* weights = r.weights;
   Dtype* d_gates = r.d_gates;
-  const lltm_recurrence_plan plan = plan_of<Dtype>(true, walk, state_size, options, cublas);
+  const lltm_recurrence_plan plan = plan_of<Dtype>(LLTM_PASS_BACKWARD, walk, state_size, options, cublas);
   if (plan.path < 0) return plan.path;
   int code;
   if (plan.path == LLTM_PATH_CLUSTER || plan.path == LLTM_PATH_PERSISTENT) {
