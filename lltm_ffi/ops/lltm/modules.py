@@ -242,7 +242,10 @@ class LLTMSequence(torch.nn.Module):
         """(h0, c0) as the layers take them, from the pair (h0, c0), a lone h0
         or None (None in the pair: zeros), refused naming the one that does
         not fit the module and the input."""
-        if state is None or isinstance(state, torch.Tensor):
+        if state is None:
+            zeros = self.weights_l0.new_zeros(layers, batch, self.state_size)
+            return zeros, zeros
+        if isinstance(state, torch.Tensor):
             state = (state, None)
         if not isinstance(state, (tuple, list)) or len(state) != 2:
             what = (f"a {type(state).__name__} of {len(state)}"

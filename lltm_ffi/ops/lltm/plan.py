@@ -47,21 +47,26 @@ def forced_path(function):
     return number
 
 
-# One options struct for each setting met, kept: a pass reuses it.
+# One options struct for each setting met, kept by the settings as read: a
+# pass reuses it, and a call reads the settings and looks them up, nothing
+# more (a few microseconds of every call otherwise).
 _OPTIONS = {}
+_SETTINGS = ("LLTM_PATH", "LLTM_CUBLAS", "LLTM_CLUSTER", "LLTM_AMX", "LLTM_BLAS", "LLTM_PAD")
 
 
 def sequence_options(function):
     """The sequence passes' lltm_sequence_options for this call, from the
     environment and torch.backends.cuda.matmul.allow_tf32."""
-    amx, blas, pad = (os.environ.get(name) for name in ("LLTM_AMX", "LLTM_BLAS", "LLTM_PAD"))
-    key = (forced_path(function), int(torch.backends.cuda.matmul.allow_tf32),
-           int(os.environ.get("LLTM_CUBLAS") != "0"), int(os.environ.get("LLTM_CLUSTER") != "0"),
-           *(int(setting) if setting in ("0", "1") else -1 for setting in (amx, blas, pad)))
-    options = _OPTIONS.get(key)
+    settings = (*map(os.environ.get, _SETTINGS), torch.backends.cuda.matmul.allow_tf32)
+    options = _OPTIONS.get(settings)
     if options is None:
-        options = _OPTIONS[key] = ffi.new("lltm_sequence_options *", dict(
-            zip(("path", "tf32", "cublas", "clusters", "amx", "blas", "pad"), key)))
+        _, cublas, clusters, amx, blas, pad, tf32 = settings
+        options = ffi.new("lltm_sequence_options *", {
+            "path": forced_path(function), "tf32": int(tf32), "cublas": int(cublas != "0"),
+            "clusters": int(clusters != "0"),
+            **{name: int(setting) if setting in ("0", "1") else -1
+               for name, setting in (("amx", amx), ("blas", blas), ("pad", pad))}})
+        _OPTIONS[settings] = options
     return options
 
 
