@@ -251,12 +251,10 @@ int64_t lltm_sequence_state(int dtype, int device, int backward, int64_t steps,
   const int path = lltm_sequence_path(dtype, device,
                                       backward ? LLTM_PASS_FORWARD_SAVED : LLTM_PASS_FORWARD,
                                       steps, batch_size, padded, packed, options);
-  const int backward_path = backward ? lltm_sequence_path(dtype, device, LLTM_PASS_BACKWARD, steps,
-                                                          batch_size, padded, packed, options)
-                                     : path;
-  return path == LLTM_PATH_CUBLAS ||
-                 (long_steps && (path == LLTM_PATH_PERSISTENT ||
-                                 backward_path == LLTM_PATH_PERSISTENT))
+  if (path == LLTM_PATH_CUBLAS || (long_steps && path == LLTM_PATH_PERSISTENT)) return padded;
+  return long_steps && backward &&
+                 lltm_sequence_path(dtype, device, LLTM_PASS_BACKWARD, steps, batch_size, padded,
+                                    packed, options) == LLTM_PATH_PERSISTENT
              ? padded
              : state_size;
 }
