@@ -86,6 +86,7 @@ struct ClusterMmaLayout {
   static constexpr int kDepthTiles = 4 * kGroups;
   static constexpr int kRegisterTiles = kGroups <= 4 ? kDepthTiles : 12;
   static constexpr int kSharedTiles = kDepthTiles - kRegisterTiles;
+  static_assert(kSharedTiles % 2 == 0, "the shared tiles' loop takes them two at a time");
   static constexpr int kSpan = kMmaClusterBlocks * kMmaColumns * kGroups;
   static constexpr int kChunk = kMmaRows * kMmaColumns;  // elements
   static constexpr int kBuffer = kMmaRows * kSpan;
@@ -141,7 +142,7 @@ __global__ void __launch_bounds__(ClusterMmaLayout<kGroups>::kThreads, 1)
   // Gate g's weights of this lane's column (the fragment's n, lane / 4) at
   // depth tile first_tile + i: b0 at k = 16 (first_tile + i) + 2 (lane % 4),
   // b1 eight further, two elements each.
-  uint32_t w[3][kRegisters > 0 ? kRegisters : 1][2];
+  uint32_t w[3][kRegisters][2];
   // The rest of the warp's tiles, lane after lane, in shared memory.
   uint2* warp_weights = shared_weights + warp * 3 * kShared * 32 + lane;
   {

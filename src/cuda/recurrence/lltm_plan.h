@@ -40,9 +40,9 @@ typedef struct {
 
 // The plan of one pass `pass` (an lltm_pass, include/lltm_ffi.h) of
 // `steps` steps of batch_size rows (packed: packed steps) and state_size
-// columns, elements of the lltm_dtype `dtype`, on the current device, with `options` (NULL:
-// the defaults); `cublas` says whether the pass's products run through
-// cuBLAS (loaded, taking the dtype, and not turned off).
+// columns, elements of the lltm_dtype `dtype`, on the current device, with
+// `options` (NULL: the defaults); `cublas` says whether the pass's products
+// run through cuBLAS (loaded, taking the dtype, and not turned off).
 lltm_recurrence_plan lltm_plan_recurrence(int dtype, int pass, int64_t steps,
                                           int64_t batch_size, int64_t state_size, int packed,
                                           const lltm_sequence_options* options, int cublas);

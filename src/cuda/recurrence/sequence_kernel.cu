@@ -165,7 +165,8 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream,
   const int64_t gates_size = 3 * state_size;
   const Dtype* weights = r.weights;
   Dtype* d_gates = r.d_gates;
-  const lltm_recurrence_plan plan = plan_of<Dtype>(LLTM_PASS_BACKWARD, walk, state_size, options, cublas);
+  const lltm_recurrence_plan plan =
+      plan_of<Dtype>(LLTM_PASS_BACKWARD, walk, state_size, options, cublas);
   if (plan.path < 0) return plan.path;
   int code;
   if (plan.path == LLTM_PATH_CLUSTER || plan.path == LLTM_PATH_PERSISTENT) {
