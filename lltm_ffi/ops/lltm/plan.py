@@ -49,22 +49,26 @@ def forced_path(function):
 
 # One options struct for each setting met, kept by the settings as read: a
 # pass reuses it, and a call reads the settings and looks them up, nothing
-# more (a few microseconds of every call otherwise).
+# more. They are read from os.environ's own mapping (bytes on POSIX, kept in
+# step with os.environ): os.environ.get encodes each name and raises and
+# catches a KeyError for each one unset, 3.7 us a call for the six against
+# 0.2.
 _OPTIONS = {}
-_SETTINGS = ("LLTM_PATH", "LLTM_CUBLAS", "LLTM_CLUSTER", "LLTM_AMX", "LLTM_BLAS", "LLTM_PAD")
+_SETTINGS = tuple(map(os.fsencode, ("LLTM_PATH", "LLTM_CUBLAS", "LLTM_CLUSTER", "LLTM_AMX",
+                                    "LLTM_BLAS", "LLTM_PAD")))
 
 
 def sequence_options(function):
     """The sequence passes' lltm_sequence_options for this call, from the
     environment and torch.backends.cuda.matmul.allow_tf32."""
-    settings = (*map(os.environ.get, _SETTINGS), torch.backends.cuda.matmul.allow_tf32)
+    settings = (*map(os.environ._data.get, _SETTINGS), torch.backends.cuda.matmul.allow_tf32)
     options = _OPTIONS.get(settings)
     if options is None:
         _, cublas, clusters, amx, blas, pad, tf32 = settings
         options = ffi.new("lltm_sequence_options *", {
-            "path": forced_path(function), "tf32": int(tf32), "cublas": int(cublas != "0"),
-            "clusters": int(clusters != "0"),
-            **{name: int(setting) if setting in ("0", "1") else -1
+            "path": forced_path(function), "tf32": int(tf32), "cublas": int(cublas != b"0"),
+            "clusters": int(clusters != b"0"),
+            **{name: int(setting) if setting in (b"0", b"1") else -1
                for name, setting in (("amx", amx), ("blas", blas), ("pad", pad))}})
         _OPTIONS[settings] = options
     return options
