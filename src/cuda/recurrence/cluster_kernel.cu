@@ -74,8 +74,6 @@
 
 #include <limits.h>
 
-#include <mutex>
-
 #include "lltm_cluster_ptx.cuh"
 #include "lltm_recurrence.cuh"
 
@@ -569,12 +567,6 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
 
 // True (with the runtime's last error cleared) when a call failed: the plan
 // then gives no plan instead of failing the pass.
-static bool cluster_call_failed(cudaError_t status) {
-  if (status == cudaSuccess) return false;
-  (void)cudaGetLastError();
-  return true;
-}
-
 // The kernel for a plan's chunks and rows, or NULL where it has none
 // (4 chunks of float would be a state past kClusterMaxState).
 template <typename Dtype, int kChunks>
@@ -602,50 +594,28 @@ static const void* cluster_kernel(bool backward, int chunks, int rows) {
 
 // How many clusters of `blocks` blocks of `threads` the device holds at
 // once for `kernel`, 0 where it cannot run them (its code here is not
-// sm_90's, or a query failed). The answer never changes for a device and a
-// layout, and a pass may be planned while a CUDA graph is being captured,
-// so it is asked once and kept (and the kernel's attributes set then).
+// sm_90's, or a query failed); asked once for a device and a layout, and
+// the kernel's attributes set then.
 static int active_clusters(int device, const void* kernel, int blocks, int threads,
                            size_t shared_bytes) {
-  struct Known {
-    int device;
-    const void* kernel;
-    int blocks, threads, active;
-  };
-  static const int kKept = 64;
-  static Known known[kKept];
-  static int count = 0, next = 0;
-  static std::mutex lock;
-  std::lock_guard<std::mutex> guard(lock);
-  for (int i = 0; i < count; ++i) {
-    if (known[i].device == device && known[i].kernel == kernel && known[i].blocks == blocks &&
-        known[i].threads == threads) {
-      return known[i].active;
-    }
-  }
-  // A failed query is not kept: it answers 0 this time only.
-  int active = 0;
-  cudaFuncAttributes attributes;
-  if (cluster_call_failed(cudaFuncGetAttributes(&attributes, kernel))) return 0;
-  // ptxVersion is the virtual architecture the kernel's code came from: an
-  // older one compiled its body away.
-  if (attributes.ptxVersion >= 90 && attributes.maxThreadsPerBlock >= threads) {
-    if (cluster_call_failed(cudaFuncSetAttribute(
-            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes)) ||
-        (blocks > kClusterPortableSize &&
-         cluster_call_failed(
-             cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)))) {
-      return 0;
-    }
+  static KeptAnswers<int> kept;
+  return kept.get({device, (int64_t)(intptr_t)kernel, blocks, threads, 0}, [&](int* active) {
+    *active = 0;
+    cudaFuncAttributes attributes;
+    if (query_failed(cudaFuncGetAttributes(&attributes, kernel))) return false;
+    // ptxVersion is the virtual architecture the kernel's code came from:
+    // an older one compiled its body away.
+    if (attributes.ptxVersion < 90 || attributes.maxThreadsPerBlock < threads) return true;
     cudaLaunchAttribute attribute[1];
     const cudaLaunchConfig_t config = cluster_launch_config(
         (unsigned)blocks, (unsigned)threads, shared_bytes, (unsigned)blocks, 0, attribute);
-    if (cluster_call_failed(cudaOccupancyMaxActiveClusters(&active, kernel, &config))) return 0;
-  }
-  known[next] = {device, kernel, blocks, threads, active};
-  next = (next + 1) % kKept;
-  if (count < kKept) ++count;
-  return active;
+    return !query_failed(cudaFuncSetAttribute(
+               kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes)) &&
+           (blocks <= kClusterPortableSize ||
+            !query_failed(cudaFuncSetAttribute(
+                kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1))) &&
+           !query_failed(cudaOccupancyMaxActiveClusters(active, kernel, &config));
+  });
 }
 
 // The tensor-core forward kernel's plan (cluster_mma_kernel.cu): a cluster
@@ -682,8 +652,8 @@ static lltm_cluster_plan plan_cluster(int backward, int64_t steps, int64_t batch
     return plan;
   }
   int device, major;
-  if (cluster_call_failed(cudaGetDevice(&device)) ||
-      cluster_call_failed(
+  if (query_failed(cudaGetDevice(&device)) ||
+      query_failed(
           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) ||
       major < 9) {
     return plan;

@@ -246,13 +246,6 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
   }
   multicast.close();
 }
-// True (with the runtime's last error cleared) when a query failed: the plan
-// then falls back to the step-by-step path instead of failing the pass.
-static bool failed(cudaError_t status) {
-  if (status == cudaSuccess) return false;
-  (void)cudaGetLastError();
-  return true;
-}
 
 // The persistent kernel of a pass (backward or forward) for `columns`
 // columns a block: 1, 2, 4 or 8 for float and double, kMmaColumns for the
@@ -285,30 +278,26 @@ static const void* persistent_kernel(bool backward, int columns) {
 // enough blocks to spread the work over the device, no more than it holds
 // at once; for the 16-bit types kMmaColumns, on compute capability 8.0 and
 // newer only (the tensor cores' mma), where the kernels hold code for it,
-// in clusters where `clusters` allows them.
+// in clusters where `clusters` allows them. A query that fails leaves the
+// pass to the rows below (no plan); its answer is not kept.
 template <typename Dtype>
-PersistentPlan plan_persistent(bool backward, int64_t steps, int64_t batch_size,
-                               int64_t state_size, bool clusters) {
-  PersistentPlan plan = {NULL, 0, 0, 1};
+static bool query_persistent(PersistentPlan* plan, int device, bool backward,
+                             int64_t batch_size, int64_t state_size, bool clusters) {
+  *plan = {NULL, 0, 0, 1};
   const bool tensor_cores = !IsMath<Dtype>::value;
   // The rows of the hidden weights a column needs, and their length.
   const int64_t weight_rows = backward ? 1 : 3;
   const int64_t length = backward ? 3 * state_size : state_size;
-  // A single step keeps nothing on chip for a next one; its plan's queries
-  // and a cooperative launch would cost the host more than the launches
-  // they save.
-  if (steps < 2 || batch_size * state_size > kPersistentElements) return plan;
-  int device, processors, max_shared, major;
-  if (failed(cudaGetDevice(&device)) ||
-      failed(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device)) ||
-      failed(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                    device)) ||
-      failed(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device))) {
-    return plan;
+  int processors, max_shared, major;
+  if (query_failed(cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device)) ||
+      query_failed(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                          device)) ||
+      query_failed(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device))) {
+    return false;
   }
   int64_t columns, shared_bytes;
   if (tensor_cores) {
-    if (major < 8) return plan;
+    if (major < 8) return true;
     columns = kMmaColumns;
     const int64_t rows = (batch_size + kMmaRows - 1) / kMmaRows * kMmaRows;
     const int64_t warps = kPersistentThreads / 32;
@@ -319,29 +308,31 @@ PersistentPlan plan_persistent(bool backward, int64_t steps, int64_t batch_size,
     const int64_t target = wanted < processors ? (wanted > 0 ? wanted : 1) : processors;
     columns = 1;
     while (columns < 8 && columns * target < state_size) columns *= 2;
-    if ((state_size + columns - 1) / columns > processors) return plan;
+    if ((state_size + columns - 1) / columns > processors) return true;
     shared_bytes = (weight_rows * columns + batch_size) * padded<Dtype>(length) *
                    (int64_t)sizeof(Dtype);
   }
-  if (shared_bytes > max_shared) return plan;
   const void* kernel = persistent_kernel<Dtype>(backward, (int)columns);
   cudaFuncAttributes attributes;
-  int resident = 0;
+  if (query_failed(cudaFuncGetAttributes(&attributes, kernel))) return false;
   // ptxVersion is the virtual architecture the kernel's code came from: an
-  // older one than 8.0 compiled the mma away.
-  if (failed(cudaFuncGetAttributes(&attributes, kernel)) ||
-      (tensor_cores && attributes.ptxVersion < 80) ||
-      failed(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)shared_bytes)) ||
-      failed(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kPersistentThreads,
-                                                           (size_t)shared_bytes))) {
-    return plan;
+  // older one than 8.0 compiled the mma away. The kernel may take all the
+  // dynamic shared memory a block can: a kept plan of other sizes launches
+  // it too.
+  const int64_t most_shared = max_shared - (int64_t)attributes.sharedSizeBytes;
+  if (shared_bytes > most_shared || (tensor_cores && attributes.ptxVersion < 80)) return true;
+  int resident = 0;
+  if (query_failed(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)most_shared)) ||
+      query_failed(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &resident, kernel, kPersistentThreads, (size_t)shared_bytes))) {
+    return false;
   }
   int64_t blocks = (state_size + columns - 1) / columns;
-  if (blocks > (int64_t)resident * processors) return plan;
-  plan.kernel = kernel;
-  plan.blocks = (int)blocks;
-  plan.shared_bytes = (size_t)shared_bytes;
+  if (blocks > (int64_t)resident * processors) return true;
+  plan->kernel = kernel;
+  plan->blocks = (int)blocks;
+  plan->shared_bytes = (size_t)shared_bytes;
   // Clusters for the tensor-core kernels where the device and the kernel's
   // code have them (9.0) and the clustered grid is resident at once; the
   // grid grows to whole clusters, its extra blocks owning no column.
@@ -350,14 +341,33 @@ PersistentPlan plan_persistent(bool backward, int64_t steps, int64_t batch_size,
     cudaLaunchAttribute attribute[1];
     const cudaLaunchConfig_t config = cluster_launch_config(
         (unsigned)blocks, kPersistentThreads, (size_t)shared_bytes, kMmaCluster, 0, attribute);
-    int clusters = 0;
-    if (!failed(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config)) &&
-        (int64_t)clusters * kMmaCluster >= blocks) {
-      plan.blocks = (int)blocks;
-      plan.cluster = kMmaCluster;
+    int active = 0;
+    if (query_failed(cudaOccupancyMaxActiveClusters(&active, kernel, &config))) return false;
+    if ((int64_t)active * kMmaCluster >= blocks) {
+      plan->blocks = (int)blocks;
+      plan->cluster = kMmaCluster;
     }
   }
-  return plan;
+  return true;
+}
+
+// query_persistent's plan, asked once for a device and sizes.
+template <typename Dtype>
+PersistentPlan plan_persistent(bool backward, int64_t steps, int64_t batch_size,
+                               int64_t state_size, bool clusters) {
+  PersistentPlan plan = {NULL, 0, 0, 1};
+  // A single step keeps nothing on chip for a next one; its plan's queries
+  // and a cooperative launch would cost the host more than the launches
+  // they save.
+  int device;
+  if (steps < 2 || batch_size * state_size > kPersistentElements ||
+      query_failed(cudaGetDevice(&device))) {
+    return plan;
+  }
+  static KeptAnswers<PersistentPlan> kept;
+  return kept.get({device, backward, clusters, batch_size, state_size}, [&](PersistentPlan* p) {
+    return query_persistent<Dtype>(p, device, backward, batch_size, state_size, clusters);
+  });
 }
 
 int launch_persistent(const PersistentPlan& plan, void** arguments, cudaStream_t stream) {
