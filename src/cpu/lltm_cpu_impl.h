@@ -219,8 +219,9 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
  * packed steps, or where batch_sizes is NULL dense ones, in either
  * direction, with the final states. */
 /* sizes: rows, steps, batch, input_features, state, reverse; the options
- * (lltm_ffi.h) after the tensors and the CUDA passes' staging (the CPU
- * passes' tensors[11] and tensors[17], NULL). */
+ * (lltm_ffi.h) after the tensors and the CUDA passes' workspaces, which
+ * the CPU passes do not read (forward: tensors[11]; backward: tensors[17]
+ * and [18]). */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
                                       const STORAGE* inputs, const STORAGE* weights,
                                       const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
@@ -285,7 +286,7 @@ int LLTM_NAME(lltm_packed_backward_)(const lltm_args* args) {
                                      args->tensors[8], args->tensors[9], args->tensors[10],
                                      args->tensors[11], args->tensors[12], args->tensors[13],
                                      args->tensors[14], args->tensors[15], args->tensors[16],
-                                     args->tensors[18]);
+                                     args->tensors[19]);
 }
 
 #undef SCALAR

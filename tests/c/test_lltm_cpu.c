@@ -495,11 +495,11 @@ static int run_dense_passes(struct sequence_shape shape, int dtype,
   void* const forward_tensors[13] = {arguments[0], arguments[1], arguments[2], arguments[3],
                                      arguments[4], NULL, results[0], results[1], results[2],
                                      h_n, c_n, NULL, &options};
-  void* const backward_tensors[19] = {arguments[0], arguments[1], arguments[3], NULL,
+  void* const backward_tensors[20] = {arguments[0], arguments[1], arguments[3], NULL,
                                       results[0], results[1], results[2], arguments[5],
                                       arguments[6], NULL, NULL, results[3], results[4],
                                       results[5], results[6], results[7], results[8],
-                                      NULL, &options};
+                                      NULL, NULL, &options};
   int code = lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors);
   if (code == LLTM_SUCCESS) {
     code = lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors);
@@ -933,10 +933,10 @@ static void check_packed(struct packed_shape shape, int dtype) {
   void* const forward_tensors[13] = {arguments[0], arguments[1], arguments[2], arguments[3],
                                      arguments[4], given_sizes, outputs, cells, gates, h_n, c_n,
                                      NULL, &options};
-  void* const backward_tensors[19] = {arguments[0], arguments[1], arguments[3], given_sizes,
+  void* const backward_tensors[20] = {arguments[0], arguments[1], arguments[3], given_sizes,
                                       outputs, cells, gates, arguments[5], arguments[6],
                                       arguments[7], arguments[8], d_gates, d_inputs, d_weights,
-                                      d_bias, d_h0, d_c0, NULL, &options};
+                                      d_bias, d_h0, d_c0, NULL, NULL, &options};
   if (lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS ||
       lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors) != LLTM_SUCCESS) {
     fprintf(stderr, "a packed pass (%s) returned an error\n", dtype_names[dtype]);
@@ -993,7 +993,7 @@ static void check_packed_refusals(void) {
     void* const forward_tensors[13] = {NULL, NULL, NULL, NULL, NULL,
                                        (void*)cases[k].batch_sizes, NULL, NULL, NULL, NULL, NULL,
                                        NULL, NULL};
-    void* const backward_tensors[19] = {NULL, NULL, NULL, (void*)cases[k].batch_sizes};
+    void* const backward_tensors[20] = {NULL, NULL, NULL, (void*)cases[k].batch_sizes};
     if (lltm_check_pass("packed_forward", LLTM_FLOAT32, sizes, NULL, forward_tensors) !=
             LLTM_ERROR_ARGUMENTS ||
         lltm_check_pass("packed_backward", LLTM_FLOAT64, sizes, NULL, backward_tensors) !=

@@ -238,9 +238,19 @@ def packed_backward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
                  *cell._strides(grad_outputs)[1:], *cell._strides(grad_cells)[1:]),
           tensors=(inputs, weights, h0, batch_sizes, outputs, cells, gates, grad_outputs,
                    grad_cells, grad_h_n, grad_c_n, torch.empty_like(gates), d_inputs, d_weights,
-                   d_bias, d_h0, d_c0, _staging(h0, 3 * state_size, batch_sizes)),
+                   d_bias, d_h0, d_c0, _staging(h0, 3 * state_size, batch_sizes),
+                   _previous_states(h0, rows, batch_sizes, d_weights)),
           options=options)
     return d_inputs, d_weights, d_bias, d_h0 if wants_h0 else None, d_c0 if wants_c0 else None
+
+
+def _previous_states(h0, rows, batch_sizes, d_weights):
+    """A CUDA backward pass's workspace for the weights' gradient over
+    packed steps: (rows, state), into which it gathers each row's old state
+    for one product (src/cuda/recurrence/products_kernel.cu); else None."""
+    if h0.is_cpu or batch_sizes is None or d_weights is None:
+        return None
+    return h0.new_empty(rows, h0.shape[1])
 
 
 def packed_in_torch(inputs, weights, bias, h0, c0, batch_sizes, reverse):

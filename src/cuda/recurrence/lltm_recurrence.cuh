@@ -348,7 +348,8 @@ typedef lltm_persistent_plan PersistentPlan;
 // products_kernel.cu: C (m x n, row stride ldc) = op(A) op(B) (+ C where
 // `accumulate`), row-major, by cuBLAS where `cublas` (within
 // lltm_cublas_run) or lltm_ffi's own kernel; and the hidden columns of
-// d_weights, d_gates^T times each step's old h.
+// d_weights, d_gates^T times each step's old h (packed steps': gathered
+// into previous, (rows, state)).
 template <typename Dtype>
 int product(bool cublas, cudaStream_t stream, int64_t m, int64_t n, int64_t k, const Dtype* a,
             int64_t lda, bool a_transposed, const Dtype* b, int64_t ldb, bool b_transposed,
@@ -356,7 +357,8 @@ int product(bool cublas, cudaStream_t stream, int64_t m, int64_t n, int64_t k, c
 template <typename Dtype>
 int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
                         int64_t state_size, int64_t columns, const Dtype* d_gates,
-                        const Dtype* h0, const Dtype* outputs, Dtype* d_weights);
+                        const Dtype* h0, const Dtype* outputs, Dtype* previous,
+                        Dtype* d_weights);
 
 // The recurrence's paths, in the order of the plan's table (src/plan.c).
 // The cluster and persistent kernels take the same arguments, `arguments`

@@ -1,6 +1,5 @@
 // The sequence passes' matrix products, by cuBLAS or by lltm_ffi's own kernels
-// (product), and the gradient of the hidden weights, whose 16-bit packed walks
-// sum every block of steps in float (hidden_weight_grads).
+// (product), and the gradient of the hidden weights (hidden_weight_grads).
 
 #include "lltm_cublas.h"
 #include "lltm_recurrence.cuh"
@@ -45,139 +44,96 @@ int product(bool cublas, cudaStream_t stream, int64_t m, int64_t n, int64_t k,
   CUDA_POST_KERNEL_CHECK;
   return LLTM_SUCCESS;
 }
+
 // Up to kMax blocks of state (lltm_state_block), as a kernel argument.
 struct StateBlocks {
   static const int kMax = 48;
   int64_t gate_row[kMax], state_row[kMax], rows[kMax];
   int initial[kMax];
-  int count;
 };
 
-// The hidden columns of d_weights (row stride `columns`; plus what they
-// hold where `accumulate`) = d_gates^T times each block's old h, every
-// block's product summed in the math type and stored once. A block of
-// kTileThreads threads takes a kGradTile x kGradTile tile of (gate row, state
-// column) elements, each thread kGradPer x kGradPer of them (rows ty + kTile
-// i, columns tx + kTile j), the blocks' rows staged kGradDepth at a time: a
-// value read from shared memory serves kGradPer sums, not one (a thread an
-// element made a two-layer bidirectional bf16 training step at B=256 S=512
-// on an H200 four times as slow as with cuBLAS's 16-bit products).
-static const int kGradPer = 4;
-static const int kGradTile = kTile * kGradPer;
-static const int kGradDepth = 32;
-
-template <typename Dtype>
-__global__ void __launch_bounds__(kTileThreads) lltm_hidden_weight_grads_kernel(
-    const int64_t state_size, const int64_t columns, const StateBlocks blocks,
-    const bool accumulate, const Dtype* __restrict__ d_gates, const Dtype* __restrict__ h0,
-    const Dtype* __restrict__ outputs, Dtype* __restrict__ d_weights) {
-  typedef math_t<Dtype> Math;
-  __shared__ Math g_slice[kGradDepth][kGradTile];  // [k][r]: d_gates' column row0 + r
-  __shared__ Math h_slice[kGradDepth][kGradTile];  // [k][c]: the old h's column column0 + c
-  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int64_t gates_size = 3 * state_size;
-  const int64_t column_tiles = (state_size + kGradTile - 1) / kGradTile;
-  const int64_t tiles = (gates_size + kGradTile - 1) / kGradTile * column_tiles;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t row0 = tile / column_tiles * kGradTile, column0 = tile % column_tiles * kGradTile;
-    Math sum[kGradPer][kGradPer] = {};
-    for (int b = 0; b < blocks.count; ++b) {
-      const Dtype* gate = d_gates + blocks.gate_row[b] * gates_size;
-      const Dtype* state = (blocks.initial[b] ? h0 : outputs) + blocks.state_row[b] * state_size;
-      for (int64_t k0 = 0; k0 < blocks.rows[b]; k0 += kGradDepth) {
-        for (int i = threadIdx.x; i < kGradDepth * kGradTile; i += kTileThreads) {
-          const int k = i / kGradTile, e = i % kGradTile;
-          const bool k_in = k0 + k < blocks.rows[b];
-          g_slice[k][e] = k_in && row0 + e < gates_size
-              ? to_math(gate[(k0 + k) * gates_size + row0 + e]) : Math(0);
-          h_slice[k][e] = k_in && column0 + e < state_size
-              ? to_math(state[(k0 + k) * state_size + column0 + e]) : Math(0);
-        }
-        __syncthreads();
-#pragma unroll 8
-        for (int k = 0; k < kGradDepth; ++k) {
-          Math g[kGradPer], h[kGradPer];
-#pragma unroll
-          for (int i = 0; i < kGradPer; ++i) {
-            g[i] = g_slice[k][ty + kTile * i];
-            h[i] = h_slice[k][tx + kTile * i];
-          }
-#pragma unroll
-          for (int i = 0; i < kGradPer; ++i) {
-#pragma unroll
-            for (int j = 0; j < kGradPer; ++j) sum[i][j] += g[i] * h[j];
-          }
-        }
-        __syncthreads();
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kGradPer; ++i) {
-#pragma unroll
-      for (int j = 0; j < kGradPer; ++j) {
-        const int64_t row = row0 + ty + kTile * i, column = column0 + tx + kTile * j;
-        if (row < gates_size && column < state_size) {
-          Dtype* element = d_weights + row * columns + column;
-          *element = to_storage<Dtype>(accumulate ? to_math(*element) + sum[i][j] : sum[i][j]);
-        }
-      }
-    }
-  }
+// Each block's old states (blockIdx.y: its index in `blocks`) copied into
+// `previous` beside its rows of d_gates: row gate_row + k of previous is
+// row state_row + k of h0 (initial) or of the outputs, rows of row_units
+// copies of Unit each.
+template <typename Unit>
+__global__ void lltm_gather_states_kernel(const int64_t row_units, const StateBlocks blocks,
+                                          const Unit* __restrict__ h0,
+                                          const Unit* __restrict__ outputs,
+                                          Unit* __restrict__ previous) {
+  const int b = blockIdx.y;
+  const Unit* from = (blocks.initial[b] ? h0 : outputs) + blocks.state_row[b] * row_units;
+  Unit* to = previous + blocks.gate_row[b] * row_units;
+  CUDA_KERNEL_LOOP(i, blocks.rows[b] * row_units) { to[i] = from[i]; }
 }
 
-// The walk's blocks of state (lltm_state_block), counted.
-static int64_t count_state_blocks(const lltm_walk& walk) {
-  lltm_block_cursor cursor = lltm_first_block(&walk);
-  lltm_state_block block;
-  int64_t count = 0;
-  while (lltm_next_block(&walk, &cursor, &block)) ++count;
-  return count;
-}
+// The walk's old states gathered into `previous` (lltm_gather_states_kernel),
+// kMax blocks of them a launch, in 16-byte copies where the rows and the
+// tensors allow them. A launch's blocks each copy kGatherBlocks x
+// CAFFE_CUDA_NUM_THREADS units at a time.
+static const int kGatherBlocks = 32;
 
-// hidden_weight_grads for a 16-bit element type with more than two blocks
-// (a packed walk): a product a block would round d_weights to 16 bits
-// once a block, so the kernel above sums kMax blocks at a time in float.
 template <typename Dtype>
-static int summed_hidden_weight_grads(cudaStream_t stream, const lltm_walk& walk,
-                                      int64_t state_size, int64_t columns, const Dtype* d_gates,
-                                      const Dtype* h0, const Dtype* outputs, Dtype* d_weights) {
+static int gather_states(cudaStream_t stream, const lltm_walk& walk, int64_t state_size,
+                          const Dtype* h0, const Dtype* outputs, Dtype* previous) {
+  const bool vectors = state_size * sizeof(Dtype) % 16 == 0 &&
+                       (reinterpret_cast<uintptr_t>(h0) | reinterpret_cast<uintptr_t>(outputs) |
+                        reinterpret_cast<uintptr_t>(previous)) % 16 == 0;
+  const int64_t row_units = vectors ? state_size * (int64_t)sizeof(Dtype) / 16 : state_size;
   lltm_block_cursor cursor = lltm_first_block(&walk);
   lltm_state_block block;
   StateBlocks blocks;
-  blocks.count = 0;
-  bool more = lltm_next_block(&walk, &cursor, &block), first = true;
+  int count = 0;
+  int64_t most_rows = 0;
+  bool more = lltm_next_block(&walk, &cursor, &block);
   while (more) {
-    blocks.gate_row[blocks.count] = block.gate_row;
-    blocks.state_row[blocks.count] = block.state_row;
-    blocks.rows[blocks.count] = block.rows;
-    blocks.initial[blocks.count] = block.initial;
-    ++blocks.count;
+    blocks.gate_row[count] = block.gate_row;
+    blocks.state_row[count] = block.state_row;
+    blocks.rows[count] = block.rows;
+    blocks.initial[count] = block.initial;
+    most_rows = block.rows > most_rows ? block.rows : most_rows;
     more = lltm_next_block(&walk, &cursor, &block);
-    if (blocks.count == StateBlocks::kMax || !more) {
-      lltm_hidden_weight_grads_kernel<Dtype>
-          <<<tile_blocks(3 * state_size, state_size, kGradTile), kTileThreads, 0, stream>>>(
-              state_size, columns, blocks, !first, d_gates, h0, outputs, d_weights);
-      CUDA_POST_KERNEL_CHECK;
-      blocks.count = 0;
-      first = false;
+    if (++count < StateBlocks::kMax && more) continue;
+    const int x = CAFFE_GET_BLOCKS(most_rows * row_units);
+    const dim3 grid(x < kGatherBlocks ? x : kGatherBlocks, count);
+    if (vectors) {
+      lltm_gather_states_kernel<uint4><<<grid, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+          row_units, blocks, reinterpret_cast<const uint4*>(h0),
+          reinterpret_cast<const uint4*>(outputs), reinterpret_cast<uint4*>(previous));
+    } else {
+      lltm_gather_states_kernel<Dtype><<<grid, CAFFE_CUDA_NUM_THREADS, 0, stream>>>(
+          row_units, blocks, h0, outputs, previous);
     }
+    CUDA_POST_KERNEL_CHECK;
+    count = 0;
+    most_rows = 0;
   }
   return LLTM_SUCCESS;
 }
 
-// The hidden columns of d_weights: d_gates^T times each step's old h, one
-// product a block of steps whose old states lie one after another in the
-// outputs or in h0 (lltm_state_block), the first writing, the others
-// adding; zeros where no step has a row.
+// The hidden columns of d_weights: d_gates^T times each step's old h. Dense
+// steps' old states lie in two blocks (lltm_state_block), h0's rows and
+// the outputs': a product each, the second adding. Packed steps' lie in a
+// block or two a step: they are gathered into `previous` (rows, state),
+// beside their rows of d_gates, for one product, as many launches as a
+// copy takes and d_weights rounded once (a product a block would round a
+// 16-bit d_weights once a block; two bidirectional bfloat16 layers trained
+// on a packed batch, 64x256x256x512 on an H200, at 169 to 206 us a step
+// with a kernel that summed the blocks in float, 74 to 91 so). Zeros
+// where no step has a row.
 template <typename Dtype>
 int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
                         int64_t state_size, int64_t columns, const Dtype* d_gates,
-                        const Dtype* h0, const Dtype* outputs, Dtype* d_weights) {
-  if (!IsMath<Dtype>::value && count_state_blocks(walk) > 2) {
-    return summed_hidden_weight_grads<Dtype>(stream, walk, state_size, columns, d_gates, h0,
-                                             outputs, d_weights);
-  }
+                        const Dtype* h0, const Dtype* outputs, Dtype* previous,
+                        Dtype* d_weights) {
   const int64_t gates_size = 3 * state_size;
+  if (walk.batch_sizes) {
+    if (!previous) return LLTM_ERROR_ARGUMENTS;
+    const int code = gather_states<Dtype>(stream, walk, state_size, h0, outputs, previous);
+    if (code != LLTM_SUCCESS) return code;
+    return product<Dtype>(cublas, stream, gates_size, state_size, walk.rows, d_gates, gates_size,
+                          true, previous, state_size, false, false, d_weights, columns);
+  }
   lltm_block_cursor cursor = lltm_first_block(&walk);
   lltm_state_block block;
   int code = LLTM_SUCCESS;
@@ -204,5 +160,5 @@ int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
                               int64_t);                                                      \
   template int hidden_weight_grads<Dtype>(bool, cudaStream_t, const lltm_walk&, int64_t,     \
                                           int64_t, const Dtype*, const Dtype*, const Dtype*, \
-                                          Dtype*);
+                                          Dtype*, Dtype*);
 LLTM_FOR_EVERY_DTYPE(LLTM_INSTANTIATE)

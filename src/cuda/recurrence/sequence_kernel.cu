@@ -159,7 +159,7 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream,
                                    const lltm_sequence_options* options, int64_t input_features,
                                    const Dtype* inputs, const Dtype* h0, const Dtype* outputs,
                                    BackwardRecurrence<Dtype> r, Dtype* d_inputs,
-                                   Dtype* d_weights, Dtype* d_bias) {
+                                   Dtype* d_weights, Dtype* d_bias, Dtype* previous) {
   const lltm_walk& walk = r.walk;
   const int64_t state_size = r.state_size, columns = r.weights_row_stride;
   const int64_t gates_size = 3 * state_size;
@@ -192,7 +192,7 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream,
   }
   if (code == LLTM_SUCCESS && d_weights) {
     code = hidden_weight_grads<Dtype>(cublas, stream, walk, state_size, columns, d_gates, h0,
-                                      outputs, d_weights);
+                                      outputs, previous, d_weights);
     if (code == LLTM_SUCCESS) {
       code = product<Dtype>(cublas, stream, gates_size, input_features, walk.rows, d_gates,
                             gates_size, true, inputs, input_features, false, false,
@@ -219,7 +219,9 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream,
 // and no pre-activations (ForwardRecurrence), gates (rows, 3 * state)
 // serving as its workspace, which it always needs; the backward pass needs
 // the cells and gates a forward kept. Otherwise LLTM_ERROR_ARGUMENTS.
-// staging (NULL: none) as ForwardRecurrence and BackwardRecurrence say.
+// staging (NULL: none) as ForwardRecurrence and BackwardRecurrence say;
+// previous, the packed backward's (rows, state) workspace, as
+// hidden_weight_grads says (NULL for dense steps).
 template <typename Dtype>
 static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
                                  const void* inputs, const void* weights, const void* bias,
@@ -256,7 +258,7 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
                                   const void* grad_outputs, const void* grad_cells,
                                   const void* grad_final_h, const void* grad_final_cell,
                                   void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
-                                  void* d_h0, void* d_c0, void* staging,
+                                  void* d_h0, void* d_c0, void* staging, void* previous,
                                   const void* options_address, cudaStream_t stream) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
@@ -273,7 +275,7 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
                               address(grad_final_cell), address(d_gates), address(d_inputs),
                               address(d_weights), address(d_bias), address(d_h0), address(d_c0),
                               row_strides[0], row_strides[1], row_strides[2], row_strides[3],
-                              address(staging)},
+                              address(staging), address(previous)},
                              walk.batch_sizes,
                              walk.batch_sizes ? walk.steps : 0};
   // Past one step d_h0 and d_c0 carry the gradients between steps.
@@ -289,7 +291,7 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
     return sequence_backward_steps<Dtype>(cublas, on, options, input_features, as<Dtype>(inputs),
                                           as<Dtype>(h0), as<Dtype>(outputs), recurrence,
                                           as<Dtype>(d_inputs), as<Dtype>(d_weights),
-                                          as<Dtype>(d_bias));
+                                          as<Dtype>(d_bias), as<Dtype>(previous));
   });
 }
 // The passes, in the argument order of their declarations in sequence.py,
@@ -305,4 +307,4 @@ LLTM_CUDA_PASS_WITH_HALF(packed_backward, launch_packed_backward, args->sizes, a
                          args->tensors[9], args->tensors[10], args->tensors[11],
                          args->tensors[12], args->tensors[13], args->tensors[14],
                          args->tensors[15], args->tensors[16], args->tensors[17],
-                         args->tensors[18], stream)
+                         args->tensors[18], args->tensors[19], stream)
