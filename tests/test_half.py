@@ -216,14 +216,14 @@ def test_every_gpu_path_is_as_accurate_as_torch(shape, setting, reverse, dtype, 
 @pytest.mark.parametrize("dtype", HALVES)
 def test_the_persistent_kernels_run_on_tensor_cores_from_8_0(dtype, cuda_device, generator,
                                                              monkeypatch):
-    """A 16-bit sequence past the cluster kernels' states runs the persistent
-    kernels both ways on compute capability 8.0 and newer, and never on an
-    older GPU (whose tensor cores lack the mma they take): the path the plan
-    gives (lltm_ffi.recurrence_path)."""
+    """A 16-bit sequence past the cluster kernels' states (768 for a 16-bit
+    forward) runs the persistent kernels both ways on compute capability 8.0
+    and newer, and never on an older GPU (whose tensor cores lack the mma
+    they take): the path the plan gives (lltm_ffi.recurrence_path)."""
     monkeypatch.delenv("LLTM_PATH", raising=False)
     arguments = [torch.randn(6, 16, 8, generator=generator).to(cuda_device, dtype),
                  *(argument.to(cuda_device, dtype) for argument in
-                   selfcheck.random_inputs(16, 8, 300, torch.float32, "cpu", generator)[1:])]
+                   selfcheck.random_inputs(16, 8, 800, torch.float32, "cpu", generator)[1:])]
     ran = {way for way in ("forward", "backward")
            if lltm_ffi.recurrence_path(*arguments, backward=way == "backward") == "persistent"}
     expected = {"forward", "backward"} if compiled_capability(cuda_device) >= (8, 0) else set()
