@@ -74,7 +74,7 @@
 static const int kMmaClusterBlocks = 16;
 static const int kMmaSplits = 2;
 // Steps whose inputs a lane reads ahead.
-static const int kMmaPrefetch = 2;
+[[maybe_unused]] static const int kMmaPrefetch = 2;
 
 // The layout of G groups: a warp's depth tiles, the state a block's shared
 // buffers hold (every block's columns), in chunks of kMmaColumns columns of
@@ -294,8 +294,9 @@ __global__ void __launch_bounds__(ClusterMmaLayout<kGroups>::kThreads, 1)
         float pre[3];
 #pragma unroll
         for (int g = 0; g < 3; ++g) {
-          pre[g] = (split ? sums[g][2 + c] : sums[g][c]) + hand[(((1 - split) * 3 + g) * 2 + c) * 32] +
-                   bias_of[g][c] + to_math(ahead[j][g][c]);
+          pre[g] = (split ? sums[g][2 + c] : sums[g][c]) +
+                   hand[(((1 - split) * 3 + g) * 2 + c) * 32] + bias_of[g][c] +
+                   to_math(ahead[j][g][c]);
         }
         float new_h, new_cell;
         cell_forward_(pre[0], pre[1], pre[2], cell[c], &new_h, &new_cell);
