@@ -101,19 +101,23 @@ def test_agrees_with_the_reference_cell_on_each_sequence(case, device, generator
 
 # The GPU's paths for packed steps: cuBLAS's products, and with
 # LLTM_CUBLAS=0 the step-by-step kernels, on a small batch and on a batch of
-# 40 with lengths spread over 1 to 9 (past the kernels' tiles); sequences all
-# as long are dense steps, which the persistent kernels (the cluster kernels
-# on compute capability 9.0 and newer) take up to their batch x state,
-# cuBLAS's products past it.
+# 40 with lengths spread over 1 to 9 (past the kernels' tiles); a batch of 50
+# of every length from 1 to 50, whose steps each start a run of old states
+# of their own (the backward gathers them for the weights' gradient, 48
+# runs a launch); sequences all as long are dense steps, which the
+# persistent kernels (the cluster kernels on compute capability 9.0 and
+# newer) take up to their batch x state, cuBLAS's products past it.
 GPU_CASES = [(LENGTHS, 5, "1"), (LENGTHS, 5, "0"),
              ([9 - index % 9 for index in range(40)], 33, "1"),
-             ([9 - index % 9 for index in range(40)], 33, "0"), ([4, 4, 4], 5, "1"),
+             ([9 - index % 9 for index in range(40)], 33, "0"),
+             ([1 + index * 7 % 50 for index in range(50)], 9, "1"), ([4, 4, 4], 5, "1"),
              ([3] * 132, 130, "1")]
 
 
 @pytest.mark.parametrize("lengths, state_size, cublas", GPU_CASES,
                          ids=["cublas", "own_kernels", "batch_40_cublas", "batch_40_own_kernels",
-                              "dense_steps_persistent", "dense_steps_cublas"])
+                              "every_length_to_50", "dense_steps_persistent",
+                              "dense_steps_cublas"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 def test_every_gpu_path_agrees_with_the_reference_cell(lengths, state_size, cublas, dtype,
                                                        cuda_device, generator, monkeypatch):
