@@ -565,8 +565,6 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 1) lltm_sequence_backward_
 
 // The host side: the plan and the launch.
 
-// True (with the runtime's last error cleared) when a call failed: the plan
-// then gives no plan instead of failing the pass.
 // The kernel for a plan's chunks and rows, or NULL where it has none
 // (4 chunks of float would be a state past kClusterMaxState).
 template <typename Dtype, int kChunks>
