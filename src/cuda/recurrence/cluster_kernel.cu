@@ -75,6 +75,7 @@
 #include <limits.h>
 
 #include "lltm_cluster_ptx.cuh"
+#include "lltm_plan_queries.cuh"
 #include "lltm_recurrence.cuh"
 
 // The plan's thresholds. Measured on an H200 (lltm_sequence forward and

@@ -21,9 +21,6 @@
 #ifndef LLTM_RECURRENCE_CUH
 #define LLTM_RECURRENCE_CUH
 
-#include <array>
-#include <mutex>
-
 #include "caffe_cuda_macro.h"
 #include "lltm_cell.h"
 #include "lltm_op.h"
@@ -41,47 +38,6 @@ static inline int tile_blocks(int64_t rows, int64_t columns, int64_t tile = kTil
   const int64_t tiles = ((rows + tile - 1) / tile) * ((columns + tile - 1) / tile);
   return (int)(tiles < CAFFE_MAXIMUM_NUM_BLOCKS ? tiles : CAFFE_MAXIMUM_NUM_BLOCKS);
 }
-
-// False where a CUDA query succeeded; else true, its error cleared.
-static inline bool query_failed(cudaError_t status) {
-  if (status == cudaSuccess) return false;
-  (void)cudaGetLastError();
-  return true;
-}
-
-// The answers of a plan's CUDA queries (a kernel's attributes, its
-// occupancy), kept by their question: they never change for a device and
-// a layout, they cost the host microseconds a call, and a pass may be
-// planned while a CUDA graph is captured. ask(&answer) makes the queries
-// and returns false where one failed: that answer is not kept. The last
-// 64 questions are.
-template <typename Answer>
-class KeptAnswers {
- public:
-  typedef std::array<int64_t, 5> Question;
-
-  template <typename Ask>
-  Answer get(const Question& question, Ask ask) {
-    std::lock_guard<std::mutex> guard(lock_);
-    for (int i = 0; i < count_; ++i) {
-      if (questions_[i] == question) return answers_[i];
-    }
-    Answer answer;
-    if (!ask(&answer)) return answer;
-    questions_[next_] = question;
-    answers_[next_] = answer;
-    next_ = (next_ + 1) % kKept;
-    if (count_ < kKept) ++count_;
-    return answer;
-  }
-
- private:
-  static const int kKept = 64;
-  Question questions_[kKept];
-  Answer answers_[kKept];
-  int count_ = 0, next_ = 0;
-  std::mutex lock_;
-};
 
 // The 16-byte vector of an element type, and its elements: what a lane
 // reads of shared memory at once; eight elements' bits for the 16-bit types.

@@ -15,6 +15,7 @@
 #include <cooperative_groups.h>
 
 #include "lltm_persistent.cuh"
+#include "lltm_plan_queries.cuh"
 
 // Forward, the steps in the walk's order (reverse: last to first): the
 // lanes of a group compute the three gates of one (batch row, column)
