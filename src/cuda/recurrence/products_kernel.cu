@@ -128,7 +128,6 @@ int hidden_weight_grads(bool cublas, cudaStream_t stream, const lltm_walk& walk,
                         Dtype* d_weights) {
   const int64_t gates_size = 3 * state_size;
   if (walk.batch_sizes) {
-    if (!previous) return LLTM_ERROR_ARGUMENTS;
     const int code = gather_states<Dtype>(stream, walk, state_size, h0, outputs, previous);
     if (code != LLTM_SUCCESS) return code;
     return product<Dtype>(cublas, stream, gates_size, state_size, walk.rows, d_gates, gates_size,

@@ -282,6 +282,8 @@ static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
   if (walk.steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
   if (!cells || !gates) return LLTM_ERROR_ARGUMENTS;
+  // Packed steps' weights gradient gathers their old states there.
+  if (walk.batch_sizes && d_weights && !previous) return LLTM_ERROR_ARGUMENTS;
   const BackwardRecurrence<Dtype> recurrence = {
       walk, state_size, state_size + input_features, as<Dtype>(weights), as<Dtype>(grad_outputs),
       as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h), as<Dtype>(grad_final_cell),
