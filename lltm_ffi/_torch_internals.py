@@ -41,6 +41,11 @@ is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
 current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream)
 
+# Whether torch's own CUDA float32 products may use TF32: public as
+# torch.backends.cuda.matmul.allow_tf32, whose module's __getattr__ asks
+# this in Python (0.4 us of every sequence call, which reads it twice).
+cublas_allow_tf32 = torch._C._get_cublas_allow_tf32
+
 
 def plain_apply(function):
     """function.apply (a torch.autograd.Function's) without Function.apply's

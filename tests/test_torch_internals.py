@@ -44,6 +44,16 @@ def test_forward_ad_active_inside_a_dual_level():
     assert _torch_internals.forward_ad_active() is False
 
 
+def test_cublas_allow_tf32_follows_the_public_setting():
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for value in (True, False):
+            torch.backends.cuda.matmul.allow_tf32 = value
+            assert _torch_internals.cublas_allow_tf32() is value
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def test_is_legacy_batched_sees_batched_gradients():
     """autograd.grad(is_grads_batched=True) hands a backward gradients batched
     by the legacy vmap, which hold no memory C could read."""

@@ -43,6 +43,8 @@ def check_parameters(function, weights, biases, input_features, directions):
     state_size."""
     op.check_tensor(function, "weights[0]", weights[0])
     state_size = weights[0].shape[0] // 3 if weights[0].dim() else 0
+    if _parameters_fit(weights, biases, input_features, directions, state_size):
+        return state_size
     for index, (weight, bias) in enumerate(zip(weights, biases)):
         features = input_features if index < directions else directions * state_size
         op.check_tensor(function, f"weights[{index}]", weight)
@@ -55,6 +57,25 @@ def check_parameters(function, weights, biases, input_features, directions):
                                  f"expected ({3 * state_size},) or (1, {3 * state_size}) for "
                                  f"weights[{index}] of shape {tuple(weight.shape)}")
     return state_size
+
+
+def _parameters_fit(weights, biases, input_features, directions, state_size):
+    """check_parameters' valid case in one pass, naming nothing (the names
+    cost a small call more than the checks): True where every weight and
+    bias is a tensor of a dtype lltm_ffi takes and of its layer's shape."""
+    rows = 3 * state_size
+    for index, (weight, bias) in enumerate(zip(weights, biases)):
+        features = input_features if index < directions else directions * state_size
+        if not (_plain_parameter(weight) and weight.shape == (rows, state_size + features)
+                and (bias is None or (_plain_parameter(bias)
+                                      and bias.shape in ((rows,), (1, rows))))):
+            return False
+    return True
+
+
+def _plain_parameter(tensor):
+    return (isinstance(tensor, torch.Tensor) and tensor.layout is torch.strided
+            and not tensor.is_nested and tensor.dtype in op.DTYPES)
 
 
 def check_state(function, name, tensor, layers, batch, state_size):

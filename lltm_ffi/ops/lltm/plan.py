@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ... import _extension
+from ... import _extension, _torch_internals
 from ..._extension import ffi, lib
 
 # The table's names, in its order (LLTM_PATH takes them).
@@ -61,7 +61,7 @@ _SETTINGS = tuple(map(os.fsencode, ("LLTM_PATH", "LLTM_CUBLAS", "LLTM_CLUSTER", 
 def sequence_options(function):
     """The sequence passes' lltm_sequence_options for this call, from the
     environment and torch.backends.cuda.matmul.allow_tf32."""
-    settings = (*map(os.environ._data.get, _SETTINGS), torch.backends.cuda.matmul.allow_tf32)
+    settings = (*map(os.environ._data.get, _SETTINGS), _torch_internals.cublas_allow_tf32())
     options = _OPTIONS.get(settings)
     if options is None:
         _, cublas, clusters, amx, blas, pad, tf32 = settings
@@ -120,7 +120,11 @@ def sequence_state(dtype, device, backward, steps, batch_size, state_size, packe
     """The state size a sequence call of these sizes runs at (sequence_path's
     arguments; backward: whether a backward pass will follow the forward):
     state_size, or more where the plan pads the state with zero units to
-    rows of whole 16 bytes."""
+    rows of whole 16 bytes. A state already in whole 16 bytes, or
+    LLTM_PAD=0, runs as given, as C answers, without the question (about a
+    microsecond, a tenth of a small call's host time)."""
+    if options.pad == 0 or state_size % (16 // dtype.itemsize) == 0:
+        return state_size
     return _on_device(device, lambda index: lib.lltm_sequence_state(
         _extension._DTYPE_CODES[dtype], index, int(backward), steps, batch_size, state_size,
         int(packed), options))
