@@ -147,8 +147,13 @@ initcheck: SANITIZER_TESTS = -m gpu tests/test_agreement.py::test_fused_passes
 # racecheck aborts inside cuBLAS's bf16/fp16 Hopper kernels ("failed to
 # handle a hardware exception"), kernels it does not even check, which the
 # float16 and bfloat16 tests reach (torch's products and lltm_ffi's
-# cublasGemmEx alike): it runs the float32 and float64 ones.
-racecheck: SANITIZER_TESTS = -m "gpu and not huge and not slow" -k "not compile and not fault and not graph and not cpu_only and not autocast and not float16"
+# cublasGemmEx alike): it runs the float32 and float64 ones. The path
+# table's padded cases run every dtype in one test, on rows of whole 16
+# bytes, where cuBLAS takes those kernels: they are left out too (an
+# H200, 2026-11-30: torch's own bfloat16 linear and its backward at
+# 16x656x1968 aborted so, float32 passed; the persistent row's padded cases
+# under LLTM_CUBLAS=0 raced clean).
+racecheck: SANITIZER_TESTS = -m "gpu and not huge and not slow" -k "not compile and not fault and not graph and not cpu_only and not autocast and not float16 and not padded"
 # Only the lltm kernels are instrumented, so copies of what torch's kernels
 # wrote look uninitialised to initcheck's memcpy check: it checks kernels only.
 initcheck: SANITIZER_FLAGS += --check-api-memory-access no
