@@ -36,6 +36,20 @@ def test_lltm_pad_1_pads_to_whole_16_byte_rows_and_0_never(dtype, monkeypatch):
     assert _state(dtype, 37) == 37
 
 
+@pytest.mark.parametrize("setting", [None, "0", "1"])
+def test_python_answers_whole_rows_as_c_does(setting, monkeypatch):
+    """plan.sequence_state answers a state in whole 16-byte rows (or
+    LLTM_PAD=0) without asking C; C's own answer is the same."""
+    set_or_unset(monkeypatch, "LLTM_PAD", setting)
+    options = plan.sequence_options("test")
+    for dtype in PADDED_37:
+        for state_size in range(0, 18):
+            asked = plan.lib.lltm_sequence_state(plan._extension._DTYPE_CODES[dtype],
+                                                 plan.lib.LLTM_CPU, 0, 4, 3, state_size, 0,
+                                                 options)
+            assert _state(dtype, state_size) == asked, (dtype, state_size)
+
+
 @pytest.mark.parametrize("setting", [None, "", "2"])
 def test_the_plan_pads_no_state_on_the_cpu(setting, monkeypatch):
     set_or_unset(monkeypatch, "LLTM_PAD", setting)
