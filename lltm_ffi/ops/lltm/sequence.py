@@ -406,7 +406,7 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         if inputs.shape[0] == 0:
             return inputs.new_empty(0, h0.shape[1]), (h0, c0)
         options = plan.sequence_options("lltm_sequence") if plain else None
-        backward = _records_backward(*tensors)
+        backward = plain and _records_backward(*tensors)
         state_size = (_planned_state(inputs, h0, batch_sizes, options, backward) if plain
                       else h0.shape[1])
         if state_size != h0.shape[1]:
@@ -424,7 +424,7 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
         return new_h.unsqueeze(0), (new_h, new_cell)
     options = plan.sequence_options("lltm_sequence") if plain else None
-    backward = _records_backward(*tensors)
+    backward = plain and _records_backward(*tensors)
     state_size = _planned_state(inputs, h0, None, options, backward) if plain else h0.shape[1]
     if state_size != h0.shape[1]:
         return _on_padded_state(state_size, inputs, weights, bias, h0, c0, None, reverse)
