@@ -43,9 +43,10 @@ command_for() {
     # What a machine without a GPU builds (compute_75 PTX alone), on this GPU:
     # the plan must keep off the kernels that code leaves empty.
     nogpu)   echo "make clean && make CUDA_ARCH='-gencode arch=compute_75,code=compute_75' && python3 -m lltm_ffi && python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_paths.py tests/test_cluster.py tests/test_packed.py -k 'not 1000x' -x" ;;
-    # The whole group takes about 10 minutes on an H200: GPU_TESTS (pytest
-    # paths) runs part of it, so that two shorter runs can share it.
-    gpu-tests) echo "python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 -m 'gpu and not slow' ${GPU_TESTS:-}" ;;
+    # The whole group takes over 10 minutes on an H200: GPU_TESTS (pytest
+    # paths) runs part of it, so that two shorter runs can share it; the
+    # slowest 30 tests are listed, to see where the time goes.
+    gpu-tests) echo "python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 --durations=30 -m 'gpu and not slow' ${GPU_TESTS:-}" ;;
     diag)    echo "python3 -m lltm_ffi" ;;
     test)    echo "python3 test.py" ;;
     pytest)  echo "OUT=$OUT scripts/gpu_tests.sh" ;;
