@@ -189,6 +189,13 @@ def _dtype_list(dtypes, conjunction="and"):
     return last.join(names) if len(names) < 3 else ", ".join(names[:-1]) + last + names[-1]
 
 
+def takes_tensor(tensor):
+    """True where check_tensor (no dtype given) lets `tensor` pass: its
+    valid case alone, for a caller that names the argument only to refuse."""
+    return (isinstance(tensor, torch.Tensor) and tensor.dtype in DTYPES
+            and not tensor.is_nested and tensor.layout is torch.strided)
+
+
 def check_tensor(op, name, tensor, dtype=None):
     """TypeError naming `name` unless `tensor` is a dense tensor of a
     floating dtype lltm_ffi knows (or of `dtype`, where given: a dtype or a

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import lltm_ffi
+from lltm_ffi import op
 from builders import random_inputs
 from checkouts import assert_succeeded, run_python
 from conftest import ARGUMENT_NAMES, raises_with, replaced, skip_without_two_gpus
@@ -370,6 +371,22 @@ def test_sequence_refuses_shapes_that_do_not_fit_naming_the_argument(name, shape
         arguments[2] = None
     with raises_with(ValueError, "lltm_sequence: ", *fragments):
         lltm_ffi.lltm_sequence(*arguments, reverse=reverse)
+
+
+def test_takes_tensor_answers_as_check_tensor_refuses():
+    """op.takes_tensor, the valid case of op.check_tensor that lltm_layers
+    asks before naming anything, passes exactly what check_tensor does."""
+    dense = torch.ones(2, 3)
+    candidates = [dense, dense.double(), dense.bfloat16(), dense.half(), dense.long(),
+                  dense.to_sparse(), torch.nested.nested_tensor([dense, dense[:1]]),
+                  [[1.0, 2.0]], None, torch.nn.Parameter(dense)]
+    for candidate in candidates:
+        try:
+            op.check_tensor("f", "x", candidate)
+            refused = False
+        except TypeError:
+            refused = True
+        assert op.takes_tensor(candidate) is not refused, candidate
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])

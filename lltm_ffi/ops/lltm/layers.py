@@ -66,16 +66,11 @@ def _parameters_fit(weights, biases, input_features, directions, state_size):
     rows = 3 * state_size
     for index, (weight, bias) in enumerate(zip(weights, biases)):
         features = input_features if index < directions else directions * state_size
-        if not (_plain_parameter(weight) and weight.shape == (rows, state_size + features)
-                and (bias is None or (_plain_parameter(bias)
+        if not (op.takes_tensor(weight) and weight.shape == (rows, state_size + features)
+                and (bias is None or (op.takes_tensor(bias)
                                       and bias.shape in ((rows,), (1, rows))))):
             return False
     return True
-
-
-def _plain_parameter(tensor):
-    return (isinstance(tensor, torch.Tensor) and tensor.layout is torch.strided
-            and not tensor.is_nested and tensor.dtype in op.DTYPES)
 
 
 def check_state(function, name, tensor, layers, batch, state_size):
