@@ -126,6 +126,15 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`-n`), each worker gives torch, and so the CPU
+    passes, its share of the cores: workers that each start a team of every
+    core wait on each other's threads at every step of a CPU pass."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "cuda_device" in getattr(item, "fixturenames", ()):

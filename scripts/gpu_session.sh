@@ -46,7 +46,7 @@ command_for() {
     # The whole group takes over 10 minutes on an H200: GPU_TESTS (pytest
     # paths) runs part of it, so that two shorter runs can share it; the
     # slowest 30 tests are listed, to see where the time goes.
-    gpu-tests) echo "python3 -m pytest -q -rfEs -p no:cacheprovider -n 8 --durations=30 -m 'gpu and not slow' ${GPU_TESTS:-}" ;;
+    gpu-tests) echo "python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 --durations=30 -m 'gpu and not slow' ${GPU_TESTS:-}" ;;
     diag)    echo "python3 -m lltm_ffi" ;;
     test)    echo "python3 test.py" ;;
     pytest)  echo "OUT=$OUT scripts/gpu_tests.sh" ;;

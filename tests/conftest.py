@@ -26,7 +26,7 @@ if str(REPO_ROOT) not in sys.path:
 import lltm_ffi  # noqa: E402
 from lltm_ffi import reference, selfcheck  # noqa: E402
 from lltm_ffi.testing import (NO_GPU, SEED_VARIABLE, cuda_device, device, dtype,  # noqa: E402,F401
-                              generator, pytest_collection_modifyitems,
+                              generator, pytest_collection_modifyitems, pytest_configure,
                               pytest_runtest_makereport, seed, seed_for,
                               seeded_global_generators, skip_without_gpu,
                               skip_without_two_gpus)

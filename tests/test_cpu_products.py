@@ -329,6 +329,20 @@ def test_the_passes_run_on_torchs_threads(path, torch_threads, monkeypatch):
     assert seen == [1]
 
 
+@pytest.mark.parametrize("workers", [1, 3, 1000])
+def test_a_pytest_xdist_worker_takes_its_share_of_the_cores(workers, torch_threads, monkeypatch):
+    """lltm_ffi.testing's pytest_configure, under `pytest -n WORKERS`."""
+    from lltm_ffi import testing
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(workers))
+    testing.pytest_configure(None)
+    assert torch.get_num_threads() == max(1, cores // workers)
+    torch_threads(cores + 1)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT")
+    testing.pytest_configure(None)
+    assert torch.get_num_threads() == cores + 1
+
+
 def test_a_larger_team_takes_smaller_work(torch_threads, monkeypatch):
     """Two threads pay from 32,768 elements of a loop on; a team of n from
     2/n of that (lltm_team_size): a pass whose largest loop is 24,576
