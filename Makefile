@@ -188,4 +188,4 @@ valgrind: $(BUILD)/run_checks
 
 memcheck racecheck synccheck initcheck: deps all
 	PYTORCH_NO_CUDA_MEMORY_CACHING=1 $(COMPUTE_SANITIZER) --tool $@ $(SANITIZER_FLAGS) \
-	  $(PYTHON) -m pytest -q -x -rs $(SANITIZER_TESTS)
+	  $(PYTHON) -m pytest -q -x -rs $(PYTEST_ARGS) $(SANITIZER_TESTS)

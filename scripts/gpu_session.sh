@@ -43,9 +43,8 @@ command_for() {
     # What a machine without a GPU builds (compute_75 PTX alone), on this GPU:
     # the plan must keep off the kernels that code leaves empty.
     nogpu)   echo "make clean && make CUDA_ARCH='-gencode arch=compute_75,code=compute_75' && python3 -m lltm_ffi && python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_paths.py tests/test_cluster.py tests/test_packed.py -k 'not 1000x' -x" ;;
-    # The whole group takes over 10 minutes on an H200: GPU_TESTS (pytest
-    # paths) runs part of it, so that two shorter runs can share it; the
-    # slowest 30 tests are listed, to see where the time goes.
+    # GPU_TESTS (pytest paths) runs part of the group; the slowest 30 tests
+    # are listed, to see where the time goes.
     gpu-tests) echo "python3 -m pytest -q -rfEs -p no:cacheprovider -n 12 --durations=30 -m 'gpu and not slow' ${GPU_TESTS:-}" ;;
     diag)    echo "python3 -m lltm_ffi" ;;
     test)    echo "python3 test.py" ;;
@@ -64,7 +63,7 @@ command_for() {
     half)    echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --sequence -c \$p; done" ;;
     accuracy) echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --accuracy -c \$p; done" ;;
     wordlm)  echo "python3 benchmark.py --word-language-model -c" ;;
-    sanitizers) echo "make memcheck && make racecheck && make synccheck && make initcheck" ;;
+    sanitizers) echo "set -e; for tool in memcheck racecheck synccheck initcheck; do make \$tool PYTEST_ARGS='-n 8'; done" ;;
     demo)    echo "python3 -m examples.demo --plot $OUT/demo_loss.png" ;;
     dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider -m multi_gpu" ;;
     dist-demo) echo "$torchrun -m examples.demo --distributed --steps 150 --checkpoint $OUT/dist_demo.pt --plot $OUT/dist_demo_first.png && $torchrun -m examples.demo --distributed --steps 300 --checkpoint $OUT/dist_demo.pt --resume --plot $OUT/dist_demo_loss.png" ;;
