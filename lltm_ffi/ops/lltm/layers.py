@@ -43,34 +43,24 @@ def check_parameters(function, weights, biases, input_features, directions):
     state_size."""
     op.check_tensor(function, "weights[0]", weights[0])
     state_size = weights[0].shape[0] // 3 if weights[0].dim() else 0
-    if _parameters_fit(weights, biases, input_features, directions, state_size):
-        return state_size
-    for index, (weight, bias) in enumerate(zip(weights, biases)):
-        features = input_features if index < directions else directions * state_size
-        op.check_tensor(function, f"weights[{index}]", weight)
-        op.check_shape(function, f"weights[{index}]", weight,
-                       (3 * state_size, state_size + features))
-        if bias is not None:
-            op.check_tensor(function, f"biases[{index}]", bias)
-            if tuple(bias.shape) not in ((3 * state_size,), (1, 3 * state_size)):
-                raise ValueError(f"{function}: biases[{index}] has shape {tuple(bias.shape)}, "
-                                 f"expected ({3 * state_size},) or (1, {3 * state_size}) for "
-                                 f"weights[{index}] of shape {tuple(weight.shape)}")
-    return state_size
-
-
-def _parameters_fit(weights, biases, input_features, directions, state_size):
-    """check_parameters' valid case in one pass, naming nothing (the names
-    cost a small call more than the checks): True where every weight and
-    bias is a tensor of a dtype lltm_ffi takes and of its layer's shape."""
     rows = 3 * state_size
     for index, (weight, bias) in enumerate(zip(weights, biases)):
         features = input_features if index < directions else directions * state_size
-        if not (op.takes_tensor(weight) and weight.shape == (rows, state_size + features)
+        # The valid case without naming anything: the names cost a small
+        # call more than the checks.
+        if (op.takes_tensor(weight) and weight.shape == (rows, state_size + features)
                 and (bias is None or (op.takes_tensor(bias)
                                       and bias.shape in ((rows,), (1, rows))))):
-            return False
-    return True
+            continue
+        op.check_tensor(function, f"weights[{index}]", weight)
+        op.check_shape(function, f"weights[{index}]", weight, (rows, state_size + features))
+        if bias is not None:
+            op.check_tensor(function, f"biases[{index}]", bias)
+            if tuple(bias.shape) not in ((rows,), (1, rows)):
+                raise ValueError(f"{function}: biases[{index}] has shape {tuple(bias.shape)}, "
+                                 f"expected ({rows},) or (1, {rows}) for "
+                                 f"weights[{index}] of shape {tuple(weight.shape)}")
+    return state_size
 
 
 def check_state(function, name, tensor, layers, batch, state_size):
