@@ -5,13 +5,17 @@ off the 128-wide tiles.
 
 Each size's points are timed once: every implementation takes turns, run
 by run, a few runs (as many as fit in POINT_SECONDS, MIN_RUNS to MAX_RUNS)
-after WARMUP_CALLS untimed ones, by CUDA events on a GPU; the medians, per
-time step. lltm_sequence's paths are forced by the environment variables
-its passes read at each call, set around each call and restored after. The
-markdown table and a JSON of every figure are rewritten after each point,
-so that a run cut short keeps what it measured; the chart is drawn at the
-end. Each state off a multiple of 128 brings that multiple into the sweep,
-for its cliff ratio."""
+after WARMUP_CALLS untimed calls. A run is a burst of back-to-back calls,
+as many for each implementation (as many as the fastest one's last
+BURST_SECONDS, at most MAX_BURST), begun on an idle device and timed by
+CUDA events on a GPU: a loop's time per call, the host's work for a call
+overlapping the device's for the one before, as in training; the medians,
+per call and time step. lltm_sequence's paths are forced by the
+environment variables its passes read at each call (LLTM_PATH), set around
+each call and restored after. The markdown table and a JSON of every figure
+are rewritten after each point, so that a run cut short keeps what it
+measured; the chart is drawn at the end. Each state off a multiple of 128
+brings that multiple into the sweep, for its cliff ratio."""
 
 import contextlib
 import json
@@ -30,12 +34,15 @@ import lltm_ffi
 
 from . import harness, precision as precisions, sequence
 
-# lltm_sequence's variants: the environment each call runs in.
+# lltm_sequence's variants: the environment each call runs in. Each of the
+# plan's GPU rows forced (LLTM_PATH, src/plan.c), where it can take the call,
+# beside the plan's own choice, with and without its padding of the state.
 VARIANTS = {
     "default": {},
-    "LLTM_CLUSTER=0": {"LLTM_CLUSTER": "0"},
-    "LLTM_CUBLAS=0": {"LLTM_CUBLAS": "0"},
-    "LLTM_CLUSTER=0 LLTM_CUBLAS=0": {"LLTM_CLUSTER": "0", "LLTM_CUBLAS": "0"},
+    "cluster": {"LLTM_PATH": "cluster"},
+    "persistent": {"LLTM_PATH": "persistent"},
+    "cublas": {"LLTM_PATH": "cublas"},
+    "steps": {"LLTM_PATH": "steps"},
     "LLTM_PAD=0": {"LLTM_PAD": "0"},
 }
 # Only the GPU passes read them: on the CPU the default alone is timed.
@@ -66,15 +73,11 @@ WARMUP_CALLS = 2
 POINT_SECONDS = 0.25
 MIN_RUNS = 3
 MAX_RUNS = 20
-# An implementation whose last warm-up call took longer is not timed at that
+BURST_SECONDS = 0.002
+MAX_BURST = 16
+# An implementation whose warm-up call takes longer is not timed at that
 # point: at 1024 steps that is several times cuDNN's time at any size swept.
 SLOW_CALL_SECONDS = 1.0
-
-# A recurrence kernel's name says its direction and path (docs/ARCHITECTURE.md).
-KERNEL = re.compile(
-    r"lltm_sequence_(gates_)?(forward|backward)_(cluster_|persistent_)?(?:mma_)?kernel\b")
-PATH_NAMES = {"cluster_": "cluster", "persistent_": "persistent", "gates_": "cuBLAS", "": "steps"}
-
 
 @dataclass(frozen=True)
 class Shape:
@@ -97,6 +100,7 @@ class Point:
     precision: str
     mode: str
     runs: int = 0
+    calls: dict = field(default_factory=dict)  # the calls of each run's burst
     times: dict = field(default_factory=dict)
     paths: dict = field(default_factory=dict)
     failures: dict = field(default_factory=dict)
@@ -163,7 +167,7 @@ def cliff_ratios(points):
 
 @contextlib.contextmanager
 def environment(settings):
-    """LLTM_CLUSTER and LLTM_CUBLAS as `settings` has them (absent: unset),
+    """The variants' variables (LLTM_PATH, LLTM_PAD) as `settings` has them (absent: unset),
     restored after; settings None leaves the environment alone."""
     names = {name for variant in VARIANTS.values() for name in variant}
     saved = {name: os.environ.get(name) for name in names}
@@ -196,19 +200,27 @@ def step_function(model, inputs, precision, device, mode):
     return infer
 
 
-def recurrence_paths(function):
-    """{direction: path} of the recurrence kernels one call of `function`
-    launches, by torch.profiler."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
-        function()
-        torch.cuda.synchronize()
-    paths = {}
-    for event in profiler.events():
-        found = KERNEL.search(event.name)
-        if found and event.device_type == torch.autograd.DeviceType.CUDA:
-            kind = PATH_NAMES[found.group(1) or found.group(3) or ""]
-            paths.setdefault(found.group(2), set()).add(kind)
-    return {direction: "+".join(sorted(kinds)) for direction, kinds in paths.items()}
+def planned_paths(shape, precision, mode, device):
+    """paths(): {direction: path} that a call at this point takes in the
+    environment of the moment, by the plan's own answer for the first layer
+    (lltm_ffi.recurrence_path; the others take the same, features = state):
+    the forward and, for training, the backward."""
+    generator = torch.Generator().manual_seed(0)
+    state, dtype = shape.state, precision.compute
+
+    def tensor(*size):
+        return torch.randn(*size, generator=generator).to(device, dtype)
+    arguments = (tensor(shape.steps, shape.batch, state), tensor(3 * state, 2 * state),
+                 tensor(3 * state), tensor(shape.batch, state), tensor(shape.batch, state))
+
+    def paths():
+        if mode == "inference":
+            with torch.inference_mode():
+                return {"forward": lltm_ffi.recurrence_path(*arguments)}
+        trained = [argument.requires_grad_(True) for argument in arguments]
+        return {"forward": lltm_ffi.recurrence_path(*trained),
+                "backward": lltm_ffi.recurrence_path(*trained, backward=True)}
+    return paths
 
 
 def path_text(paths, mode):
@@ -217,20 +229,25 @@ def path_text(paths, mode):
     return forward if mode == "inference" or forward == backward else f"{forward}/{backward}"
 
 
-def measurer(device):
-    """measure(candidate): a call of it in its environment, returning a
-    function that gives its microseconds once the device is synchronised."""
-    def on_gpu(candidate):
+def measurer(device, calls):
+    """measure(candidate): a burst of calls[name] calls of it in its
+    environment, returning a function that gives the microseconds per call
+    once the device is synchronised."""
+    def on_gpu(name, candidate):
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         with environment(candidate.settings):
+            # Each burst starts on an idle device: otherwise the work queued
+            # before it would hide part of its host's time.
+            torch.cuda.synchronize()
             start.record()
-            candidate.function()
+            for _ in range(calls[name]):
+                candidate.function()
             end.record()
-        return lambda: start.elapsed_time(end) * 1e3
+        return lambda: start.elapsed_time(end) * 1e3 / calls[name]
 
-    def on_cpu(candidate):
+    def on_cpu(name, candidate):
         with environment(candidate.settings):
-            seconds = harness.wall_clock(candidate.function, lambda: None)[1]
+            seconds = harness.wall_clock(candidate.function, lambda: None, calls[name])[1]
         return lambda: harness.microseconds(seconds)
     return on_gpu if device.type == "cuda" else on_cpu
 
@@ -239,19 +256,27 @@ class TooSlow(Exception):
     pass
 
 
+# lltm_sequence's ValueError where the path LLTM_PATH forces cannot take a
+# call: its reason, without the call's sizes, is the same at every point.
+REFUSAL = re.compile(r"LLTM_PATH=\S+ cannot take .*?\): (.*); unset LLTM_PATH")
+
+
 def failure_text(error):
     """'kind: why' of an implementation left out of a point."""
     if isinstance(error, TooSlow):
         return f"too slow: {error}"
+    refusal = REFUSAL.search(str(error)) if isinstance(error, ValueError) else None
+    if refusal:
+        return f"refused: {refusal.group(1)}"
     kind = "out of memory" if isinstance(error, torch.cuda.OutOfMemoryError) else "failed"
     return f"{kind}: {type(error).__name__}: {str(error).splitlines()[0]}"
 
 
-def time_point(point, candidates, device, runs):
+def time_point(point, candidates, device, runs, paths_of=None):
     """Fills point: each candidate warmed up (a failure recorded, that one
-    left out), on a GPU each lltm variant's paths profiled (a forward alone
-    may take another path than a training step's), then the runs,
-    interleaved."""
+    left out), each lltm variant's paths by paths_of() in its environment
+    where given (a forward alone may take another path than a training
+    step's), then the runs, interleaved."""
     synchronize = harness.synchronizer(device)
     working, seconds, paths = {}, {}, {}
     for name, candidate in candidates.items():
@@ -259,11 +284,11 @@ def time_point(point, candidates, device, runs):
             with environment(candidate.settings):
                 for _ in range(WARMUP_CALLS):
                     seconds[name] = harness.wall_clock(candidate.function, synchronize)[1]
-                if seconds[name] > SLOW_CALL_SECONDS:
-                    raise TooSlow(f"{seconds[name]:.1f} s a call, past the sweep's "
-                                  f"{SLOW_CALL_SECONDS} s")
-                if device.type == "cuda" and name in VARIANTS:
-                    paths[name] = recurrence_paths(candidate.function)
+                    if seconds[name] > SLOW_CALL_SECONDS:
+                        raise TooSlow(f"{seconds[name]:.1f} s a call, past the sweep's "
+                                      f"{SLOW_CALL_SECONDS} s")
+                if paths_of and name in VARIANTS:
+                    paths[name] = paths_of()
         except Exception as error:  # an implementation that cannot run this point is skipped
             seconds.pop(name, None)
             point.failures[name] = failure_text(error)
@@ -271,9 +296,17 @@ def time_point(point, candidates, device, runs):
                 torch.cuda.empty_cache()
             continue
         working[name] = candidate
-    point.runs = runs or min(MAX_RUNS, max(MIN_RUNS, int(POINT_SECONDS / max(sum(seconds.values()),
-                                                                              1e-9))))
-    results = harness.interleaved(working, point.runs, measurer(device))
+    # One burst length for all: a burst's first call starts on an idle
+    # device, the rest overlap their host's work with the device's, so the
+    # time per call depends on the length. The last warm-up calls set it,
+    # and the first candidates' warm-up runs on a device still clocking up.
+    calls = max(1, min(MAX_BURST, int(BURST_SECONDS / max(min(seconds.values(), default=1), 1e-9))))
+    point.calls = {name: calls for name in working}
+    burst_seconds = calls * sum(seconds[name] for name in working)
+    point.runs = runs or min(MAX_RUNS, max(MIN_RUNS, int(POINT_SECONDS / max(burst_seconds, 1e-9))))
+    measure = measurer(device, point.calls)
+    results = harness.interleaved({name: (name, candidate) for name, candidate in working.items()},
+                                  point.runs, lambda pair: measure(*pair))
     synchronize()
     for name, measured in results.items():
         point.times[name] = statistics.median(elapsed() for elapsed in measured) / point.shape.steps
@@ -304,7 +337,8 @@ def run(args, device, dtype):
 def _run(args, device):
     torch.manual_seed(0)
     shapes = grid(args, device)
-    variants = (VARIANTS if device.type == "cuda"
+    cuda = device.type == "cuda"
+    variants = (VARIANTS if cuda
                 else {name: VARIANTS[name] for name in CPU_VARIANTS})
     output = args.output or Path("bench_out") / f"sweep_{device.type}.md"
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -323,7 +357,8 @@ def _run(args, device):
                                        models[name], inputs, precision, device, mode))
                                    for name in PEERS})
                 point = Point(shape, precision.name, mode)
-                time_point(point, candidates, device, args.runs)
+                time_point(point, candidates, device, args.runs,
+                           planned_paths(shape, precision, mode, device) if cuda else None)
                 points.append(point)
                 elapsed = time.perf_counter() - started
                 write(output, points, total, variants, device, elapsed)
@@ -414,17 +449,19 @@ def ratio_text(value):
 def describe(device):
     """The report's first paragraph: what each figure is."""
     cuda = device.type == "cuda"
-    timer = ("CUDA events around each call" if cuda
-             else "the wall clock around each call")
-    forced = ("; LLTM_CLUSTER=0: no thread-block clusters for the recurrence; LLTM_CUBLAS=0: "
-              "lltm_ffi's own kernels for every product; both" if cuda else "")
-    paths = (" Beside each lltm time, the path its recurrence took (by torch.profiler's kernel "
-             "names; training: forward/backward where they differ): cluster (the cluster "
-             "kernels), persistent (the persistent kernels), cuBLAS (the cuBLAS loop) or steps "
-             "(the step-by-step kernels)." if cuda else "")
+    timer = ("CUDA events around a burst of back-to-back calls, begun on an idle device"
+             if cuda else "the wall clock around a burst of back-to-back calls")
+    forced = ("; cluster, persistent, cublas, steps: that row of the plan forced "
+              "(LLTM_PATH), where it takes the call; LLTM_PAD=0: the state as given, never "
+              "padded" if cuda else "")
+    paths = (" Beside each lltm time, the path its recurrence takes, by the plan's answer "
+             "(lltm_ffi.recurrence_path; training: forward/backward where they differ): a row "
+             "of src/plan.c's table, cluster, persistent, cublas or steps." if cuda else "")
     return (
-        f"Microseconds per time step, the median of a few interleaved runs ({timer}, after "
-        f"{WARMUP_CALLS} untimed ones): lltm_sequence (LLTMSequence) on each path the "
+        f"Microseconds per time step, the median of a few interleaved runs ({timer}, as "
+        f"many for each as the fastest one's last {BURST_SECONDS * 1e3:g} ms, at most "
+        f"{MAX_BURST}; after "
+        f"{WARMUP_CALLS} untimed calls): lltm_sequence (LLTMSequence) on each path the "
         f"environment forces at each call (default: its own choice{forced}), beside "
         f"{'cuDNN' if cuda else 'PyTorch'}'s nn.GRU and nn.LSTM of the same size: features = "
         "state, T steps of B rows. training: the forward and the backward of the sum of every "

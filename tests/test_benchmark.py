@@ -472,15 +472,15 @@ def test_sweep_on_the_cpu_writes_its_table_json_and_chart(tmp_path, capsys):
 
 @pytest.mark.gpu
 def test_sweep_on_a_gpu_times_each_forced_path_and_names_it(tmp_path, capsys):
-    """Every lltm variant timed with the path its recurrence took, that path
-    one the variant's environment allows; nn.GRU and nn.LSTM beside them."""
+    """Every lltm variant timed with the path the plan gives its recurrence,
+    a forced one that path; nn.GRU and nn.LSTM beside them."""
     skip_without_gpu()
     output = tmp_path / "sweep.md"
     assert benchmark.main(["--sweep", "-c", "--states", "100", "--batches", "2", "--steps", "4",
                            "-r", "2", "-o", str(output)]) == 0
     report = capsys.readouterr().out
     assert f"| {' | '.join((*sweep.VARIANTS, *sweep.PEERS))} |" in report
-    path = r"(cluster|persistent|cuBLAS|steps)"
+    path = r"(cluster|persistent|cublas|steps)"
     cells = r" \| ".join([rf"[0-9.]+ {path}(?:/{path})?"] * len(sweep.VARIANTS))
     rows = re.findall(rf"^\| (4x2x\d+x\d+) \| 1 \| [^|]+ \| (training|inference) \| "
                       rf"{cells} \| [0-9.]+ \| [0-9.]+ \|", report, flags=re.MULTILINE)
@@ -489,10 +489,8 @@ def test_sweep_on_a_gpu_times_each_forced_path_and_names_it(tmp_path, capsys):
         for index, environment in enumerate(sweep.VARIANTS.values()):
             used = set(paths[2 * index:2 * index + 2]) - {""}
             assert len(used) == 1 or mode == "training", (shape, paths)
-            assert not (environment.get("LLTM_CLUSTER") == "0" and "cluster" in used), (
-                shape, mode, paths)
-            assert not (environment.get("LLTM_CUBLAS") == "0" and "cuBLAS" in used), (
-                shape, mode, paths)
+            forced = environment.get("LLTM_PATH")
+            assert forced is None or used == {forced}, (shape, mode, paths)
     points = json.loads(output.with_suffix(".json").read_text())["points"]
     assert all(set(point["paths"]) == set(sweep.VARIANTS) for point in points)
 
@@ -502,19 +500,36 @@ def sweep_point(state, times, steps=64, precision="float32"):
 
 
 def test_sweep_cliff_is_the_fastest_lltm_over_that_at_the_next_multiple_of_128():
-    points = [sweep_point(640, {"default": 30.0, "LLTM_CLUSTER=0": 20.0, "nn.GRU": 10.0}),
-              sweep_point(650, {"default": 50.0, "LLTM_CUBLAS=0": 45.0, "nn.LSTM": 50.0}),
-              sweep_point(768, {"default": 36.0, "LLTM_CLUSTER=0": 30.0}),
+    points = [sweep_point(640, {"default": 30.0, "persistent": 20.0, "nn.GRU": 10.0}),
+              sweep_point(650, {"default": 50.0, "steps": 45.0, "nn.LSTM": 50.0}),
+              sweep_point(768, {"default": 36.0, "persistent": 30.0}),
               # Its multiple is measured in another precision only, or not at all.
               sweep_point(700, {"default": 40.0}, precision="bfloat16 autocast"),
               sweep_point(1500, {"default": 90.0}),
               # Another series: 768 at 64 steps is not its multiple.
               sweep_point(650, {"default": 60.0}, steps=1024)]
     assert sweep.cliff_ratios(points) == {1: pytest.approx(45 / 30)}
-    assert [point.fastest()[0] for point in points[:3]] == ["LLTM_CLUSTER=0", "LLTM_CUBLAS=0",
-                                                            "LLTM_CLUSTER=0"]
+    assert [point.fastest()[0] for point in points[:3]] == ["persistent", "steps", "persistent"]
     assert points[0].over_peers() == pytest.approx(2.0)
     assert points[1].over_peers() == pytest.approx(0.9)
+
+
+def test_sweep_notes_a_forced_paths_refusals_once_by_their_reason():
+    def refusal(state):
+        return ValueError(f"lltm_sequence: LLTM_PATH=cluster cannot take dense steps (64 of 16 x "
+                          f"{state}, torch.float32, cuda:0, forward): the cluster kernels need a "
+                          "state of at most 256; unset LLTM_PATH to let the plan choose")
+    points = [sweep_point(state, {"default": 1.0}) for state in (300, 384)]
+    for point in points:
+        point.failures["cluster"] = sweep.failure_text(refusal(point.shape.state))
+    points[1].failures["steps"] = sweep.failure_text(RuntimeError("CUDA error: out of luck"))
+    assert sweep.failure_notes(points) == [
+        "- cluster refused at 2 points (64x16x300x300 float32 training, 64x16x384x384 float32 "
+        "training): the cluster kernels need a state of at most 256",
+        "- steps failed at 1 point (64x16x384x384 float32 training): RuntimeError: CUDA error: "
+        "out of luck"]
+    variants = {"default": {}, "cluster": {"LLTM_PATH": "cluster"}, "steps": {"LLTM_PATH": "steps"}}
+    assert sweep.row(points[1], variants, None)[4:7] == ["1.0", "refused", "failed"]
 
 
 def test_sweep_grid_adds_the_next_multiple_of_128_and_the_gpu_series():
