@@ -29,21 +29,19 @@
  *               state in shared memory, every block resident (the 16-bit
  *               types: compute capability 8.0 and newer):
  *               persistent_kernel.cu's kernels, one cooperative launch a
- *               pass. No measurement yet against the cuBLAS loop at the
- *               same sizes; where it runs, H200 sweep (BENCHMARKS.md),
- *               64x16x650x650 float32 training 30.1 us a step against
- *               nn.GRU's 47.7.
+ *               pass. H200 sweep (BENCHMARKS.md): faster than the cuBLAS
+ *               loop at 163 of the 171 points where both take the call,
+ *               the median 0.76 of its time.
  *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
- *               the plan passes packed steps of batch x state up to
- *               LLTM_PERSISTENT_ELEMENTS on to the row below:
+ *               the plan passes small packed float32 and float64 steps on
+ *               to the row below (LLTM_PACKED_STEPS_STATE):
  *               cublas_loop_kernel.cu, a cuBLAS product and a pointwise
  *               kernel a step each way. H200 sweep, 64x16x1536x1536
  *               float32 training: 83.9 us a step, against 732.6 with
  *               lltm_ffi's own kernels (LLTM_CUBLAS=0: step by step).
  *   steps       every pass: step_by_step_kernel.cu, one fused kernel (the
  *               tiled product and the cell) a step each way. Last: it takes
- *               what the others do not. Before the cuBLAS loop for small
- *               packed steps: no measurement yet.
+ *               what the others do not, and small packed float32 steps.
  *  sequence, CPU:
  *   cpu         every pass: src/cpu's recurrence (its products portable or
  *               on AMX, LLTM_AMX). The CPU's one path: nothing to measure.
@@ -59,9 +57,10 @@
  *               kernels' recurrence too (which stage rows off 16 bytes
  *               through a ring of padded copies either way). H200
  *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
- *               T=1024 B=16, bfloat16 autocast training, us a step: S=650
- *               8.3 padded, 9.3 as given (768: 8.5); S=1500, on the cublas
- *               row, 19.8 and 39.2 (1536: 19.0). The steps row is not
+ *               T=1024 B=16, bfloat16 autocast, us a step padded and as
+ *               given: S=650 training 9.4 and 9.5 (768: 9.3); S=1500, on
+ *               the cublas row, inference 8.8 and 18.2 (1536: 8.6), but
+ *               training 49.8 and 49.5 (1536: 20.1). The steps row is not
  *               padded (not measured so), nor a forward alone on the
  *               cluster row (measured: LLTM_PAD_STEPS's note below).
  *  cell (lltm), CUDA device:
@@ -127,6 +126,18 @@ static int sequence_path_on_device(int path) {
  * cluster row (T=1024 S=768 3.89 against 4.30). */
 #define LLTM_SAVED_CLUSTER_STATE 512
 
+/* Packed float32 and float64 steps of a state up to this (and batch x
+ * state up to LLTM_PERSISTENT_ELEMENTS) go from the cublas row to steps,
+ * whose one fused kernel a step measured faster there than a product and
+ * a pointwise kernel; past it, and in 16-bit types, the cuBLAS loop did.
+ * H200, T=64, lengths from 64 down to 16, isolated calls, us a step,
+ * steps against cublas: float32 B=16 training S=32 14.8/16.6, S=64
+ * 19.4/16.2, S=128 21.6/70.7, S=256 34.6/23.7, S=1024 119.2/39.2; B=64
+ * S=32 16.1/22.0, S=128 26.1/32.5, S=256 39.9/27.6; bfloat16 autocast
+ * B=16 S=32 19.2/18.3, S=256 39.2/19.2, S=1024 126.5/26.1; B=64 S=128
+ * 27.9/20.9. */
+#define LLTM_PACKED_STEPS_STATE 128
+
 /* 0 where path `path` (a GPU row of the sequence) takes the pass, with its
  * layout in *plan; else why not, an LLTM_ERROR_PATH code, or PASSED_ON
  * where `planned` (the plan asks: no path forced). */
@@ -155,7 +166,9 @@ static int row_takes(int path, int planned, int dtype, int pass, int64_t steps,
       return plan->persistent.blocks ? 0 : LLTM_ERROR_PATH_PERSISTENT_SIZES;
     case LLTM_PATH_CUBLAS:
       if (!cublas) return LLTM_ERROR_PATH_NO_CUBLAS;
-      return planned && packed && batch_size * state_size <= LLTM_PERSISTENT_ELEMENTS
+      return planned && packed && (dtype == LLTM_FLOAT32 || dtype == LLTM_FLOAT64) &&
+                     state_size <= LLTM_PACKED_STEPS_STATE &&
+                     batch_size * state_size <= LLTM_PERSISTENT_ELEMENTS
                  ? PASSED_ON
                  : 0;
     default:
