@@ -111,7 +111,7 @@ pip-check:
 #   make valgrind   the same driver, unsanitised, under valgrind, on the own
 #                   products alone
 #   make memcheck   the CUDA tests under compute-sanitizer (needs a GPU); also
-#   make racecheck, make synccheck and make initcheck
+#   make racecheck (and racecheck-tensor-cores), make synccheck and make initcheck
 # compute-sanitizer instruments the lltm kernels only (SANITIZER_KERNELS), not
 # torch's or cuBLAS's, and counts memory errors, not CUDA API errors; PyTorch's
 # caching allocator is off so that an access past a tensor is past its
@@ -153,12 +153,15 @@ initcheck: SANITIZER_TESTS = -m gpu tests/test_agreement.py::test_fused_passes
 # H200, 2026-11-30: torch's own bfloat16 linear and its backward at
 # 16x656x1968 aborted so, float32 passed; the persistent row's padded cases
 # under LLTM_CUBLAS=0 raced clean).
-racecheck: SANITIZER_TESTS = -m "gpu and not huge and not slow" -k "not compile and not fault and not graph and not cpu_only and not autocast and not float16 and not padded-forward and not padded-reverse"
+# The cluster row's tensor-core forward takes 16-bit types only, and its
+# table test reaches cuBLAS's 16-bit kernels: racecheck-tensor-cores runs
+# the kernel alone, with LLTM_CUBLAS=0 (scripts/race_tensor_cores.py).
+racecheck: SANITIZER_TESTS = -m "gpu and not huge and not slow" -k "not compile and not fault and not graph and not cpu_only and not autocast and not float16 and not padded-forward and not padded-reverse and not tensor_core"
 # Only the lltm kernels are instrumented, so copies of what torch's kernels
 # wrote look uninitialised to initcheck's memcpy check: it checks kernels only.
 initcheck: SANITIZER_FLAGS += --check-api-memory-access no
 
-.PHONY: asan valgrind memcheck racecheck synccheck initcheck
+.PHONY: asan valgrind memcheck racecheck racecheck-tensor-cores synccheck initcheck
 
 # An object a source, so that `make -j` compiles them at once (`make test` does).
 $(BUILD)/asan/%.o: %.c $(HEADERS) Makefile
@@ -189,3 +192,7 @@ valgrind: $(BUILD)/run_checks
 memcheck racecheck synccheck initcheck: deps all
 	PYTORCH_NO_CUDA_MEMORY_CACHING=1 $(COMPUTE_SANITIZER) --tool $@ $(SANITIZER_FLAGS) \
 	  $(PYTHON) -m pytest -q -x -rs $(PYTEST_ARGS) $(SANITIZER_TESTS)
+
+racecheck-tensor-cores: deps all
+	PYTHONPATH=$(CURDIR) PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+	  $(COMPUTE_SANITIZER) --tool racecheck $(SANITIZER_FLAGS) $(PYTHON) scripts/race_tensor_cores.py

@@ -63,7 +63,7 @@ command_for() {
     half)    echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --sequence -c \$p; done" ;;
     accuracy) echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --accuracy -c \$p; done" ;;
     wordlm)  echo "python3 benchmark.py --word-language-model -c" ;;
-    sanitizers) echo "set -e; for tool in memcheck racecheck synccheck initcheck; do make \$tool PYTEST_ARGS='-n 8'; done" ;;
+    sanitizers) echo "set -e; for tool in memcheck racecheck synccheck initcheck; do make \$tool PYTEST_ARGS='-n 8'; done; make racecheck-tensor-cores" ;;
     demo)    echo "python3 -m examples.demo --plot $OUT/demo_loss.png" ;;
     dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider -m multi_gpu" ;;
     dist-demo) echo "$torchrun -m examples.demo --distributed --steps 150 --checkpoint $OUT/dist_demo.pt --plot $OUT/dist_demo_first.png && $torchrun -m examples.demo --distributed --steps 300 --checkpoint $OUT/dist_demo.pt --resume --plot $OUT/dist_demo_loss.png" ;;

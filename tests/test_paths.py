@@ -8,6 +8,9 @@ forward's bits and allocates no cells. The GPU rows skip without a GPU;
 recurrence_path must name the path forced, and the refusals name the path
 and why."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -250,6 +253,16 @@ def test_the_cluster_rows_tensor_core_forward_agrees_with_the_float64_cpu_pass(
                                      ("c_n", c_n, got[2])):
             assert torch.equal(alone.cpu().double(), trained), (
                 f"{dtype} {name}: the forward alone differs from the training forward")
+
+
+def test_the_tensor_core_racecheck_runs_the_tables_shapes():
+    """make racecheck-tensor-cores (scripts/race_tensor_cores.py) races
+    the kernel at the shapes this table checks it at."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "race_tensor_cores.py"
+    spec = importlib.util.spec_from_file_location("race_tensor_cores", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.SHAPES == MMA_SHAPES
 
 
 @pytest.mark.gpu
