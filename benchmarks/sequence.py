@@ -266,6 +266,16 @@ def profile_kernels(train_step, steps):
     return kernels
 
 
+def lltm_training_step(shape, device, precision):
+    """A training step of an LLTMSequence of `shape`, warmed up, for kernel_row."""
+    steps, batch, features, state = shape
+    inputs = torch.randn(steps, batch, features, device=device, dtype=precision.dtype)
+    module = lltm_ffi.LLTMSequence(features, state, device=device, dtype=precision.dtype)
+    function = training_step(lambda: module(inputs)[0], precision, device)
+    harness.warm_up(function, 3)
+    return function
+
+
 def kernel_row(shape, function, step_microseconds):
     """The recurrence's path; the GPU time per time step of the kernels
     lltm_sequence runs for it (its own, named lltm_sequence..., and any
@@ -315,7 +325,7 @@ def shapes_of(device, precision):
 def _run(args, device, precision):
     synchronize = harness.synchronizer(device)
     cuda = device.type == "cuda"
-    rows, kernel_rows, medians, failures = [], [], {}, []
+    rows, medians, failures, lltm_medians = [], {}, [], []
     shapes = shapes_of(device, precision)
     for shape in shapes:
         state = shape[3]
@@ -326,9 +336,16 @@ def _run(args, device, precision):
         rows += shape_rows
         for name, median in shape_medians.items():
             medians.setdefault(name, []).append(median)
-        if cuda:
-            kernel_rows.append(kernel_row(shape, functions["lltm_sequence"],
-                                          shape_medians["lltm_sequence"]))
+        if "lltm_sequence" in shape_medians:
+            lltm_medians.append((shape, shape_medians["lltm_sequence"]))
+        del functions
+    full_cuda = cuda and precision.kind == "full"
+    forward = forward_rows(args, device, precision, synchronize, failures) if full_cuda else []
+    layered = layered_rows(args, device, precision, synchronize, failures)
+    # Profiled after every timed run: a profiling session leaves CUPTI
+    # attached, and the host's launches after it take longer.
+    kernel_rows = [kernel_row(shape, lltm_training_step(shape, device, precision), median)
+                   for shape, median in lltm_medians] if cuda else []
     owner = "cuDNN's" if cuda else "PyTorch's"
     setting = (f"{precision.describe()}; " if precision.kind != "full"
                else "TF32 allowed for cuBLAS and cuDNN; " if args.tf32
@@ -339,14 +356,12 @@ def _run(args, device, precision):
         f"runs).{FLOOR_NOTE if precision.kind == 'full' else ''}",
         harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
                                 "min us/step"], rows, text_columns=2)]
-    if cuda and precision.kind == "full":
+    if full_cuda:
         paragraphs += [
             f"{FORWARD_HEADING}: the same training step's forward and loss, no backward (the "
             "graph autograd records is dropped), timed as above:",
             harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
-                                    "min us/step"],
-                                   forward_rows(args, device, precision, synchronize, failures),
-                                   text_columns=2)]
+                                    "min us/step"], forward, text_columns=2)]
     if cuda:
         paragraphs += kernel_paragraphs(kernel_rows)
     suffix = precision.flag.removeprefix("--").replace(" ", "_")
@@ -373,9 +388,7 @@ def _run(args, device, precision):
         "PackedSequence; the loss the sum of every output, microseconds per time step (of T) "
         "as above.",
         harness.markdown_table(["T x B x F x S", "implementation", "median us/step",
-                                "min us/step"],
-                               layered_rows(args, device, precision, synchronize, failures),
-                               text_columns=2)]
+                                "min us/step"], layered, text_columns=2)]
     text = harness.report(
         f"LLTM over a sequence against {owner} LSTM and GRU: forward and backward of the sum "
         "of every step's output", device, precision.name, *paragraphs, notes=failures)
