@@ -17,12 +17,12 @@
  *               kernels, cluster_mma_kernel.cu's tensor-core forward past
  *               256 (past 512 a forward that keeps its gates and cells
  *               goes on to the persistent row where that takes it:
- *               LLTM_SAVED_CLUSTER_STATE), one launch a pass. H200,
- *               float32, F=32, us a step forward and backward: T=64 B=16
- *               S=128 6.8 against 12.9 on the paths below, T=1024 B=16
- *               S=128 1.8 against 9.1 (cluster_kernel.cu); bfloat16,
- *               T=1024 B=16 S=512, the forward alone: 2.0 against the
- *               persistent kernels' 4.2, S=768 3.5 against 4.0
+ *               LLTM_SAVED_CLUSTER_STATE), one launch a pass. H200
+ *               sweep (BENCHMARKS.md), us a step against the persistent
+ *               row: float32 training T=64 B=16 S=128 18.4 against 19.8,
+ *               T=1024 B=16 S=128 3.0 against 9.6 (cluster_kernel.cu);
+ *               bfloat16 autocast, T=1024 B=16, the forward alone: S=512
+ *               2.7 against 4.4, S=768 4.4 against 4.7
  *               (cluster_mma_kernel.cu).
  *   persistent  dense steps, at least 2 of them, batch x state at most
  *               LLTM_PERSISTENT_ELEMENTS, a block's weights and the batch's
@@ -37,8 +37,8 @@
  *               to the row below (LLTM_PACKED_STEPS_STATE):
  *               cublas_loop_kernel.cu, a cuBLAS product and a pointwise
  *               kernel a step each way. H200 sweep, 64x16x1536x1536
- *               float32 training: 83.9 us a step, against 732.6 with
- *               lltm_ffi's own kernels (LLTM_CUBLAS=0: step by step).
+ *               float32 training: 92.3 us a step, against 192.0 on the
+ *               step kernels; bfloat16 autocast 34.2 against 195.9.
  *   steps       every pass: step_by_step_kernel.cu, one fused kernel (the
  *               tiled product and the cell) a step each way. Last: it takes
  *               what the others do not, and small packed float32 steps.
