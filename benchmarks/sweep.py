@@ -100,7 +100,7 @@ class Point:
     precision: str
     mode: str
     runs: int = 0
-    calls: dict = field(default_factory=dict)  # the calls of each run's burst
+    calls: int = 0  # the calls of each run's burst, for every implementation
     times: dict = field(default_factory=dict)
     paths: dict = field(default_factory=dict)
     failures: dict = field(default_factory=dict)
@@ -230,24 +230,24 @@ def path_text(paths, mode):
 
 
 def measurer(device, calls):
-    """measure(candidate): a burst of calls[name] calls of it in its
+    """measure(candidate): a burst of `calls` calls of it in its
     environment, returning a function that gives the microseconds per call
     once the device is synchronised."""
-    def on_gpu(name, candidate):
+    def on_gpu(candidate):
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         with environment(candidate.settings):
             # Each burst starts on an idle device: otherwise the work queued
             # before it would hide part of its host's time.
             torch.cuda.synchronize()
             start.record()
-            for _ in range(calls[name]):
+            for _ in range(calls):
                 candidate.function()
             end.record()
-        return lambda: start.elapsed_time(end) * 1e3 / calls[name]
+        return lambda: start.elapsed_time(end) * 1e3 / calls
 
-    def on_cpu(name, candidate):
+    def on_cpu(candidate):
         with environment(candidate.settings):
-            seconds = harness.wall_clock(candidate.function, lambda: None, calls[name])[1]
+            seconds = harness.wall_clock(candidate.function, lambda: None, calls)[1]
         return lambda: harness.microseconds(seconds)
     return on_gpu if device.type == "cuda" else on_cpu
 
@@ -296,17 +296,16 @@ def time_point(point, candidates, device, runs, paths_of=None):
                 torch.cuda.empty_cache()
             continue
         working[name] = candidate
-    # One burst length for all: a burst's first call starts on an idle
-    # device, the rest overlap their host's work with the device's, so the
-    # time per call depends on the length. The last warm-up calls set it,
-    # and the first candidates' warm-up runs on a device still clocking up.
-    calls = max(1, min(MAX_BURST, int(BURST_SECONDS / max(min(seconds.values(), default=1), 1e-9))))
-    point.calls = {name: calls for name in working}
-    burst_seconds = calls * sum(seconds[name] for name in working)
+    # One burst length for every implementation, from the fastest one's
+    # last warm-up call: a burst's time per call falls as it lengthens (its
+    # first call starts on an idle device, the others overlap the host's
+    # work with the device's), so a length of each one's own would favour
+    # the ones given longer bursts.
+    fastest = max(min(seconds.values(), default=1.0), 1e-9)
+    point.calls = max(1, min(MAX_BURST, int(BURST_SECONDS / fastest)))
+    burst_seconds = point.calls * sum(seconds[name] for name in working)
     point.runs = runs or min(MAX_RUNS, max(MIN_RUNS, int(POINT_SECONDS / max(burst_seconds, 1e-9))))
-    measure = measurer(device, point.calls)
-    results = harness.interleaved({name: (name, candidate) for name, candidate in working.items()},
-                                  point.runs, lambda pair: measure(*pair))
+    results = harness.interleaved(working, point.runs, measurer(device, point.calls))
     synchronize()
     for name, measured in results.items():
         point.times[name] = statistics.median(elapsed() for elapsed in measured) / point.shape.steps
