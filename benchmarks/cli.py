@@ -45,7 +45,7 @@ MODES = {
 # The modes that time the CPU alone, whatever -c says.
 CPU_ONLY = {"cpu-sweep": "--cpu-sweep times the CPU passes: run it without -c/--cuda"}
 # The options that pick --sweep's grid.
-SWEEP_OPTIONS = ("states", "batches", "steps", "layers")
+SWEEP_OPTIONS = ("states", "batches", "steps", "layers", "packed")
 
 
 def chosen(args, name):
@@ -104,9 +104,14 @@ def build_parser():
                             help=f"--sweep: the {what} (default {','.join(map(str, gpu))} with -c, "
                                  f"{','.join(map(str, cpu))} on the CPU)")
     parser.add_argument("--layers", type=positive_int,
-                        help="--sweep: stacked layers (default 1); without --steps, --batches and "
-                             "--layers, -c adds 1024 steps of batch 16 and word_language_model's "
-                             "two-layer shapes")
+                        help="--sweep: stacked layers (default 1); without --steps, --batches, "
+                             "--layers and --packed, -c adds 1024 steps of batch 16, "
+                             "word_language_model's two-layer shapes and packed batches")
+    parser.add_argument("--packed", action="store_const", const=True,
+                        help="--sweep: each batch packed (a PackedSequence of lengths from the "
+                             "steps down to a quarter of them); -c's default grid adds packed "
+                             f"batches of 16 and 64 at 64 steps, states "
+                             f"{','.join(map(str, sweep.PACKED_STATES))}")
     parser.add_argument("--timed-batches", type=positive_int,
                         help="--word-language-model: timed batches of each model, after "
                              f"{word_language_model.WARMUP_BATCHES} untimed ones (default "

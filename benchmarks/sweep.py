@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 import lltm_ffi
 
@@ -59,13 +60,17 @@ GPU_STEPS = (64,)
 CPU_STATES = (32, 100)
 CPU_BATCHES = (1, 8)
 CPU_STEPS = (16,)
-# Series the GPU's default grid adds, (steps, batch, layers) with the states
-# they take (None: every state of the sweep): long sequences, and
+# Series the GPU's default grid adds, (steps, batch, layers, packed) with
+# the states they take (None: every state of the sweep): long sequences,
 # pytorch/examples' word_language_model (35 steps of 20 rows, two layers,
-# its small and medium sizes).
-GPU_EXTRA_SERIES = (((1024, 16, 1), None), ((35, 20, 2), (200, 650)))
+# its small and medium sizes), and packed batches of 16 and 64 sequences
+# (lengths from the steps down to a quarter of them), which the plan gives
+# the cuBLAS loop or, small, the step kernels.
+PACKED_STATES = (100, 200, 256, 512, 1024)
+GPU_EXTRA_SERIES = (((1024, 16, 1, False), None), ((35, 20, 2, False), (200, 650)),
+                    ((64, 16, 1, True), PACKED_STATES), ((64, 64, 1, True), PACKED_STATES))
 # The series the chart draws, where the sweep has it.
-CHART_SERIES = (64, 16, 1)
+CHART_SERIES = (64, 16, 1, False)
 
 # A pass through cuBLAS is recorded as a CUDA graph on its second call and
 # replayed from the third, the first timed.
@@ -81,14 +86,22 @@ SLOW_CALL_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class Shape:
-    """`steps` of `batch` rows, features = state, `layers` stacked."""
+    """`steps` of `batch` rows, features = state, `layers` stacked; packed:
+    the batch's sequences of lengths from `steps` down to a quarter of it,
+    as a PackedSequence."""
     steps: int
     batch: int
     layers: int
     state: int
+    packed: bool = False
 
     def __str__(self):
-        return f"{self.steps}x{self.batch}x{self.state}x{self.state}"
+        packed = " packed" if self.packed else ""
+        return f"{self.steps}x{self.batch}x{self.state}x{self.state}{packed}"
+
+    def lengths(self):
+        """The packed sequences' lengths, longest first."""
+        return torch.linspace(self.steps, max(1, self.steps // 4), self.batch).long()
 
 
 @dataclass
@@ -111,7 +124,8 @@ class Point:
 
     @property
     def series(self):
-        return self.shape.steps, self.shape.batch, self.shape.layers, self.precision, self.mode
+        shape = self.shape
+        return shape.steps, shape.batch, shape.layers, shape.packed, self.precision, self.mode
 
     def fastest(self):
         """(variant, us) of the fastest lltm variant; (None, nan) if none ran."""
@@ -133,21 +147,22 @@ def next_tile(state):
 
 def grid(args, device):
     """The shapes to time, series by series, states ascending: the product of
-    --steps, --batches and --states at --layers layers (each the device's
-    default where not given; the GPU's default grid adds GPU_EXTRA_SERIES),
-    each state off a multiple of 128 with that multiple."""
+    --steps, --batches and --states at --layers layers, packed with
+    --packed (each the device's default where not given; the GPU's default
+    grid adds GPU_EXTRA_SERIES), each state off a multiple of 128 with that
+    multiple."""
     cuda = device.type == "cuda"
     states = args.states or (GPU_STATES if cuda else CPU_STATES)
-    series = {(steps, batch, args.layers or 1): states
+    series = {(steps, batch, args.layers or 1, bool(args.packed)): states
               for steps in args.steps or (GPU_STEPS if cuda else CPU_STEPS)
               for batch in args.batches or (GPU_BATCHES if cuda else CPU_BATCHES)}
-    if cuda and not (args.steps or args.batches or args.layers):
+    if cuda and not (args.steps or args.batches or args.layers or args.packed):
         for key, chosen in GPU_EXTRA_SERIES:
             taken = [state for state in states if chosen is None or state in chosen]
             if taken:
                 series.setdefault(key, taken)
-    return [Shape(steps, batch, layers, state)
-            for (steps, batch, layers), chosen in series.items()
+    return [Shape(steps, batch, layers, state, packed)
+            for (steps, batch, layers, packed), chosen in series.items()
             for state in sorted(set(chosen) | {next_tile(state) for state in chosen})]
 
 
@@ -191,8 +206,11 @@ Candidate = namedtuple("Candidate", "settings function")
 def step_function(model, inputs, precision, device, mode):
     """One call of `model` on `inputs`: a training step (sequence.training_step)
     or a forward under torch.inference_mode()."""
+    def outputs():
+        output = model(inputs)[0]
+        return output.data if isinstance(output, PackedSequence) else output
     if mode == "training":
-        return sequence.training_step(lambda: model(inputs)[0], precision, device)
+        return sequence.training_step(outputs, precision, device)
 
     def infer():
         with torch.inference_mode(), precision.forward(device):
@@ -210,16 +228,20 @@ def planned_paths(shape, precision, mode, device):
 
     def tensor(*size):
         return torch.randn(*size, generator=generator).to(device, dtype)
-    arguments = (tensor(shape.steps, shape.batch, state), tensor(3 * state, 2 * state),
-                 tensor(3 * state), tensor(shape.batch, state), tensor(shape.batch, state))
+    inputs, *parameters = (tensor(shape.steps, shape.batch, state), tensor(3 * state, 2 * state),
+                           tensor(3 * state), tensor(shape.batch, state),
+                           tensor(shape.batch, state))
 
     def paths():
-        if mode == "inference":
-            with torch.inference_mode():
-                return {"forward": lltm_ffi.recurrence_path(*arguments)}
-        trained = [argument.requires_grad_(True) for argument in arguments]
-        return {"forward": lltm_ffi.recurrence_path(*trained),
-                "backward": lltm_ffi.recurrence_path(*trained, backward=True)}
+        trained = mode == "training"
+        with torch.inference_mode(not trained):
+            arguments = [argument.requires_grad_(trained) for argument in (inputs, *parameters)]
+            if shape.packed:
+                arguments[0] = pack_padded_sequence(arguments[0], shape.lengths())
+            found = {"forward": lltm_ffi.recurrence_path(*arguments)}
+            if trained:
+                found["backward"] = lltm_ffi.recurrence_path(*arguments, backward=True)
+        return found
     return paths
 
 
@@ -319,7 +341,10 @@ def models_of(shape, device):
     models = {"lltm": lltm_ffi.LLTMSequence(shape.state, shape.state, **configuration),
               "nn.GRU": torch.nn.GRU(shape.state, shape.state, **configuration),
               "nn.LSTM": torch.nn.LSTM(shape.state, shape.state, **configuration)}
-    return models, torch.randn(shape.steps, shape.batch, shape.state, device=device)
+    inputs = torch.randn(shape.steps, shape.batch, shape.state, device=device)
+    if shape.packed:
+        inputs = pack_padded_sequence(inputs, shape.lengths())
+    return models, inputs
 
 
 def run(args, device, dtype):
@@ -475,9 +500,9 @@ def draw(path, points, variants, device):
     """Time per step against the state, one panel per precision and mode, at
     CHART_SERIES (or the sweep's first series without it); False without
     matplotlib."""
-    series = {point.series[:3] for point in points}
-    chosen = CHART_SERIES if CHART_SERIES in series else points[0].series[:3]
-    states = sorted({point.shape.state for point in points if point.series[:3] == chosen})
+    series = {point.series[:4] for point in points}
+    chosen = CHART_SERIES if CHART_SERIES in series else points[0].series[:4]
+    states = sorted({point.shape.state for point in points if point.series[:4] == chosen})
     panels = {}
     for precision in PRECISIONS:
         for mode in MODES:
@@ -490,8 +515,9 @@ def draw(path, points, variants, device):
             for peer in PEERS:
                 lines[peer] = [at[state].times.get(peer, math.nan) for state in states]
             panels[f"{precision.name}, {mode}"] = lines
-    steps, batch, layers = chosen
+    steps, batch, layers, packed = chosen
     return harness.write_bar_chart(
-        path, f"T={steps}, B={batch}, {layers} layer{'s' if layers > 1 else ''}, "
+        path, f"T={steps}, B={batch}{' packed' if packed else ''}, "
+              f"{layers} layer{'s' if layers > 1 else ''}, "
               f"{harness.device_description(device)}",
         [str(state) for state in states], panels, "state = features", "median us per time step")

@@ -534,18 +534,52 @@ def test_sweep_notes_a_forced_paths_refusals_once_by_their_reason():
 
 def test_sweep_grid_adds_the_next_multiple_of_128_and_the_gpu_series():
     def grid(device, **chosen):
-        options = {"states": None, "batches": None, "steps": None, "layers": None, **chosen}
-        return [(shape.steps, shape.batch, shape.layers, shape.state)
+        options = {"states": None, "batches": None, "steps": None, "layers": None,
+                   "packed": None, **chosen}
+        return [(shape.steps, shape.batch, shape.layers, shape.state, shape.packed)
                 for shape in sweep.grid(argparse.Namespace(**options), torch.device(device))]
 
     states = (100, 128, 650, 768)
     assert grid("cuda", states=(650, 100)) == [
-        (steps, batch, 1, state) for steps, batch in ((64, 1), (64, 16), (64, 64), (1024, 16))
-        for state in states] + [(35, 20, 2, 650), (35, 20, 2, 768)]
-    # A series or a layer count given: that grid alone.
-    assert grid("cuda", states=(300,), batches=(16,), layers=2) == [(64, 16, 2, 300),
-                                                                    (64, 16, 2, 384)]
-    assert grid("cpu") == [(16, batch, 1, state) for batch in (1, 8) for state in (32, 100, 128)]
+        (steps, batch, 1, state, False)
+        for steps, batch in ((64, 1), (64, 16), (64, 64), (1024, 16)) for state in states] + [
+        (35, 20, 2, 650, False), (35, 20, 2, 768, False)] + [
+        (64, batch, 1, state, True) for batch in (16, 64) for state in (100, 128)]
+    # A series, a layer count or packing given: that grid alone.
+    assert grid("cuda", states=(300,), batches=(16,), layers=2) == [(64, 16, 2, 300, False),
+                                                                    (64, 16, 2, 384, False)]
+    assert grid("cuda", states=(300,), packed=True) == [
+        (64, batch, 1, state, True) for batch in (1, 16, 64) for state in (300, 384)]
+    assert grid("cpu") == [(16, batch, 1, state, False) for batch in (1, 8)
+                           for state in (32, 100, 128)]
+
+
+def test_sweep_on_the_cpu_times_packed_batches(tmp_path, capsys):
+    """--packed: each batch a PackedSequence of lengths from the steps down
+    to a quarter of them, timed for lltm_sequence, nn.GRU and nn.LSTM alike."""
+    output = tmp_path / "sweep.md"
+    assert benchmark.main(["--sweep", "--packed", "--states", "32", "--batches", "3",
+                           "--steps", "8", "-r", "2", "-o", str(output)]) == 0
+    report = output.read_text()
+    assert report.strip() == capsys.readouterr().out.strip()
+    rows = re.findall(r"^\| (8x3x\d+x\d+ packed) \| 1 \| ", report, flags=re.MULTILINE)
+    assert rows == ["8x3x32x32 packed"] * 4 + ["8x3x128x128 packed"] * 4
+    points = json.loads(output.with_suffix(".json").read_text())["points"]
+    assert all(point["shape"]["packed"] and point["times"].get("default") for point in points)
+    assert sweep.Shape(8, 3, 1, 32, True).lengths().tolist() == [8, 5, 2]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_sweep_names_the_paths_the_plan_gives_each_mode(packed):
+    """planned_paths asks lltm_ffi.recurrence_path with the point's shape,
+    dtype and mode: the forward alone for inference, both passes for
+    training (on the CPU, its one path)."""
+    shape = sweep.Shape(6, 3, 1, 8, packed)
+    device = torch.device("cpu")
+    for precision in sweep.PRECISIONS:
+        assert sweep.planned_paths(shape, precision, "inference", device)() == {"forward": "cpu"}
+        assert sweep.planned_paths(shape, precision, "training", device)() == {
+            "forward": "cpu", "backward": "cpu"}
 
 
 def test_benchmarks_measure_through_public_names_only():
