@@ -155,7 +155,8 @@ initcheck: SANITIZER_TESTS = -m gpu tests/test_agreement.py::test_fused_passes
 # under LLTM_CUBLAS=0 raced clean).
 # The cluster row's tensor-core forward takes 16-bit types only, and its
 # table test reaches cuBLAS's 16-bit kernels: racecheck-tensor-cores runs
-# the kernel alone, with LLTM_CUBLAS=0 (scripts/race_tensor_cores.py).
+# the kernel alone, with LLTM_CUBLAS=0 (scripts/race_tensor_cores.py);
+# RACE_SHAPES="2 3" races those of its shapes only.
 racecheck: SANITIZER_TESTS = -m "gpu and not huge and not slow" -k "not compile and not fault and not graph and not cpu_only and not autocast and not float16 and not padded-forward and not padded-reverse and not tensor_core"
 # Only the lltm kernels are instrumented, so copies of what torch's kernels
 # wrote look uninitialised to initcheck's memcpy check: it checks kernels only.
@@ -195,4 +196,5 @@ memcheck racecheck synccheck initcheck: deps all
 
 racecheck-tensor-cores: deps all
 	PYTHONPATH=$(CURDIR) PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-	  $(COMPUTE_SANITIZER) --tool racecheck $(SANITIZER_FLAGS) $(PYTHON) scripts/race_tensor_cores.py
+	  $(COMPUTE_SANITIZER) --tool racecheck $(SANITIZER_FLAGS) $(PYTHON) scripts/race_tensor_cores.py \
+	  $(RACE_SHAPES)

@@ -4,7 +4,12 @@ bfloat16, both directions, a forward under torch.inference_mode with
 LLTM_CUBLAS=0, so that no cuBLAS kernel runs (compute-sanitizer's racecheck
 aborts inside cuBLAS's 16-bit Hopper kernels, which the table test's own
 products and the backward reach). The table test checks the results;
-this run asserts the path and prints each case it ran."""
+this run asserts the path and prints each case it ran.
+
+    python3 scripts/race_tensor_cores.py [INDEX ...]
+
+runs the shapes of those indices into SHAPES (all without any), so that
+a run under racecheck, minutes a shape, can be split."""
 
 import os
 import sys
@@ -18,12 +23,22 @@ SHAPES = [(2, 1, 3, 257), (6, 17, 5, 300), (100, 16, 7, 512), (5, 33, 4, 500),
           (3, 33, 6, 513), (7, 26, 9, 650), (60, 22, 11, 768)]
 
 
+def shapes_of(arguments):
+    """The SHAPES the command line's indices name, all of them without any."""
+    try:
+        return [SHAPES[int(index)] for index in arguments] or SHAPES
+    except (ValueError, IndexError):
+        sys.exit(f"race_tensor_cores: the arguments are indices from 0 to {len(SHAPES) - 1}, "
+                 f"got {' '.join(arguments)}")
+
+
 def main():
+    chosen = shapes_of(sys.argv[1:])
     if not torch.cuda.is_available():
         sys.exit("race_tensor_cores: needs a CUDA device")
     os.environ["LLTM_CUBLAS"] = "0"  # read at each call
     generator = torch.Generator().manual_seed(0)
-    for steps, batch, features, state in SHAPES:
+    for steps, batch, features, state in chosen:
         for dtype in (torch.float16, torch.bfloat16):
             for reverse in (False, True):
                 def tensor(*size, scale=1.0):

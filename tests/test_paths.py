@@ -263,6 +263,10 @@ def test_the_tensor_core_racecheck_runs_the_tables_shapes():
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.SHAPES == MMA_SHAPES
+    assert script.shapes_of([]) == MMA_SHAPES
+    assert script.shapes_of(["3", "0"]) == [MMA_SHAPES[3], MMA_SHAPES[0]]
+    with pytest.raises(SystemExit, match="indices from 0 to 6, got 7"):
+        script.shapes_of(["7"])
 
 
 @pytest.mark.gpu
