@@ -218,28 +218,22 @@ def step_function(model, inputs, precision, device, mode):
     return infer
 
 
-def planned_paths(shape, precision, mode, device):
-    """paths(): {direction: path} that a call at this point takes in the
-    environment of the moment, by the plan's own answer for the first layer
-    (lltm_ffi.recurrence_path; the others take the same, features = state):
-    the forward and, for training, the backward."""
-    generator = torch.Generator().manual_seed(0)
-    state, dtype = shape.state, precision.compute
-
-    def tensor(*size):
-        return torch.randn(*size, generator=generator).to(device, dtype)
-    inputs, *parameters = (tensor(shape.steps, shape.batch, state), tensor(3 * state, 2 * state),
-                           tensor(3 * state), tensor(shape.batch, state),
-                           tensor(shape.batch, state))
-
+def planned_paths(model, inputs, precision, mode):
+    """paths(): {direction: path} that a call of the LLTMSequence `model` on
+    `inputs` takes in the environment of the moment, by the plan's own answer
+    for its first layer (lltm_ffi.recurrence_path, on the layer's arguments
+    in the precision's compute dtype; the layers above take the same,
+    features = state): the forward and, for training, the backward."""
     def paths():
-        trained = mode == "training"
-        with torch.inference_mode(not trained):
-            arguments = [argument.requires_grad_(trained) for argument in (inputs, *parameters)]
-            if shape.packed:
-                arguments[0] = pack_padded_sequence(arguments[0], shape.lengths())
+        with torch.inference_mode(mode == "inference"):
+            dtype = precision.compute
+            packed = isinstance(inputs, PackedSequence)
+            batch = int(inputs.batch_sizes[0]) if packed else inputs.shape[1]
+            state = model.weights_l0.new_zeros(batch, model.state_size, dtype=dtype)
+            arguments = (inputs.to(dtype), model.weights_l0.to(dtype), model.bias_l0.to(dtype),
+                         state, state)
             found = {"forward": lltm_ffi.recurrence_path(*arguments)}
-            if trained:
+            if mode == "training":
                 found["backward"] = lltm_ffi.recurrence_path(*arguments, backward=True)
         return found
     return paths
@@ -382,7 +376,7 @@ def _run(args, device):
                                    for name in PEERS})
                 point = Point(shape, precision.name, mode)
                 time_point(point, candidates, device, args.runs,
-                           planned_paths(shape, precision, mode, device) if cuda else None)
+                           planned_paths(models["lltm"], inputs, precision, mode) if cuda else None)
                 points.append(point)
                 elapsed = time.perf_counter() - started
                 write(output, points, total, variants, device, elapsed)

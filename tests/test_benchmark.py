@@ -573,15 +573,14 @@ def test_sweep_on_the_cpu_times_packed_batches(tmp_path, capsys):
 
 @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 def test_sweep_names_the_paths_the_plan_gives_each_mode(packed):
-    """planned_paths asks lltm_ffi.recurrence_path with the point's shape,
-    dtype and mode: the forward alone for inference, both passes for
-    training (on the CPU, its one path)."""
-    shape = sweep.Shape(6, 3, 1, 8, packed)
-    device = torch.device("cpu")
+    """planned_paths asks lltm_ffi.recurrence_path about the point's own
+    module and inputs, in its compute dtype: the forward alone for
+    inference, both passes for training (on the CPU, its one path)."""
+    models, inputs = sweep.models_of(sweep.Shape(6, 3, 1, 8, packed), torch.device("cpu"))
     for precision in sweep.PRECISIONS:
-        assert sweep.planned_paths(shape, precision, "inference", device)() == {"forward": "cpu"}
-        assert sweep.planned_paths(shape, precision, "training", device)() == {
-            "forward": "cpu", "backward": "cpu"}
+        for mode, paths in (("inference", {"forward": "cpu"}),
+                            ("training", {"forward": "cpu", "backward": "cpu"})):
+            assert sweep.planned_paths(models["lltm"], inputs, precision, mode)() == paths
 
 
 def test_benchmarks_measure_through_public_names_only():
