@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import benchmark
+import lltm_ffi
 from benchmarks import (compare, cpu_sweep, distributed, harness, kernels, overhead, sequence,
                         sweep, word_language_model)
 from conftest import skip_without_gpu
@@ -516,20 +517,28 @@ def test_sweep_cliff_is_the_fastest_lltm_over_that_at_the_next_multiple_of_128()
     assert points[1].over_peers() == pytest.approx(0.9)
 
 
-def test_sweep_notes_a_forced_paths_refusals_once_by_their_reason():
+def test_sweep_notes_a_forced_paths_refusals_once_by_their_reason(monkeypatch):
+    """lltm_sequence's own refusal of a forced path (here the cluster row's
+    of a CPU call, whatever its sizes) reads "refused" with its reason,
+    noted once for every point; any other error, "failed"."""
+    monkeypatch.setenv("LLTM_PATH", "cluster")
+
     def refusal(state):
-        return ValueError(f"lltm_sequence: LLTM_PATH=cluster cannot take dense steps (64 of 16 x "
-                          f"{state}, torch.float32, cuda:0, forward): the cluster kernels need a "
-                          "state of at most 256; unset LLTM_PATH to let the plan choose")
+        inputs, h0 = torch.randn(3, 2, 4), torch.zeros(2, state)
+        with pytest.raises(ValueError, match="LLTM_PATH=cluster cannot take") as refused:
+            lltm_ffi.lltm_sequence(inputs, torch.randn(3 * state, state + 4),
+                                   torch.randn(3 * state), h0, h0)
+        return refused.value
     points = [sweep_point(state, {"default": 1.0}) for state in (300, 384)]
     for point in points:
         point.failures["cluster"] = sweep.failure_text(refusal(point.shape.state))
     points[1].failures["steps"] = sweep.failure_text(RuntimeError("CUDA error: out of luck"))
-    assert sweep.failure_notes(points) == [
-        "- cluster refused at 2 points (64x16x300x300 float32 training, 64x16x384x384 float32 "
-        "training): the cluster kernels need a state of at most 256",
-        "- steps failed at 1 point (64x16x384x384 float32 training): RuntimeError: CUDA error: "
-        "out of luck"]
+    cluster, steps = sweep.failure_notes(points)
+    assert cluster.startswith("- cluster refused at 2 points (64x16x300x300 float32 training, "
+                              "64x16x384x384 float32 training): it runs on another device (")
+    assert "unset LLTM_PATH" not in cluster
+    assert steps == ("- steps failed at 1 point (64x16x384x384 float32 training): RuntimeError: "
+                     "CUDA error: out of luck")
     variants = {"default": {}, "cluster": {"LLTM_PATH": "cluster"}, "steps": {"LLTM_PATH": "steps"}}
     assert sweep.row(points[1], variants, None)[4:7] == ["1.0", "refused", "failed"]
 
