@@ -12,12 +12,14 @@ import warnings
 
 import pytest
 import torch
+from torch.nn.utils.rnn import pack_sequence
 
 import lltm_ffi
 from builders import slow_stream_inputs
 from conftest import raises_with, shape_id
 from layers_reference import (assert_same_results, parameters_of, random_sequences, random_state,
                               reference_layers)
+from lltm_ffi.ops.lltm import layers
 from lltm_ffi.testing import assert_close_to_reference
 
 TOLERANCES = {torch.float32: 1e-4, torch.float64: 1e-10}
@@ -400,6 +402,52 @@ def test_both_directions_wait_for_the_callers_stream(state_size, cuda_device, ge
     for got, _ in calls:
         assert_close_to_reference([value.cpu() for value in got], expected, result_names(module),
                                   TOLERANCES[torch.float64])
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_the_reverse_directions_arguments_outlive_its_side_stream(packed, cuda_device, generator):
+    """Training steps of a two-layer bidirectional module under bfloat16
+    autocast, whose casts of the inputs and parameters are freed during the
+    backward, each followed by a step of a bfloat16 copy (which allocates
+    otherwise), with the side stream the reverse direction runs on held up
+    before each backward: every autocast step's gradients are the copy's,
+    bit for bit. So the memory the reverse direction's backward reads on
+    the side stream is not handed back to the caller's stream before that
+    backward is done with it. Both runs take the same deterministic paths
+    (cuBLAS's products, each with a workspace of its own, give the same
+    bits on every run), so any difference is a race."""
+    module = lltm_ffi.LLTMSequence(6, 9, num_layers=2, bidirectional=True).to(cuda_device)
+    converted = copy.deepcopy(module).to(torch.bfloat16)
+    lengths = [5, 2, 4] if packed else [4, 4, 4]
+    sequences = [torch.randn(length, 6, generator=generator).to(cuda_device)
+                 for length in lengths]
+    state = [torch.randn(4, 3, 9, generator=generator).to(cuda_device) for _ in range(2)]
+
+    def step(model, dtype):
+        inputs = [sequence.to(dtype) for sequence in sequences]
+        batch = (pack_sequence(inputs, enforce_sorted=False) if packed
+                 else torch.stack(inputs, dim=1))
+        output, (h_n, c_n) = model(batch, tuple(tensor.to(dtype) for tensor in state))
+        output = output.data if packed else output
+        loss = output.float().square().mean() + h_n.float().sum() + c_n.float().sin().sum()
+        # The side stream held up (some 10 ms), so that the caller's stream
+        # runs well ahead of the reverse direction's backward.
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)
+        loss.backward()
+        grads = {name: parameter.grad.float() for name, parameter in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        return grads
+
+    side = layers._side_stream(cuda_device)
+    for repeat in range(10):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            grads = step(module, torch.float32)
+        expected = step(converted, torch.bfloat16)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, expected[name], rtol=0, atol=0,
+                                       msg=lambda message, name=name, repeat=repeat:
+                                       f"{name}, step {repeat}: {message}")
 
 
 # Parameters' names, state_dicts ----------------------------------------------------

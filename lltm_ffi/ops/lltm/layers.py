@@ -75,11 +75,35 @@ def check_state(function, name, tensor, layers, batch, state_size):
                          f"num_directions, batch, state_size) = {expected}")
 
 
-def _on_this_stream(tensor):
-    """A view of `tensor`, where it requires grad, made on the current
-    stream: its node takes the gradient from a node of another stream and
-    hands it on from this one."""
-    return tensor.view_as(tensor) if tensor is not None and tensor.requires_grad else tensor
+class _HandOver(torch.autograd.Function):
+    """Views of the reverse direction's arguments, made on the caller's
+    stream (see _directions). Its node holds the arguments themselves
+    until its backward, which runs on the caller's stream once that stream
+    has waited for the reverse direction's backward on the side stream: so
+    memory the side stream reads there (the casts under autocast, a lower
+    layer's outputs) is freed to the caller's stream only after that read."""
+
+    @staticmethod
+    def forward(ctx, *tensors):
+        ctx.arguments = tensors
+        views = tuple(tensor.view_as(tensor) for tensor in tensors)
+        ctx.mark_non_differentiable(*(view for view, needed in zip(views, ctx.needs_input_grad)
+                                      if not needed))
+        return views
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.arguments = None
+        return grads
+
+
+def _hand_over(tensors):
+    """tensors (None kept) through _HandOver where one requires grad."""
+    present = [tensor for tensor in tensors if tensor is not None]
+    if not any(tensor.requires_grad for tensor in present):
+        return list(tensors)
+    views = iter(_HandOver.apply(*present))
+    return [None if tensor is None else next(views) for tensor in tensors]
 
 
 def _directions(inputs, weights, biases, h0, c0, batch_sizes):
@@ -101,15 +125,14 @@ def _directions(inputs, weights, biases, h0, c0, batch_sizes):
     current = torch.cuda.current_stream(inputs.device)
     side = _side_stream(inputs.device)
     # The reverse direction's backward runs on the side stream. It takes its
-    # arguments as views made here, before the forward direction's node, so
-    # that its gradients reach the parameters (and inputs) through nodes of
+    # arguments handed over here, before the forward direction's node, so
+    # that its gradients reach the parameters (and inputs) through a node of
     # the current stream: their AccumulateGrad nodes, made on this stream,
     # then get gradients from a node of their own stream (torch warns of a
-    # mismatch otherwise); and, made first, these hand-overs run last
+    # mismatch otherwise); and, made first, the hand-over runs last
     # (autograd runs the latest-made of the ready nodes first), once the
     # forward direction's backward is queued, so the two still overlap.
-    handed_over = [_on_this_stream(tensor) for tensor in (inputs, weights[1], biases[1], h0[1],
-                                                          c0[1])]
+    handed_over = _hand_over((inputs, weights[1], biases[1], h0[1], c0[1]))
     side.wait_stream(current)
     forward = run(0)
     with torch.cuda.stream(side):
