@@ -39,8 +39,9 @@ int lltm_cublas_usable(int dtype);
  * float32 or (tf32 != 0) TF32 products (16-bit products use tensor cores
  * either way), and returns its code. Launching a pass's dozens of kernels
  * costs the host more than the GPU spends at middling sizes, so a pass whose
- * key comes again is recorded as a CUDA graph (on a stream of its own) the
- * second time and replayed on `stream` from then on; a pass on a stream that
+ * key comes again on the same stream is recorded as a CUDA graph (on a
+ * stream of its own) the second time and replayed on that stream from then
+ * on (the 64 passes seen last are kept); a pass on a stream that
  * is capturing a graph already, or whose key identifies none, runs its
  * launches there. LLTM_ERROR_NO_CUBLAS, having run nothing, where cuBLAS
  * cannot be loaded or has no product for `dtype` (float16 and bfloat16 need

@@ -82,8 +82,8 @@ static int takes(int dtype) {
 /* A handle per device index, made under the lock and kept; so is each
  * device's stream for recording graphs. */
 #define LLTM_CUBLAS_MAX_DEVICES 64
-/* Each recorded graph's cuBLAS workspace: what cuBLAS advises for Hopper.
- * On an H100 a 4 MiB one left the 64x256x256x512 sequence 19% slower. */
+/* A stream's cuBLAS workspace: what cuBLAS advises for Hopper. On an H100
+ * a 4 MiB one left the 64x256x256x512 sequence 19% slower. */
 #define LLTM_CUBLAS_WORKSPACE ((size_t)32 << 20)
 static cublas_handle handles[LLTM_CUBLAS_MAX_DEVICES];
 static cudaStream_t recording_streams[LLTM_CUBLAS_MAX_DEVICES];
@@ -144,12 +144,13 @@ static int lru_find(void* table, int count, size_t size,
   return -1;
 }
 
-/* The workspaces of passes launched as they come, one a stream (of a
- * device), made on a stream's first such pass: the same size as a recorded
- * graph's, so that cuBLAS picks the same products' algorithms, and a pass
- * gives the same bits whether it runs as it comes or replays its graph.
- * Launches on one stream never overlap, so neither do its products'. The
- * least recently used is freed for a new stream. Under the lock. */
+/* The cuBLAS workspaces, one a stream (of a device), made on a stream's
+ * first pass: its passes' products use it whether they run as they come or
+ * replay a graph recorded for that stream, so cuBLAS picks the same
+ * algorithms and a pass gives the same bits either way. Launches on one
+ * stream never overlap, so neither do its products'. The least recently
+ * used is freed for a new stream; the graphs that use it are then never
+ * found again (their key holds it). Under the lock. */
 #define LLTM_STREAM_WORKSPACES 8
 typedef struct {
   lru_stamp stamp; /* first, for lru_find */
@@ -190,8 +191,9 @@ static void* stream_workspace(int device, cudaStream_t stream, int capturing) {
 }
 
 /* The current device's handle in `current`, made now if need be, set to
- * `stream`, its workspace and the math mode. Under the lock. */
-static int take_handle(int device, cudaStream_t stream, int capturing, int tf32) {
+ * `stream`, its workspace (in *workspace) and the math mode. Under the lock. */
+static int take_handle(int device, cudaStream_t stream, int capturing, int tf32,
+                       void** workspace) {
   if (!handles[device]) {
     if (capturing) return LLTM_ERROR_CUBLAS_CAPTURE;
     const int code = cublas_code(cublas.create(&handles[device]));
@@ -201,24 +203,28 @@ static int take_handle(int device, cudaStream_t stream, int capturing, int tf32)
     }
   }
   current = handles[device];
-  const int code = use_stream(current, stream, stream_workspace(device, stream, capturing));
+  *workspace = stream_workspace(device, stream, capturing);
+  const int code = use_stream(current, stream, *workspace);
   if (code != LLTM_SUCCESS) return code;
   return cublas_code(
       cublas.set_math_mode(current, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 
-/* The passes seen lately, by key: a graph of the launches once one came a
- * second time (or recording is known to fail for it), with the cuBLAS
- * workspace its products use. Launches of one graph never overlap (CUDA
- * orders each behind the one before), so a workspace per graph is never
- * used by two products at once. Under the lock. */
-#define LLTM_GRAPHS 16
+/* The passes seen lately, by key, each for the stream it runs on (and that
+ * stream's workspace): a graph of the launches once one came a second time
+ * (or recording is known to fail for it). A graph replays only on its own
+ * stream, so its products share that stream's workspace with the stream's
+ * other passes, never at once. Destroying a graph's executable (on
+ * eviction) does not wait for its launches: CUDA frees it once they end.
+ * Under the lock. */
+#define LLTM_GRAPHS 64
 typedef struct {
   lru_stamp stamp; /* first, for lru_find; 0: an empty entry */
   int device, unrecordable;
+  cudaStream_t stream;
+  void* workspace;
   lltm_pass_key key; /* its batch_sizes a copy the entry owns */
   cudaGraphExec_t graph;
-  void* workspace;
 } graph_entry;
 static graph_entry graphs[LLTM_GRAPHS];
 
@@ -232,21 +238,21 @@ static int same_key(const lltm_pass_key* a, const lltm_pass_key* b) {
 static int same_pass(const void* entry, const void* wanted) {
   const graph_entry* a = (const graph_entry*)entry;
   const graph_entry* b = (const graph_entry*)wanted;
-  return a->device == b->device && same_key(&a->key, &b->key);
+  return a->device == b->device && a->stream == b->stream && a->workspace == b->workspace &&
+         same_key(&a->key, &b->key);
 }
 
-/* Empties graphs[entry], waiting for its graph's last launch. */
+/* Empties graphs[entry]. */
 static void forget_graph(int entry) {
-  if (graphs[entry].graph) (void)cudaGraphExecDestroy(graphs[entry].graph);
-  /* cudaFree waits for the device, so for the graph's last launch too. */
-  if (graphs[entry].workspace) (void)runtime_code(cudaFree(graphs[entry].workspace));
+  if (graphs[entry].graph) (void)runtime_code(cudaGraphExecDestroy(graphs[entry].graph));
   free((void*)graphs[entry].key.batch_sizes);
   memset(&graphs[entry], 0, sizeof(graphs[entry]));
 }
 
-/* Fills the empty graphs[entry] with `key` (its batch sizes copied);
- * 0 where the copy cannot be made. */
-static int remember_key(int device, int entry, const lltm_pass_key* key) {
+/* Fills the empty graphs[entry] with `wanted`'s pass (its batch sizes
+ * copied); 0 where the copy cannot be made. */
+static int remember_pass(int entry, const graph_entry* wanted) {
+  const lltm_pass_key* key = &wanted->key;
   int64_t* batch_sizes = NULL;
   if (key->batch_sizes_count > 0) {
     const size_t bytes = (size_t)key->batch_sizes_count * sizeof(int64_t);
@@ -254,75 +260,59 @@ static int remember_key(int device, int entry, const lltm_pass_key* key) {
     if (!batch_sizes) return 0;
     memcpy(batch_sizes, key->batch_sizes, bytes);
   }
-  graphs[entry].device = device;
-  graphs[entry].key = *key;
+  graphs[entry] = *wanted;
   graphs[entry].key.batch_sizes = batch_sizes;
   lru_touch(&graphs[entry].stamp);
   return 1;
 }
 
-/* The index of the entry for (device, key), stamped used now; or -1 with
- * *slot the one to fill: an empty one, else the least recently used,
- * emptied. */
-static int find_graph(int device, const lltm_pass_key* key, int* slot) {
-  const graph_entry wanted = {.device = device, .key = *key};
-  const int found = lru_find(graphs, LLTM_GRAPHS, sizeof(graphs[0]), same_pass, &wanted, slot);
-  if (found < 0) forget_graph(*slot);
-  return found;
-}
-
-/* Gives up recording graphs[entry]: no graph, its workspace freed. */
-static int abandon_recording(int entry) {
-  graphs[entry].graph = NULL;
-  if (graphs[entry].workspace) (void)runtime_code(cudaFree(graphs[entry].workspace));
-  graphs[entry].workspace = NULL;
-  return LLTM_ERROR_NO_CUBLAS;
-}
-
-/* Records steps() as a graph on the device's recording stream and launches
- * it on `stream`; LLTM_ERROR_NO_CUBLAS (nothing launched) where recording
- * fails. */
-static int record(int device, int entry, cudaStream_t stream,
-                  int (*steps)(void*, cudaStream_t), void* context) {
-  cudaStream_t side = recording_streams[device];
+/* Records steps() as a graph on the device's recording stream, its
+ * products on graphs[entry]'s workspace, and launches it on that entry's
+ * stream; LLTM_ERROR_NO_CUBLAS (nothing launched) where recording fails. */
+static int record(int entry, int (*steps)(void*, cudaStream_t), void* context) {
+  graph_entry* recorded = &graphs[entry];
+  cudaStream_t side = recording_streams[recorded->device];
   if (!side && runtime_code(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking))) {
     return LLTM_ERROR_NO_CUBLAS;
   }
-  recording_streams[device] = side;
-  /* Without a workspace of its own the graph's products do without one. */
-  if (runtime_code(cudaMalloc(&graphs[entry].workspace, LLTM_CUBLAS_WORKSPACE))) {
-    graphs[entry].workspace = NULL;
-  }
-  if (use_stream(current, side, graphs[entry].workspace) != LLTM_SUCCESS ||
+  recording_streams[recorded->device] = side;
+  if (use_stream(current, side, recorded->workspace) != LLTM_SUCCESS ||
       runtime_code(cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal))) {
-    return abandon_recording(entry);
+    return LLTM_ERROR_NO_CUBLAS;
   }
   int code = steps(context, side);
   cudaGraph_t graph = NULL;
   const int ended = runtime_code(cudaStreamEndCapture(side, &graph));
   if (code == LLTM_SUCCESS) code = ended;
-  if (code == LLTM_SUCCESS) code = runtime_code(cudaGraphInstantiate(&graphs[entry].graph, graph, 0));
+  if (code == LLTM_SUCCESS) code = runtime_code(cudaGraphInstantiate(&recorded->graph, graph, 0));
   if (graph) (void)cudaGraphDestroy(graph);
-  if (code != LLTM_SUCCESS) return abandon_recording(entry);
-  return runtime_code(cudaGraphLaunch(graphs[entry].graph, stream));
+  if (code != LLTM_SUCCESS) {
+    recorded->graph = NULL;
+    return LLTM_ERROR_NO_CUBLAS;
+  }
+  return runtime_code(cudaGraphLaunch(recorded->graph, recorded->stream));
 }
 
-/* The pass under the lock: replayed, recorded, or launched as it comes. */
-static int run_pass(int device, const lltm_pass_key* key, cudaStream_t stream, int capturing,
-                    int (*steps)(void*, cudaStream_t), void* context) {
+/* The pass under the lock, the handle set to `stream` and `workspace`:
+ * replayed, recorded, or launched as it comes. */
+static int run_pass(int device, const lltm_pass_key* key, cudaStream_t stream, void* workspace,
+                    int capturing, int (*steps)(void*, cudaStream_t), void* context) {
   if (capturing || key->values[0] == 0) return steps(context, stream);
-  int entry = -1;
-  const int found = find_graph(device, key, &entry);
+  const graph_entry wanted = {
+      .device = device, .stream = stream, .workspace = workspace, .key = *key};
+  int entry = 0;
+  const int found = lru_find(graphs, LLTM_GRAPHS, sizeof(graphs[0]), same_pass, &wanted, &entry);
   if (found < 0) {
-    (void)remember_key(device, entry, key); /* not remembered: never recorded */
+    forget_graph(entry);
+    (void)remember_pass(entry, &wanted); /* not remembered: never recorded */
     return steps(context, stream);
   }
   if (graphs[found].graph) return runtime_code(cudaGraphLaunch(graphs[found].graph, stream));
   if (!graphs[found].unrecordable) {
-    const int code = record(device, found, stream, steps, context);
+    const int code = record(found, steps, context);
     if (code != LLTM_ERROR_NO_CUBLAS) return code;
     graphs[found].unrecordable = 1;
-    const int reset = use_stream(current, stream, stream_workspace(device, stream, 0));
+    const int reset = use_stream(current, stream, workspace);
     if (reset != LLTM_SUCCESS) return reset;
   }
   return steps(context, stream);
@@ -347,8 +337,11 @@ int lltm_cublas_run(const lltm_pass_key* key, int dtype, cudaStream_t stream, in
   if (code != LLTM_SUCCESS) return code;
   const int capturing = capture != cudaStreamCaptureStatusNone;
   pthread_mutex_lock(&lock);
-  code = take_handle(device, stream, capturing, tf32);
-  if (code == LLTM_SUCCESS) code = run_pass(device, key, stream, capturing, steps, context);
+  void* workspace = NULL;
+  code = take_handle(device, stream, capturing, tf32, &workspace);
+  if (code == LLTM_SUCCESS) {
+    code = run_pass(device, key, stream, workspace, capturing, steps, context);
+  }
   current = NULL;
   pthread_mutex_unlock(&lock);
   return code;
