@@ -19,10 +19,10 @@
  *               goes on to the persistent row where that takes it:
  *               LLTM_SAVED_CLUSTER_STATE), one launch a pass. H200
  *               sweep (BENCHMARKS.md), us a step against the persistent
- *               row: float32 training T=64 B=16 S=128 18.4 against 19.8,
- *               T=1024 B=16 S=128 3.0 against 9.6 (cluster_kernel.cu);
+ *               row: float32 training T=64 B=16 S=128 13.0 against 15.4,
+ *               T=1024 B=16 S=128 2.4 against 9.3 (cluster_kernel.cu);
  *               bfloat16 autocast, T=1024 B=16, the forward alone: S=512
- *               2.7 against 4.4, S=768 4.4 against 4.7
+ *               2.6 against 4.2, S=768 4.0 against 4.3
  *               (cluster_mma_kernel.cu).
  *   persistent  dense steps, at least 2 of them, batch x state at most
  *               LLTM_PERSISTENT_ELEMENTS, a block's weights and the batch's
@@ -30,15 +30,15 @@
  *               types: compute capability 8.0 and newer):
  *               persistent_kernel.cu's kernels, one cooperative launch a
  *               pass. H200 sweep (BENCHMARKS.md): faster than the cuBLAS
- *               loop at 163 of the 171 points where both take the call,
- *               the median 0.76 of its time.
+ *               loop at 161 of the 171 points where both take the call,
+ *               the median 0.75 of its time.
  *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
  *               the plan passes small packed float32 and float64 steps on
  *               to the row below (LLTM_PACKED_STEPS_STATE):
  *               cublas_loop_kernel.cu, a cuBLAS product and a pointwise
  *               kernel a step each way. H200 sweep, 64x16x1536x1536
- *               float32 training: 92.3 us a step, against 192.0 on the
- *               step kernels; bfloat16 autocast 34.2 against 195.9.
+ *               float32 training: 88.7 us a step, against 188.8 on the
+ *               step kernels; bfloat16 autocast 35.8 against 194.8.
  *   steps       every pass: step_by_step_kernel.cu, one fused kernel (the
  *               tiled product and the cell) a step each way. Last: it takes
  *               what the others do not, and small packed float32 steps.
@@ -58,11 +58,15 @@
  *               through a ring of padded copies either way). H200
  *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
  *               T=1024 B=16, bfloat16 autocast, us a step padded and as
- *               given: S=650 training 9.4 and 9.5 (768: 9.3); S=1500, on
- *               the cublas row, inference 8.8 and 18.2 (1536: 8.6), but
- *               training 49.8 and 49.5 (1536: 20.1). The steps row is not
- *               padded (not measured so), nor a forward alone on the
- *               cluster row (measured: LLTM_PAD_STEPS's note below).
+ *               given: S=650 training 9.3 and 9.3 (768: 9.1); S=1500, on
+ *               the cublas row, inference 8.8 and 18.1 (1536: 7.9); alone
+ *               in a loop, training 18.7 and 37.6 (1536: 19.9), but 41.3
+ *               and 44.0 in the sweep, where each call, after the peers',
+ *               finds its tensors moved and launches its kernels as they
+ *               come rather than replaying its graph (lltm_cublas.h). The
+ *               steps row is not padded (not measured so), nor a forward
+ *               alone on the cluster row (measured: LLTM_PAD_STEPS's note
+ *               below).
  *  cell (lltm), CUDA device:
  *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
  *               32-bit indices hold such a step), of
