@@ -28,10 +28,10 @@ AUTOCAST_TOLERANCES = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
 def assert_same_computation(value, expected, device, autocast_dtype, what):
     """value and expected (value's dtype, or the autocast dtype) from two
     runs of the same computation in the autocast dtype: equal on the CPU;
-    on a GPU, where cuBLAS may sum in another order from one call to the
-    next, apart by no more in norm than the autocast dtype's rounding allows
-    a result against float64 (a float16 gradient a unit apart in its last
-    place from run to run fails float32's tolerances)."""
+    on a GPU, where the two runs' tensors may lie at other alignments and so
+    take other cuBLAS kernels, apart by no more in norm than the autocast
+    dtype's rounding allows a result against float64 (a float16 gradient a
+    unit apart in its last place fails float32's tolerances)."""
     if device.type == "cpu":
         torch.testing.assert_close(value, expected.to(value.dtype), rtol=0, atol=0,
                                    msg=lambda message: f"{what}: {message}")
