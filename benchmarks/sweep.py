@@ -15,7 +15,10 @@ environment variables its passes read at each call (LLTM_PATH), set around
 each call and restored after. The markdown table and a JSON of every figure
 are rewritten after each point, so that a run cut short keeps what it
 measured; the chart is drawn at the end. Each state off a multiple of 128
-brings that multiple into the sweep, for its cliff ratio."""
+brings that multiple into the sweep, as a point of its own and into the
+off point's runs (NEXT_TILE), for its cliff ratio: two sizes timed in the
+same runs, so that the drift of the host and device between points does
+not enter it."""
 
 import contextlib
 import json
@@ -25,7 +28,7 @@ import re
 import statistics
 import time
 from collections import namedtuple
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -49,6 +52,9 @@ VARIANTS = {
 # Only the GPU passes read them: on the CPU the default alone is timed.
 CPU_VARIANTS = ("default",)
 PEERS = ("nn.GRU", "nn.LSTM")
+# At a state off the multiples of 128, lltm_sequence as planned at the next
+# multiple, timed in the same runs: the cliff's denominator.
+NEXT_TILE = "default at the next multiple of 128"
 PRECISIONS = (precisions.Precision.full(torch.float32),
               precisions.Precision("autocast", torch.float32, torch.bfloat16))
 MODES = ("training", "inference")
@@ -167,17 +173,13 @@ def grid(args, device):
 
 
 def cliff_ratios(points):
-    """{index in points: the fastest lltm time over that of the next multiple
-    of 128 in the same series}, for each point whose state is off the tiles
-    and whose multiple was measured."""
-    fastest = {(point.series, point.shape.state): point.fastest()[1] for point in points}
-    ratios = {}
-    for index, point in enumerate(points):
-        state = point.shape.state
-        tiled = fastest.get((point.series, next_tile(state)))
-        if state % TILE and tiled is not None:
-            ratios[index] = point.fastest()[1] / tiled
-    return ratios
+    """{index in points: the default's time over the default's at the next
+    multiple of 128 (NEXT_TILE), timed in the same runs}, for each point
+    whose state is off the tiles and where both were timed."""
+    return {index: point.times["default"] / point.times[NEXT_TILE]
+            for index, point in enumerate(points)
+            if point.shape.state % TILE and "default" in point.times
+            and NEXT_TILE in point.times}
 
 
 @contextlib.contextmanager
@@ -366,6 +368,8 @@ def _run(args, device):
     points, started = [], time.perf_counter()
     for shape in shapes:
         models, inputs = models_of(shape, device)
+        tiled = (models_of(replace(shape, state=next_tile(shape.state)), device)
+                 if shape.state % TILE else None)
         for precision in PRECISIONS:
             for mode in MODES:
                 candidates = {name: Candidate(settings, step_function(
@@ -374,6 +378,9 @@ def _run(args, device):
                 candidates.update({name: Candidate(None, step_function(
                                        models[name], inputs, precision, device, mode))
                                    for name in PEERS})
+                if tiled:
+                    candidates[NEXT_TILE] = Candidate(VARIANTS["default"], step_function(
+                        tiled[0]["lltm"], tiled[1], precision, device, mode))
                 point = Point(shape, precision.name, mode)
                 time_point(point, candidates, device, args.runs,
                            planned_paths(models["lltm"], inputs, precision, mode) if cuda else None)
@@ -385,7 +392,7 @@ def _run(args, device):
                 harness.note(f"[{len(points)}/{total}] {point.label()}: lltm {fastest:.1f} "
                              f"us/step ({name}), {peers}; "
                              f"{point.runs} runs; {elapsed:.0f} s")
-        del models, inputs
+        del models, inputs, tiled
     chart = output.with_suffix(".png")
     if not draw(chart, points, variants, device):
         chart = False
@@ -487,7 +494,8 @@ def describe(device):
         f"(TF32 off for cuBLAS and cuDNN); bfloat16 autocast: {PRECISIONS[1].describe()}."
         f"{paths} fastest lltm: the variant of the least time; lltm / best peer: its time over "
         "the lesser of nn.GRU's and nn.LSTM's; cliff: for a state off the multiples of 128, the "
-        "fastest lltm time over that at the next multiple (T, B, precision and mode alike).")
+        "default's time over the default's at the next multiple (T, B, precision and mode "
+        "alike), timed in the same runs.")
 
 
 def draw(path, points, variants, device):

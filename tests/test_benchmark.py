@@ -432,8 +432,9 @@ def test_distributed_times_every_process_count_with_and_without_ddp(few_warmup_r
 
 def test_sweep_on_the_cpu_writes_its_table_json_and_chart(tmp_path, capsys):
     """A tiny --sweep: a row for each shape, precision and mode (state 100
-    brings 128 in for its cliff), lltm's figures and ratios in the table the
-    same as in the JSON beside it, and the chart where matplotlib is."""
+    brings 128 in, as a row of its own and into 100's runs for its cliff),
+    lltm's figures and ratios in the table the same as in the JSON beside
+    it, and the chart where matplotlib is."""
     output = tmp_path / "sweep.md"
     assert benchmark.main(["--sweep", "--states", "100", "--batches", "1,2", "--steps", "3",
                            "-r", "2", "-o", str(output)]) == 0
@@ -458,13 +459,12 @@ def test_sweep_on_the_cpu_writes_its_table_json_and_chart(tmp_path, capsys):
             assert cell == (f"{time:.1f}" if time else "failed")
             assert time or f"- {name} failed at " in report
         assert row[6] == f"{lltm / min(time for time in peers if time):.2f}"
-        tiled = next(other for other in points if other["shape"] == {**point["shape"], "state": 128}
-                     and (other["precision"], other["mode"]) == (point["precision"], point["mode"]))
         cliff = point["cliff"]
         if point["shape"]["state"] == 100:
-            assert cliff == pytest.approx(lltm / tiled["times"]["default"])
+            assert cliff == pytest.approx(lltm / point["times"][sweep.NEXT_TILE])
             assert row[7] == f"{cliff:.2f}"
         else:
+            assert sweep.NEXT_TILE not in point["times"]
             assert cliff is None and row[7] == "–"
     chart = output.with_suffix(".png")
     drawn = "![microseconds per time step against the state](sweep.png)" in report
@@ -502,16 +502,17 @@ def sweep_point(state, times, steps=64, precision="float32"):
     return sweep.Point(sweep.Shape(steps, 16, 1, state), precision, "training", times=times)
 
 
-def test_sweep_cliff_is_the_fastest_lltm_over_that_at_the_next_multiple_of_128():
-    points = [sweep_point(640, {"default": 30.0, "persistent": 20.0, "nn.GRU": 10.0}),
-              sweep_point(650, {"default": 50.0, "steps": 45.0, "nn.LSTM": 50.0}),
+def test_sweep_cliff_is_the_default_over_the_next_multiple_of_128_in_the_same_runs():
+    points = [sweep_point(600, {"default": 30.0, "persistent": 20.0, "nn.GRU": 10.0,
+                                sweep.NEXT_TILE: 25.0}),
+              sweep_point(650, {"default": 50.0, "steps": 45.0, "nn.LSTM": 50.0,
+                                sweep.NEXT_TILE: 40.0}),
+              # Timed in runs of its own: its time is not compared with another point's.
               sweep_point(768, {"default": 36.0, "persistent": 30.0}),
-              # Its multiple is measured in another precision only, or not at all.
-              sweep_point(700, {"default": 40.0}, precision="bfloat16 autocast"),
-              sweep_point(1500, {"default": 90.0}),
-              # Another series: 768 at 64 steps is not its multiple.
-              sweep_point(650, {"default": 60.0}, steps=1024)]
-    assert sweep.cliff_ratios(points) == {1: pytest.approx(45 / 30)}
+              # Its multiple did not run (too slow), or the default did not.
+              sweep_point(700, {"default": 40.0}),
+              sweep_point(1500, {"persistent": 90.0, sweep.NEXT_TILE: 80.0})]
+    assert sweep.cliff_ratios(points) == {0: pytest.approx(30 / 25), 1: pytest.approx(50 / 40)}
     assert [point.fastest()[0] for point in points[:3]] == ["persistent", "steps", "persistent"]
     assert points[0].over_peers() == pytest.approx(2.0)
     assert points[1].over_peers() == pytest.approx(0.9)
