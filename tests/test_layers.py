@@ -414,8 +414,9 @@ def test_the_reverse_directions_arguments_outlive_its_side_stream(packed, cuda_d
     bit for bit. So the memory the reverse direction's backward reads on
     the side stream is not handed back to the caller's stream before that
     backward is done with it. Both runs take the same deterministic paths
-    (cuBLAS's products, each with a workspace of its own, give the same
-    bits on every run), so any difference is a race."""
+    on the same streams (cuBLAS's products, each on its stream's own
+    workspace, give the same bits on every run), so any difference is a
+    race."""
     module = lltm_ffi.LLTMSequence(6, 9, num_layers=2, bidirectional=True).to(cuda_device)
     converted = copy.deepcopy(module).to(torch.bfloat16)
     lengths = [5, 2, 4] if packed else [4, 4, 4]
