@@ -56,15 +56,15 @@
 // warps' own arrivals on the mailbox ordered their writes, which
 // compute-sanitizer's racecheck does not follow). Past 512, bfloat16
 // autocast, us a step against the persistent kernels (BENCHMARKS.md's
-// sweep): T=1024 B=16 inference 4.2 against 5.0 at a state of 650 and
-// 4.3 against 4.7 at 768. A forward
+// sweep): T=1024 B=16 inference 3.9 against 4.5 at a state of 650 and
+// 4.0 against 4.3 at 768. A forward
 // that keeps its gates and cells is slower than theirs there (GPU time a
 // step, T=1024 B=16: 3.97 against 3.74 at 650, 4.49 against 3.83 at 768;
 // at 512, every weight in registers, 2.65 against 3.65), so the plan gives
 // it to them where they take the batch (src/plan.c,
 // LLTM_SAVED_CLUSTER_STATE). At T=64 B=64, where they do not and the
-// cuBLAS loop did, 650 trains at 35.3 against 38.9 and infers at 9.2
-// against 14.8.
+// cuBLAS loop did, 650 trains at 28.8 against 31.4 and infers at 5.9
+// against 12.3.
 
 #include "lltm_cluster_ptx.cuh"
 #include "lltm_persistent.cuh"
