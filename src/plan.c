@@ -34,7 +34,8 @@
  *               the median 0.75 of its time.
  *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
  *               the plan passes small packed float32 and float64 steps on
- *               to the row below (LLTM_PACKED_STEPS_STATE):
+ *               to the row below (LLTM_PACKED_STEPS_STATE, and
+ *               LLTM_PACKED_STEPS_ROWS_STATE for a batch of up to 16):
  *               cublas_loop_kernel.cu, a cuBLAS product and a pointwise
  *               kernel a step each way. H200 sweep, 64x16x1536x1536
  *               float32 training: 88.7 us a step, against 188.8 on the
@@ -139,8 +140,16 @@ static int sequence_path_on_device(int path) {
  * 19.4/16.2, S=128 21.6/70.7, S=256 34.6/23.7, S=1024 119.2/39.2; B=64
  * S=32 16.1/22.0, S=128 26.1/32.5, S=256 39.9/27.6; bfloat16 autocast
  * B=16 S=32 19.2/18.3, S=256 39.2/19.2, S=1024 126.5/26.1; B=64 S=128
- * 27.9/20.9. */
+ * 27.9/20.9. A batch of at most LLTM_PACKED_STEPS_ROWS sequences goes to
+ * steps at states up to LLTM_PACKED_STEPS_ROWS_STATE: there cuBLAS's
+ * float32 products of 16 rows take kernels of 20 to 50 us a product
+ * (dense, cublas forced, T=64 B=16 training: 90.6 us a step at S=128,
+ * 37.3 at S=200, 15.9 at S=256). H200 sweep (BENCHMARKS.md), packed T=64
+ * S=200, steps against cublas: B=16 training 33.1/36.0, inference
+ * 13.1/23.4; B=64 36.5/29.0 and 13.8/12.9. */
 #define LLTM_PACKED_STEPS_STATE 128
+#define LLTM_PACKED_STEPS_ROWS 16
+#define LLTM_PACKED_STEPS_ROWS_STATE 255
 
 /* 0 where path `path` (a GPU row of the sequence) takes the pass, with its
  * layout in *plan; else why not, an LLTM_ERROR_PATH code, or PASSED_ON
@@ -171,7 +180,9 @@ static int row_takes(int path, int planned, int dtype, int pass, int64_t steps,
     case LLTM_PATH_CUBLAS:
       if (!cublas) return LLTM_ERROR_PATH_NO_CUBLAS;
       return planned && packed && (dtype == LLTM_FLOAT32 || dtype == LLTM_FLOAT64) &&
-                     state_size <= LLTM_PACKED_STEPS_STATE &&
+                     (state_size <= LLTM_PACKED_STEPS_STATE ||
+                      (batch_size <= LLTM_PACKED_STEPS_ROWS &&
+                       state_size <= LLTM_PACKED_STEPS_ROWS_STATE)) &&
                      batch_size * state_size <= LLTM_PERSISTENT_ELEMENTS
                  ? PASSED_ON
                  : 0;

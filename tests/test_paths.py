@@ -540,21 +540,25 @@ def test_one_planned_step_runs_as_the_cell(cuda_device, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype, state, path", [
-    (torch.float32, 128, "steps"), (torch.float64, 37, "steps"), (torch.float32, 129, "cublas"),
-    (torch.bfloat16, 64, "cublas"), (torch.float16, 128, "cublas")])
+@pytest.mark.parametrize("dtype, batch, state, path", [
+    (torch.float32, 64, 128, "steps"), (torch.float64, 64, 37, "steps"),
+    (torch.float32, 64, 129, "cublas"), (torch.float32, 16, 200, "steps"),
+    (torch.float32, 16, 255, "steps"), (torch.float32, 16, 256, "cublas"),
+    (torch.float32, 17, 200, "cublas"), (torch.bfloat16, 16, 64, "cublas"),
+    (torch.float16, 16, 128, "cublas")])
 def test_packed_steps_take_the_step_kernels_only_where_they_measured_faster(
-        cuda_device, dtype, state, path, monkeypatch):
+        cuda_device, dtype, batch, state, path, monkeypatch):
     """Packed steps go to the cuBLAS loop but small float32 and float64
-    states (src/plan.c, LLTM_PACKED_STEPS_STATE)."""
+    states, a little larger in a batch of 16 sequences or fewer (src/plan.c,
+    LLTM_PACKED_STEPS_STATE and LLTM_PACKED_STEPS_ROWS_STATE)."""
     for name in ("LLTM_PATH", "LLTM_CUBLAS"):
         monkeypatch.delenv(name, raising=False)
     generator = torch.Generator().manual_seed(0)
-    batch_sizes = torch.tensor([16, 12, 9, 4])
+    batch_sizes = torch.tensor([batch, 12, 9, 4])
     inputs = torch.randn(int(batch_sizes.sum()), 8, generator=generator).to(cuda_device, dtype)
     weights = torch.randn(3 * state, state + 8, generator=generator).to(cuda_device, dtype)
     bias = torch.randn(3 * state, generator=generator).to(cuda_device, dtype)
-    h0, c0 = (torch.zeros(16, state, device=cuda_device, dtype=dtype) for _ in range(2))
+    h0, c0 = (torch.zeros(batch, state, device=cuda_device, dtype=dtype) for _ in range(2))
     for backward in (False, True):
         assert lltm_ffi.recurrence_path(inputs, weights, bias, h0, c0, batch_sizes=batch_sizes,
                                         backward=backward) == path
