@@ -19,10 +19,10 @@
  *               goes on to the persistent row where that takes it:
  *               LLTM_SAVED_CLUSTER_STATE), one launch a pass. H200
  *               sweep (BENCHMARKS.md), us a step against the persistent
- *               row: float32 training T=64 B=16 S=128 13.0 against 15.4,
- *               T=1024 B=16 S=128 2.4 against 9.3 (cluster_kernel.cu);
+ *               row: float32 training T=64 B=16 S=128 13.7 against 15.0,
+ *               T=1024 B=16 S=128 2.2 against 9.2 (cluster_kernel.cu);
  *               bfloat16 autocast, T=1024 B=16, the forward alone: S=512
- *               2.6 against 4.2, S=768 4.0 against 4.3
+ *               2.4 against 4.0, S=768 3.9 against 4.2
  *               (cluster_mma_kernel.cu).
  *   persistent  dense steps, at least 2 of them, batch x state at most
  *               LLTM_PERSISTENT_ELEMENTS, a block's weights and the batch's
@@ -30,16 +30,16 @@
  *               types: compute capability 8.0 and newer):
  *               persistent_kernel.cu's kernels, one cooperative launch a
  *               pass. H200 sweep (BENCHMARKS.md): faster than the cuBLAS
- *               loop at 161 of the 171 points where both take the call,
- *               the median 0.75 of its time.
+ *               loop at 163 of the 171 points where both take the call,
+ *               the median 0.74 of its time.
  *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
  *               the plan passes small packed float32 and float64 steps on
  *               to the row below (LLTM_PACKED_STEPS_STATE, and
  *               LLTM_PACKED_STEPS_ROWS_STATE for a batch of up to 16):
  *               cublas_loop_kernel.cu, a cuBLAS product and a pointwise
  *               kernel a step each way. H200 sweep, 64x16x1536x1536
- *               float32 training: 88.7 us a step, against 188.8 on the
- *               step kernels; bfloat16 autocast 35.8 against 194.8.
+ *               float32 training: 89.5 us a step, against 190.0 on the
+ *               step kernels; bfloat16 autocast 28.5 against 192.1.
  *   steps       every pass: step_by_step_kernel.cu, one fused kernel (the
  *               tiled product and the cell) a step each way. Last: it takes
  *               what the others do not, and small packed float32 steps.
@@ -59,12 +59,13 @@
  *               through a ring of padded copies either way). H200
  *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
  *               T=1024 B=16, bfloat16 autocast, us a step padded and as
- *               given: S=650 training 9.3 and 9.3 (768: 9.1); S=1500, on
- *               the cublas row, inference 8.8 and 18.1 (1536: 7.9); alone
- *               in a loop, training 18.7 and 37.6 (1536: 19.9), but 41.3
- *               and 44.0 in the sweep, where each call, after the peers',
- *               finds its tensors moved and launches its kernels as they
- *               come rather than replaying its graph (lltm_cublas.h). The
+ *               given: S=650 training 9.2 and 9.3 (768: 9.2); S=1500, on
+ *               the cublas row, inference 9.0 and 18.2 (1536: 8.1),
+ *               training 21.0 and 39.8 (1536: 19.7). In the day's sweep
+ *               before, training at 1500 took 36.8 (1536: 19.5): there its
+ *               calls found their tensors moved after the others' calls
+ *               and launched their kernels as they came rather than
+ *               replaying their graph (lltm_cublas.h). The
  *               steps row is not padded (not measured so), nor a forward
  *               alone on the cluster row (measured: LLTM_PAD_STEPS's note
  *               below).
