@@ -31,7 +31,9 @@
  *               persistent_kernel.cu's kernels, one cooperative launch a
  *               pass. H200 sweep (BENCHMARKS.md): faster than the cuBLAS
  *               loop at 163 of the 171 points where both take the call,
- *               the median 0.74 of its time.
+ *               the median 0.74 of its time. The plan passes float32
+ *               training of more than 16 rows at states from 512 on to
+ *               the cuBLAS loop (LLTM_PERSISTENT_TRAINING_ROWS).
  *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
  *               the plan passes small packed float32 and float64 steps on
  *               to the row below (LLTM_PACKED_STEPS_STATE, and
@@ -132,6 +134,19 @@ static int sequence_path_on_device(int path) {
  * cluster row (T=1024 S=768 3.89 against 4.30). */
 #define LLTM_SAVED_CLUSTER_STATE 512
 
+/* A float32 call whose backward will run, of more than
+ * LLTM_PERSISTENT_TRAINING_ROWS rows and a state of at least
+ * LLTM_PERSISTENT_TRAINING_STATE, goes from the persistent row to the
+ * cuBLAS loop both ways (where cuBLAS is loaded); a forward alone stays.
+ * H200, training, the sweep's timing (probe), us a step, persistent
+ * against cublas, at 35 steps of two layers and 64 steps of one: B=20
+ * S=650 93.4/74.0 and 44.8/35.4 (word_language_model's medium size; the
+ * sweep: 95.6/73.3), S=512 65.9/63.5 and 31.3/30.6; B=24 S=512 69.0/65.7
+ * and 32.5/31.5. Staying: B=16 S=650 71.0/72.1 and 33.3/34.8, S=512
+ * 56.5/60.9 and 25.4/29.2; B=20 S=300 53.0/54.1 and 23.4/26.2. */
+#define LLTM_PERSISTENT_TRAINING_ROWS 16
+#define LLTM_PERSISTENT_TRAINING_STATE 512
+
 /* Packed float32 and float64 steps of a state up to this (and batch x
  * state up to LLTM_PERSISTENT_ELEMENTS) go from the cublas row to steps,
  * whose one fused kernel a step measured faster there than a product and
@@ -177,7 +192,12 @@ static int row_takes(int path, int planned, int dtype, int pass, int64_t steps,
       if (packed) return LLTM_ERROR_PATH_PACKED;
       plan->persistent = lltm_plan_persistent(dtype, pass == LLTM_PASS_BACKWARD, steps,
                                               batch_size, state_size, options->clusters);
-      return plan->persistent.blocks ? 0 : LLTM_ERROR_PATH_PERSISTENT_SIZES;
+      if (!plan->persistent.blocks) return LLTM_ERROR_PATH_PERSISTENT_SIZES;
+      return planned && cublas && dtype == LLTM_FLOAT32 && pass != LLTM_PASS_FORWARD &&
+                     batch_size > LLTM_PERSISTENT_TRAINING_ROWS &&
+                     state_size >= LLTM_PERSISTENT_TRAINING_STATE
+                 ? PASSED_ON
+                 : 0;
     case LLTM_PATH_CUBLAS:
       if (!cublas) return LLTM_ERROR_PATH_NO_CUBLAS;
       return planned && packed && (dtype == LLTM_FLOAT32 || dtype == LLTM_FLOAT64) &&

@@ -540,6 +540,36 @@ def test_one_planned_step_runs_as_the_cell(cuda_device, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("batch, state, trained_path", [
+    (20, 650, "cublas"), (24, 512, "cublas"), (16, 650, "persistent"), (20, 300, "persistent")])
+def test_float32_training_of_more_than_16_rows_from_512_takes_the_cublas_loop(
+        batch, state, trained_path, generator, monkeypatch):
+    """A float32 call whose backward will run, of more than 16 rows at a
+    state of 512 or more, goes from the persistent row to the cuBLAS loop
+    both ways, where it measured faster (src/plan.c,
+    LLTM_PERSISTENT_TRAINING_ROWS); a forward alone stays on the
+    persistent row, and so does every pass with LLTM_CUBLAS=0."""
+    device = _device_of("persistent")
+    for name in ("LLTM_PATH", "LLTM_PAD", "LLTM_CUBLAS"):
+        monkeypatch.delenv(name, raising=False)
+    arguments, _, _ = _arguments((35, batch, 8, state), False, generator)
+    given = [argument.float().to(device) for argument in arguments]
+    trained = [argument.detach().requires_grad_(True) for argument in given]
+    monkeypatch.setenv("LLTM_PATH", "persistent")
+    try:
+        lltm_ffi.recurrence_path(*given, backward=True)
+    except ValueError as refusal:
+        pytest.skip(f"the persistent row does not take this call here: {refusal}")
+    monkeypatch.delenv("LLTM_PATH")
+    assert lltm_ffi.recurrence_path(*given) == "persistent"
+    assert lltm_ffi.recurrence_path(*trained) == trained_path
+    assert lltm_ffi.recurrence_path(*given, backward=True) == trained_path
+    monkeypatch.setenv("LLTM_CUBLAS", "0")
+    assert lltm_ffi.recurrence_path(*trained) == "persistent"
+    assert lltm_ffi.recurrence_path(*given, backward=True) == "persistent"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype, batch, state, path", [
     (torch.float32, 64, 128, "steps"), (torch.float64, 64, 37, "steps"),
     (torch.float32, 64, 129, "cublas"), (torch.float32, 16, 200, "steps"),
