@@ -69,11 +69,15 @@ CPU_STEPS = (16,)
 # Series the GPU's default grid adds, (steps, batch, layers, packed) with
 # the states they take (None: every state of the sweep): long sequences,
 # pytorch/examples' word_language_model (35 steps of 20 rows, two layers,
-# its small and medium sizes), and packed batches of 16 and 64 sequences
-# (lengths from the steps down to a quarter of them), which the plan gives
-# the cuBLAS loop or, small, the step kernels.
+# its small and medium sizes), one layer of its 20 rows at 64 steps about
+# the states from which the plan gives float32 training of more than 16
+# rows the cuBLAS loop rather than the persistent kernels, and packed
+# batches of 16 and 64 sequences (lengths from the steps down to a quarter
+# of them), which the plan gives the cuBLAS loop or, small, the step
+# kernels.
 PACKED_STATES = (100, 200, 256, 512, 1024)
 GPU_EXTRA_SERIES = (((1024, 16, 1, False), None), ((35, 20, 2, False), (200, 650)),
+                    ((64, 20, 1, False), (300, 512, 650)),
                     ((64, 16, 1, True), PACKED_STATES), ((64, 64, 1, True), PACKED_STATES))
 # The series the chart draws, where the sweep has it.
 CHART_SERIES = (64, 16, 1, False)

@@ -555,7 +555,8 @@ def test_sweep_grid_adds_the_next_multiple_of_128_and_the_gpu_series():
     assert grid("cuda", states=(650, 100)) == [
         (steps, batch, 1, state, False)
         for steps, batch in ((64, 1), (64, 16), (64, 64), (1024, 16)) for state in states] + [
-        (35, 20, 2, 650, False), (35, 20, 2, 768, False)] + [
+        (35, 20, 2, 650, False), (35, 20, 2, 768, False), (64, 20, 1, 650, False),
+        (64, 20, 1, 768, False)] + [
         (64, batch, 1, state, True) for batch in (16, 64) for state in (100, 128)]
     # A series, a layer count or packing given: that grid alone.
     assert grid("cuda", states=(300,), batches=(16,), layers=2) == [(64, 16, 2, 300, False),
