@@ -67,10 +67,9 @@
  *               before, training at 1500 took 36.8 (1536: 19.5): there its
  *               calls found their tensors moved after the others' calls
  *               and launched their kernels as they came rather than
- *               replaying their graph (lltm_cublas.h). The
- *               steps row is not padded (not measured so), nor a forward
- *               alone on the cluster row (measured: LLTM_PAD_STEPS's note
- *               below).
+ *               replaying their graph (lltm_cublas.h). The steps row is
+ *               not padded (not measured so), nor a forward alone on the
+ *               cluster row (measured: LLTM_PAD_STEPS's note below).
  *  cell (lltm), CUDA device:
  *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
  *               32-bit indices hold such a step), of
