@@ -156,7 +156,8 @@ initcheck: SANITIZER_TESTS = -m gpu tests/test_agreement.py::test_fused_passes
 # The cluster row's tensor-core forward takes 16-bit types only, and its
 # table test reaches cuBLAS's 16-bit kernels: racecheck-tensor-cores runs
 # the kernel alone, with LLTM_CUBLAS=0 (scripts/race_tensor_cores.py);
-# RACE_SHAPES="2 3" races those of its shapes only.
+# RACE_SHAPES="2 3" races those of its shapes only, RACE_SHAPES="--steps 4 6"
+# shape 6 on 4 of its steps.
 racecheck: SANITIZER_TESTS = -m "gpu and not huge and not slow" -k "not compile and not fault and not graph and not cpu_only and not autocast and not float16 and not padded-forward and not padded-reverse and not tensor_core"
 # Only the lltm kernels are instrumented, so copies of what torch's kernels
 # wrote look uninitialised to initcheck's memcpy check: it checks kernels only.

@@ -6,10 +6,14 @@ aborts inside cuBLAS's 16-bit Hopper kernels, which the table test's own
 products and the backward reach). The table test checks the results;
 this run asserts the path and prints each case it ran.
 
-    python3 scripts/race_tensor_cores.py [INDEX ...]
+    python3 scripts/race_tensor_cores.py [--steps N] [INDEX ...]
 
 runs the shapes of those indices into SHAPES (all without any), so that
-a run under racecheck, minutes a shape, can be split."""
+a run under racecheck, minutes a shape, can be split; --steps N runs each
+at most N steps (the kernel alternates two buffers of the state from step
+to step, so that 4 steps reach each step-to-step handover both ways and
+the last step; racecheck's time grows with the steps: a case at 60 steps
+of 768 took over 8 minutes on an H200)."""
 
 import os
 import sys
@@ -24,12 +28,19 @@ SHAPES = [(2, 1, 3, 257), (6, 17, 5, 300), (100, 16, 7, 512), (5, 33, 4, 500),
 
 
 def shapes_of(arguments):
-    """The SHAPES the command line's indices name, all of them without any."""
+    """The SHAPES the command line names (indices, all of them without any;
+    --steps N caps their steps at N)."""
+    most_steps = None
+    if arguments[:1] == ["--steps"]:
+        if len(arguments) < 2 or not arguments[1].isdigit() or int(arguments[1]) < 1:
+            sys.exit("race_tensor_cores: --steps takes a whole number of at least 1")
+        most_steps, arguments = int(arguments[1]), arguments[2:]
     try:
-        return [SHAPES[int(index)] for index in arguments] or SHAPES
+        chosen = [SHAPES[int(index)] for index in arguments] or SHAPES
     except (ValueError, IndexError):
-        sys.exit(f"race_tensor_cores: the arguments are indices from 0 to {len(SHAPES) - 1}, "
-                 f"got {' '.join(arguments)}")
+        sys.exit(f"race_tensor_cores: the arguments are [--steps N] and indices from 0 to "
+                 f"{len(SHAPES) - 1}, got {' '.join(arguments)}")
+    return [(min(steps, most_steps or steps), *sizes) for steps, *sizes in chosen]
 
 
 def main():

@@ -265,8 +265,12 @@ def test_the_tensor_core_racecheck_runs_the_tables_shapes():
     assert script.SHAPES == MMA_SHAPES
     assert script.shapes_of([]) == MMA_SHAPES
     assert script.shapes_of(["3", "0"]) == [MMA_SHAPES[3], MMA_SHAPES[0]]
+    assert script.shapes_of(["--steps", "4", "6", "0"]) == [(4, *MMA_SHAPES[6][1:]),
+                                                             MMA_SHAPES[0]]
     with pytest.raises(SystemExit, match="indices from 0 to 6, got 7"):
         script.shapes_of(["7"])
+    with pytest.raises(SystemExit, match="--steps takes a whole number of at least 1"):
+        script.shapes_of(["--steps", "0", "6"])
 
 
 @pytest.mark.gpu
