@@ -7,8 +7,8 @@ Each size's points are timed once: every implementation takes turns, run
 by run, a few runs (as many as fit in POINT_SECONDS, MIN_RUNS to MAX_RUNS)
 after WARMUP_CALLS untimed calls. A run is a burst of back-to-back calls,
 as many for each implementation (as many as the fastest one's last
-BURST_SECONDS, at most MAX_BURST), begun on an idle device and timed by
-CUDA events on a GPU: a loop's time per call, the host's work for a call
+BURST_SECONDS, at most MAX_BURST), after one untimed call of the same,
+begun on an idle device and timed by CUDA events on a GPU: a loop's time per call, the host's work for a call
 overlapping the device's for the one before, as in training; the medians,
 per call and time step. lltm_sequence's paths are forced by the
 environment variables its passes read at each call (LLTM_PATH), set around
@@ -257,12 +257,17 @@ def path_text(paths, mode):
 
 
 def measurer(device, calls):
-    """measure(candidate): a burst of `calls` calls of it in its
-    environment, returning a function that gives the microseconds per call
-    once the device is synchronised."""
+    """measure(candidate): an untimed call, then a burst of `calls` calls
+    of it in its environment, returning a function that gives the
+    microseconds per call once the device is synchronised."""
     def on_gpu(candidate):
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         with environment(candidate.settings):
+            # An untimed call first: the calls of the implementations timed
+            # just before leave this one's first call what a training loop
+            # pays once (its tensors placed anew by the caching allocator, so
+            # the cuBLAS loop records its graph again; the host's caches).
+            candidate.function()
             # Each burst starts on an idle device: otherwise the work queued
             # before it would hide part of its host's time.
             torch.cuda.synchronize()
@@ -274,6 +279,7 @@ def measurer(device, calls):
 
     def on_cpu(candidate):
         with environment(candidate.settings):
+            candidate.function()  # untimed, as on a GPU
             seconds = harness.wall_clock(candidate.function, lambda: None, calls)[1]
         return lambda: harness.microseconds(seconds)
     return on_gpu if device.type == "cuda" else on_cpu
@@ -330,7 +336,8 @@ def time_point(point, candidates, device, runs, paths_of=None):
     # the ones given longer bursts.
     fastest = max(min(seconds.values(), default=1.0), 1e-9)
     point.calls = max(1, min(MAX_BURST, int(BURST_SECONDS / fastest)))
-    burst_seconds = point.calls * sum(seconds[name] for name in working)
+    # A run: each one's untimed call and its burst.
+    burst_seconds = (point.calls + 1) * sum(seconds[name] for name in working)
     point.runs = runs or min(MAX_RUNS, max(MIN_RUNS, int(POINT_SECONDS / max(burst_seconds, 1e-9))))
     results = harness.interleaved(working, point.runs, measurer(device, point.calls))
     synchronize()
@@ -483,7 +490,8 @@ def ratio_text(value):
 def describe(device):
     """The report's first paragraph: what each figure is."""
     cuda = device.type == "cuda"
-    timer = ("CUDA events around a burst of back-to-back calls, begun on an idle device"
+    timer = ("CUDA events around a burst of back-to-back calls, begun on an idle device "
+             "after an untimed call"
              if cuda else "the wall clock around a burst of back-to-back calls")
     forced = ("; cluster, persistent, cublas, steps: that row of the plan forced "
               "(LLTM_PATH), where it takes the call; LLTM_PAD=0: the state as given, never "
