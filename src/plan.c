@@ -255,11 +255,11 @@ int lltm_sequence_path(int dtype, int device, int pass, int64_t steps, int64_t b
 #endif
 }
 
-/* The fewest steps for which the plan pads the state: the padding and the
- * cutting back, torch ops, cost a call 0.3 to 1 ms on the host, more than
- * short sequences win (H200, T=64 B=16 F=650 under bfloat16 autocast,
- * training: a state of 650 padded to 656 took 2.2 ms a call, a state of
- * 656 given as such 1.2, a state of 650 as given 1.4). */
+/* The fewest steps for which the plan pads the state: on short sequences
+ * a padded call costs 0.3 to 1 ms more than the padding wins (H200, T=64
+ * B=16 F=650 under bfloat16 autocast, training: a state of 650 padded to
+ * 656 took 2.2 ms a call, a state of 656 given as such 1.2, a state of 650
+ * as given 1.4). */
 #define LLTM_PAD_STEPS 256
 
 /* Under LLTM_PAD_STEPS steps the padding still pays on the cuBLAS loop
