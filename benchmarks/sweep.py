@@ -8,9 +8,9 @@ by run, a few runs (as many as fit in POINT_SECONDS, MIN_RUNS to MAX_RUNS)
 after WARMUP_CALLS untimed calls. A run is a burst of back-to-back calls,
 as many for each implementation (as many as the fastest one's last
 BURST_SECONDS, at most MAX_BURST), after one untimed call of the same,
-begun on an idle device and timed by CUDA events on a GPU: a loop's time per call, the host's work for a call
-overlapping the device's for the one before, as in training; the medians,
-per call and time step. lltm_sequence's paths are forced by the
+begun on an idle device and timed by CUDA events on a GPU: a loop's time
+per call, the host's work for a call overlapping the device's for the one
+before, as in training; the medians, per call and time step. lltm_sequence's paths are forced by the
 environment variables its passes read at each call (LLTM_PATH), set around
 each call and restored after. The markdown table and a JSON of every figure
 are rewritten after each point, so that a run cut short keeps what it
@@ -347,12 +347,14 @@ def time_point(point, candidates, device, runs, paths_of=None):
             point.paths[name] = path_text(paths[name], point.mode)
 
 
-def models_of(shape, device):
-    """{name: model} of one shape, float32, and its inputs."""
+MODULES = {"lltm": lltm_ffi.LLTMSequence, "nn.GRU": torch.nn.GRU, "nn.LSTM": torch.nn.LSTM}
+
+
+def models_of(shape, device, names=tuple(MODULES)):
+    """{name: model} of one shape, float32, for each of `names` (keys of
+    MODULES), and its inputs."""
     configuration = {"num_layers": shape.layers, "device": device}
-    models = {"lltm": lltm_ffi.LLTMSequence(shape.state, shape.state, **configuration),
-              "nn.GRU": torch.nn.GRU(shape.state, shape.state, **configuration),
-              "nn.LSTM": torch.nn.LSTM(shape.state, shape.state, **configuration)}
+    models = {name: MODULES[name](shape.state, shape.state, **configuration) for name in names}
     inputs = torch.randn(shape.steps, shape.batch, shape.state, device=device)
     if shape.packed:
         inputs = pack_padded_sequence(inputs, shape.lengths())
@@ -384,7 +386,7 @@ def _run(args, device):
     points, started = [], time.perf_counter()
     for shape in shapes:
         models, inputs = models_of(shape, device)
-        tiled = (models_of(replace(shape, state=next_tile(shape.state)), device)
+        tiled = (models_of(replace(shape, state=next_tile(shape.state)), device, ("lltm",))
                  if shape.state % TILE else None)
         for precision in PRECISIONS:
             for mode in MODES:
