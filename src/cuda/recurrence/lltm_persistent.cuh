@@ -398,21 +398,24 @@ struct MulticastStage {
   unsigned parity;
   bool clustered;
 
-  // Every thread of every block, once, before the first step: whether the
-  // block runs in a cluster (tensor_cores, and a cluster launch); the zeros
-  // of `staged` (rows rows of `stride` elements, the first batch_size of
-  // them the state's): the tiles' padding rows, and in a cluster the
+  // The block's staging, called by every thread of every block once before
+  // the first step (its mbarrier a shared variable of the kernel): whether
+  // the block runs in a cluster (tensor_cores, and a cluster launch); the
+  // zeros of `staged` (rows rows of `stride` elements, the first batch_size
+  // of them the state's): the tiles' padding rows, and in a cluster the
   // state's rows too, whose padding the copies leave as it is; then, in a
   // cluster, open().
   template <typename Dtype>
-  __device__ void prepare(Dtype* staged, int64_t batch_size, int64_t rows, int64_t stride,
-                          bool tensor_cores) {
-    clustered = tensor_cores && cluster_blocks() > 1;
-    for (int64_t i = (clustered ? 0 : batch_size * stride) + threadIdx.x; i < rows * stride;
-         i += blockDim.x) {
+  __device__ static MulticastStage prepared(Dtype* staged, int64_t batch_size, int64_t rows,
+                                            int64_t stride, bool tensor_cores) {
+    __shared__ uint64_t block_barrier;
+    MulticastStage stage = {&block_barrier, 0, tensor_cores && cluster_blocks() > 1};
+    for (int64_t i = (stage.clustered ? 0 : batch_size * stride) + threadIdx.x;
+         i < rows * stride; i += blockDim.x) {
       staged[i] = to_storage<Dtype>(0);
     }
-    if (clustered) open();
+    if (stage.clustered) stage.open();
+    return stage;
   }
 
   // A step's staging: the first `rows` rows of `source` (rows of `length`

@@ -49,9 +49,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     w[i] = k < state_size && column < state_size
         ? weights[(gate_row + column) * weights_row_stride + k] : to_storage<Dtype>(0);
   }
-  __shared__ uint64_t multicast_barrier;
-  MulticastStage multicast = {&multicast_barrier, 0, false};
-  multicast.prepare(h, batch_size, rows, stride, kTensorCores);
+  MulticastStage multicast = MulticastStage::prepared(h, batch_size, rows, stride, kTensorCores);
   const StagingRing<Dtype> ring(staging, batch_size, state_size);
   ring.zero_padding();
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
@@ -158,9 +156,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     w[i] = k < gates_size && column0 + c < state_size
         ? weights[k * weights_row_stride + column0 + c] : to_storage<Dtype>(0);
   }
-  __shared__ uint64_t multicast_barrier;
-  MulticastStage multicast = {&multicast_barrier, 0, false};
-  multicast.prepare(g, batch_size, rows, stride, kTensorCores);
+  MulticastStage multicast = MulticastStage::prepared(g, batch_size, rows, stride, kTensorCores);
   const StagingRing<Dtype> ring(staging, batch_size, gates_size);
   ring.zero_padding();
   cooperative_groups::grid_group grid = cooperative_groups::this_grid();
