@@ -400,39 +400,42 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
         with torch.autocast(inputs.device.type, enabled=False):
             return lltm_sequence(*op.autocast_cast(autocast, inputs, weights, bias, h0, c0),
                                  batch_sizes=batch_sizes, reverse=reverse)
+    arguments = (inputs, weights, bias, h0, c0, batch_sizes, bool(reverse))
     if batch_sizes is not None:
-        arguments = (inputs, weights, bias, h0, c0, batch_sizes, bool(reverse))
         packed_forward.check(arguments, "lltm_sequence")
         if inputs.shape[0] == 0:
             return inputs.new_empty(0, h0.shape[1]), (h0, c0)
-        options = plan.sequence_options("lltm_sequence") if plain else None
-        backward = plain and _records_backward(*tensors)
-        state_size = (_planned_state(inputs, h0, batch_sizes, options, backward) if plain
-                      else h0.shape[1])
-        if state_size != h0.shape[1]:
-            return _on_padded_state(state_size, *arguments)
-        if plain and not backward:
-            return _forward_alone(options, *arguments)
+    else:
+        check_dense(inputs, weights, bias, h0, c0)
+        if inputs.shape[0] == 0:
+            return inputs.new_empty(0, *h0.shape), (h0, c0)
+        if plain and _one_step_in_cell(inputs, bias, h0, reverse):
+            # One step is a call of the cell, in its step kernels.
+            new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
+            return new_h.unsqueeze(0), (new_h, new_cell)
+    if not plain:
+        return _run(arguments, plain=False)
+    options = plan.sequence_options("lltm_sequence")
+    backward = _records_backward(*tensors)
+    state_size = _planned_state(inputs, h0, batch_sizes, options, backward)
+    if state_size != h0.shape[1]:
+        return _on_padded_state(state_size, options, backward, arguments)
+    return _run(arguments, True, options, backward)
+
+
+def _run(arguments, plain, options=None, backward=True):
+    """lltm_sequence of checked arguments (inputs, weights, bias, h0, c0,
+    batch_sizes, reverse) at their own state: a plain call whose backward
+    will not run by _forward_alone, with `options`; else by _forward."""
+    if plain and not backward:
+        return _forward_alone(options, *arguments)
+    inputs, h0, batch_sizes = arguments[0], arguments[3], arguments[5]
+    if batch_sizes is not None:
         outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
         return outputs, (h_n, c_n)
-    check_dense(inputs, weights, bias, h0, c0)
     steps, batch_size, input_features = inputs.shape
-    if steps == 0:
-        return inputs.new_empty(0, *h0.shape), (h0, c0)
-    if plain and _one_step_in_cell(inputs, bias, h0, reverse):
-        # One step is a call of the cell, in its step kernels.
-        new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
-        return new_h.unsqueeze(0), (new_h, new_cell)
-    options = plan.sequence_options("lltm_sequence") if plain else None
-    backward = plain and _records_backward(*tensors)
-    state_size = _planned_state(inputs, h0, None, options, backward) if plain else h0.shape[1]
-    if state_size != h0.shape[1]:
-        return _on_padded_state(state_size, inputs, weights, bias, h0, c0, None, reverse)
-    if plain and not backward:
-        return _forward_alone(options, inputs, weights, bias, h0, c0, None, reverse)
     outputs, _, _, h_n, c_n = _forward(
-        packed, (inputs.reshape(steps * batch_size, input_features), weights, bias, h0, c0, None,
-                 bool(reverse)), plain)
+        packed, (inputs.reshape(steps * batch_size, input_features), *arguments[1:]), plain)
     return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
 
 
@@ -446,30 +449,37 @@ def _planned_state(inputs, h0, batch_sizes, options, backward):
                                state_size, batch_sizes is not None, options)
 
 
-def _on_padded_state(state_size, inputs, weights, bias, h0, c0, batch_sizes, reverse):
-    """lltm_sequence of checked arguments run at a state of state_size
-    columns, and its results cut back to h0's. The units added have zero
-    weights, bias and initial state: they stay zero, and the others' zero
-    weights from them keep every other unit's arithmetic as it was. The
-    inputs' features are padded with zeros to rows of whole 16 bytes too,
-    so that the weights' rows are (a product on rows off 16 bytes takes
-    slower cuBLAS kernels). Autograd differentiates the padding and the
-    cutting back as any torch op's."""
+def _on_padded_state(state_size, options, backward, arguments):
+    """_run of plain checked arguments at a state of state_size columns,
+    and its results cut back to h0's. The units added have zero weights,
+    bias and initial state: they stay zero, and the others' zero weights
+    from them keep every other unit's arithmetic as it was. The inputs'
+    features are padded with zeros to rows of whole 16 bytes too, so that
+    the weights' rows are (a product on rows off 16 bytes takes slower
+    cuBLAS kernels). Each padded tensor is zeros with the given one copied
+    in (fewer torch ops than padding piece by piece: the host's time is
+    what a padded call of few steps waits for); autograd differentiates
+    the copies and the cutting back as any torch op's."""
+    inputs, weights, bias, h0, c0, batch_sizes, reverse = arguments
     size, features = h0.shape[1], inputs.shape[-1]
-    extra, extra_features = state_size - size, _whole_16_bytes(features, inputs) - features
-    if extra_features:
-        inputs = F.pad(inputs, (0, extra_features))
-    gates = weights.reshape(3, size, -1)
-    weights = torch.cat((F.pad(gates[..., :size], (0, extra, 0, extra)),
-                         F.pad(gates[..., size:], (0, extra_features, 0, extra))),
-                        dim=2).view(3 * state_size, -1)
+    padded_features = _whole_16_bytes(features, inputs)
+    if padded_features != features:
+        inputs, given = inputs.new_zeros(*inputs.shape[:-1], padded_features), inputs
+        inputs[..., :features] = given
+    gates = weights.view(3, size, size + features)
+    weights = weights.new_zeros(3, state_size, state_size + padded_features)
+    weights[:, :size, :size] = gates[..., :size]
+    weights[:, :size, state_size:state_size + features] = gates[..., size:]
     if bias is not None:
-        bias = F.pad(bias.reshape(*bias.shape[:-1], 3, size), (0, extra)).flatten(-2)
-    h0, c0 = F.pad(h0, (0, extra)), F.pad(c0, (0, extra))
-    outputs, states = lltm_sequence(inputs, weights, bias, h0, c0, batch_sizes=batch_sizes,
-                                    reverse=reverse)
+        bias, given = bias.new_zeros(*bias.shape[:-1], 3, state_size), bias
+        bias[..., :size] = given.view(*given.shape[:-1], 3, size)
+    states = h0.new_zeros(2, h0.shape[0], state_size)
+    states[0, :, :size], states[1, :, :size] = h0, c0
+    outputs, final = _run((inputs, weights.view(3 * state_size, -1),
+                           None if bias is None else bias.flatten(-2), states[0], states[1],
+                           batch_sizes, reverse), True, options, backward)
     return outputs[..., :size].contiguous(), tuple(state[:, :size].contiguous()
-                                                   for state in states)
+                                                   for state in final)
 
 
 def _one_step_in_cell(inputs, bias, h0, reverse):
