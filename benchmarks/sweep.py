@@ -89,7 +89,7 @@ WARMUP_CALLS = 2
 # runs a point, the default and LLTM_PAD=0 columns, the same code where the
 # state is not padded, read 5.5 and 4.7 us a step at 64x16x300x300 under
 # bfloat16 autocast, inference (H200). At 0.6 s a point the H200 sweep
-# took 176 s, a median of 18 runs a point.
+# takes 240 s, a median of 12 runs a point.
 POINT_SECONDS = 0.6
 MIN_RUNS = 5
 MAX_RUNS = 20
