@@ -108,6 +108,31 @@ def test_a_padded_call_gives_the_unpadded_results(shape, reverse, packed, bias, 
         torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("bias", ["bias", "bias-row"])
+def test_a_padded_call_of_strided_arguments_gives_the_unpadded_results(bias, generator,
+                                                                       monkeypatch):
+    """Weights, bias and states that are views with strides of their own
+    (transposed, every other element) pad as dense ones do."""
+    steps, batch_size, features, state = 3, 2, 5, 7
+    contiguous = _leaves(steps, batch_size, features, state, BIASES[bias], generator)
+    strided = [contiguous[0],
+               contiguous[1].detach().t().contiguous().t().requires_grad_(),
+               contiguous[2].detach().repeat_interleave(2, dim=-1)[..., ::2].requires_grad_(),
+               *(leaf.detach().t().contiguous().t().requires_grad_()
+                 for leaf in contiguous[3:])]
+    assert not any(leaf.is_contiguous() for leaf in strided[1:])
+
+    def grads(result):
+        return torch.ones_like(result)
+
+    monkeypatch.setenv("LLTM_PAD", "0")
+    expected = _results_and_gradients(contiguous, False, False, grads)
+    monkeypatch.setenv("LLTM_PAD", "1")
+    got = _results_and_gradients(strided, False, False, grads)
+    for value, wanted in zip(got, expected, strict=True):
+        torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
+
+
 def test_a_padded_call_passes_gradcheck_and_gradgradcheck(generator, monkeypatch):
     monkeypatch.setenv("LLTM_PAD", "1")
     leaves = _leaves(2, 2, 2, 3, BIASES["bias"], generator)

@@ -466,13 +466,13 @@ def _on_padded_state(state_size, options, backward, arguments):
     if padded_features != features:
         inputs, given = inputs.new_zeros(*inputs.shape[:-1], padded_features), inputs
         inputs[..., :features] = given
-    gates = weights.view(3, size, size + features)
+    gates = weights.reshape(3, size, size + features)
     weights = weights.new_zeros(3, state_size, state_size + padded_features)
     weights[:, :size, :size] = gates[..., :size]
     weights[:, :size, state_size:state_size + features] = gates[..., size:]
     if bias is not None:
         bias, given = bias.new_zeros(*bias.shape[:-1], 3, state_size), bias
-        bias[..., :size] = given.view(*given.shape[:-1], 3, size)
+        bias[..., :size] = given.reshape(*given.shape[:-1], 3, size)
     states = h0.new_zeros(2, h0.shape[0], state_size)
     states[0, :, :size], states[1, :, :size] = h0, c0
     outputs, final = _run((inputs, weights.view(3 * state_size, -1),
