@@ -63,12 +63,12 @@
  *               T=1024 B=16, bfloat16 autocast, us a step padded and as
  *               given: S=650 training 9.3 and 9.4 (768: 9.2); S=1500, on
  *               the cublas row, inference 8.8 and 18.2 (1536: 7.9),
- *               training 20.8 and 39.8 (1536: 19.9). In an earlier
- *               sweep, training at 1500 took 36.8 (1536: 19.5): there its
- *               calls found their tensors moved after the others' calls
- *               and launched their kernels as they came rather than
- *               replaying their graph (lltm_cublas.h). The steps row is
- *               not padded (not measured so), nor a forward alone on the
+ *               training 20.8 and 39.8 (1536: 19.9). A call whose
+ *               tensors moved since the call before (after other
+ *               models' calls) launches its kernels as they come rather
+ *               than replaying its graph (lltm_cublas.h): training at
+ *               1500 then took 36.8 (1536: 19.5). The steps row is not
+ *               padded (not measured so), nor a forward alone on the
  *               cluster row (measured: LLTM_PAD_STEPS's note below).
  *  cell (lltm), CUDA device:
  *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
