@@ -24,7 +24,7 @@ extern "C" {
  * NULL and 0 for dense steps). A key whose first value is 0 identifies
  * none: its pass is never recorded. */
 typedef struct {
-  int64_t values[32];
+  int64_t values[40];
   const int64_t* batch_sizes;
   int64_t batch_sizes_count;
 } lltm_pass_key;

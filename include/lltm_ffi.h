@@ -162,10 +162,17 @@ int lltm_sequence_path(int dtype, int device, int pass, int64_t steps, int64_t b
  * lltm_sequence_path's): state_size, or the next size whose rows are
  * whole 16 bytes where the plan pads the state with zero units there
  * (their weights, bias and initial state zero, they stay zero and change
- * nothing of the others; the caller pads and cuts back). */
+ * nothing of the others). The caller gives it to each pass among its
+ * sizes, with a workspace of lltm_sequence_workspace elements; the pass
+ * pads, runs and cuts back within (include/lltm_padding.h). */
 int64_t lltm_sequence_state(int dtype, int device, int backward, int64_t steps,
                             int64_t batch_size, int64_t state_size, int packed,
                             const lltm_sequence_options* options);
+/* The elements of `dtype` in the workspace of the sequence pass `pass`
+ * (an lltm_pass) of `sizes` (the pass's own, with its padded state) and
+ * the tensors `present` (bit i set where the pass's tensor i is given):
+ * 0 where the padded state is the state. */
+int64_t lltm_sequence_workspace(int pass, int dtype, const int64_t* sizes, uint64_t present);
 /* The path of a call of the cell (lltm) whose gate product takes
  * `multiply_adds` multiply-adds, elements of `dtype`, on `device`, while
  * a CUDA graph is captured (capturing 1) or not, `forced` an lltm_path or

@@ -593,19 +593,22 @@ class Op:
     torch.library.register_autograd; result(output) -> what the caller gets
     (the forward's output as it is by default: a pass may return tensors its
     backward needs and the caller does not); name: the public function's
-    name, which its refusals give (the operator's by default). Its
+    name, which its refusals give (the operator's by default);
+    eager_options: keyword-only options of the forward pass for plain
+    eager calls (the operator leaves them at their defaults). Its
     docstring is that of the forward pass's module (the op's file), which
     says how to call it."""
 
-    def __init__(self, forward, backward, setup_context=None, result=None, name=None):
+    def __init__(self, forward, backward, setup_context=None, result=None, name=None,
+                 eager_options=None):
         self.forward = forward
         self.name = name or forward.label
         self.__doc__ = getattr(sys.modules.get(forward.body.__module__), "__doc__", None)
         self.result = result or (lambda output: output)
         setup_context = setup_context or (lambda ctx, inputs, output: None)
-        run = forward.run
+        run, options = forward.run, eager_options or {}
         self.function = type(f"{forward.name}_function", (torch.autograd.Function,), {
-            "forward": staticmethod(lambda *args: run(*args)),
+            "forward": staticmethod(lambda *args: run(*args, **options)),
             "setup_context": staticmethod(setup_context),
             "backward": staticmethod(backward),
             "generate_vmap_rule": True,

@@ -54,11 +54,12 @@
  *               persistent row on LLTM_PAD_STEPS steps or more, or its
  *               forward the cublas row on as many or with large products
  *               (LLTM_PAD_STATE), the call runs at the padded state (zero
- *               units, the inputs' features padded alike; Python pads and
- *               cuts back): cuBLAS then takes its 16-byte aligned
- *               kernels for every product, those around the persistent
- *               kernels' recurrence too (which stage rows off 16 bytes
- *               through a ring of padded copies either way). H200
+ *               units, the inputs' features padded alike; each pass pads
+ *               and cuts back in C, include/lltm_padding.h): cuBLAS then
+ *               takes its 16-byte aligned kernels for every product,
+ *               those around the persistent kernels' recurrence too
+ *               (which stage rows off 16 bytes through a ring of padded
+ *               copies either way). H200
  *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
  *               T=1024 B=16, bfloat16 autocast, us a step padded and as
  *               given: S=650 training 9.3 and 9.4 (768: 9.2); S=1500, on
@@ -255,11 +256,12 @@ int lltm_sequence_path(int dtype, int device, int pass, int64_t steps, int64_t b
 #endif
 }
 
-/* The fewest steps for which the plan pads the state: on short sequences
- * a padded call costs 0.3 to 1 ms more than the padding wins (H200, T=64
- * B=16 F=650 under bfloat16 autocast, training: a state of 650 padded to
- * 656 took 2.2 ms a call, a state of 656 given as such 1.2, a state of 650
- * as given 1.4). */
+/* The fewest steps for which the plan pads the state. On short sequences
+ * padding wins some calls and loses others: H200, T=64 F=S, us a step
+ * padded (LLTM_PAD=1) and as given (LLTM_PAD=0), probed once, 7 runs:
+ * bfloat16 autocast training, B=16 S=650 19.9 and 21.4 (768: 18.7), B=64
+ * S=1000 25.1 and 27.8; float32 training, B=64 S=650 56.5 and 48.9, B=16
+ * S=650 34.3 and 31.6; bfloat16 inference, B=16 S=650 8.7 and 8.3. */
 #define LLTM_PAD_STEPS 256
 
 /* Under LLTM_PAD_STEPS steps the padding still pays on the cuBLAS loop

@@ -1,13 +1,15 @@
 """The sequence's state padded to rows of whole 16 bytes (src/plan.c's
-lltm_sequence_state, sequence.py's _on_padded_state): where the plan pads,
-which sizes it pads to, and that a padded call gives the results and
-gradients of the unpadded one, to any order, dense and packed, either
-direction, with each form of bias. LLTM_PAD=1 pads on the CPU too, so that
-the padding itself is checked here without a GPU; the GPU's padded paths
-are also walked by test_paths.py's table test, padded and not."""
+lltm_sequence_state; each pass pads, runs and cuts back in C,
+include/lltm_padding.h): where the plan pads, which sizes it pads to, and
+that a padded call gives the results and gradients of the unpadded one, to
+any order, dense and packed, either direction, with each form of bias and
+of output gradient. LLTM_PAD=1 pads on the CPU too, so that the padding's
+copies are checked here without a GPU; the GPU's padded paths are also
+walked by test_paths.py's table test, padded and not."""
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import lltm_ffi
@@ -130,6 +132,75 @@ def test_a_padded_call_of_strided_arguments_gives_the_unpadded_results(bias, gen
     monkeypatch.setenv("LLTM_PAD", "1")
     got = _results_and_gradients(strided, False, False, grads)
     for value, wanted in zip(got, expected, strict=True):
+        torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("grad", ["expanded", "every-other-column", "transposed"])
+def test_a_padded_backward_takes_output_gradients_of_any_strides(grad, generator, monkeypatch):
+    """The backward pass copies the output gradients in through their
+    strides: expanded ones (a sum's), every other column, steps and rows
+    transposed."""
+    leaves = _leaves(4, 3, 5, 7, BIASES["bias"], generator)
+    shape = (4, 3, 7)
+    given = torch.randn(*shape, 2, generator=generator, dtype=torch.float64)
+    strided = {"expanded": torch.ones((), dtype=torch.float64).expand(shape),
+               "every-other-column": given.flatten(-2)[..., ::2],
+               "transposed": given[..., 0].transpose(0, 1).contiguous().transpose(0, 1)}[grad]
+    assert not strided.is_contiguous()
+    results = []
+    for setting in ("0", "1"):
+        monkeypatch.setenv("LLTM_PAD", setting)
+        outputs, _ = lltm_ffi.lltm_sequence(*leaves)
+        wanted = [leaf for leaf in leaves if leaf is not None]
+        results.append(torch.autograd.grad(outputs, wanted, strided))
+    for value, wanted in zip(*results, strict=True):
+        torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
+
+
+def test_the_workspace_is_asked_only_of_a_padded_pass():
+    """C asks no workspace of a pass at its own state, and room for each
+    padded copy of a padded one, where the cells and gates it keeps for a
+    backward are not: they are given at the padded state."""
+    forward, saved = plan.lib.LLTM_PASS_FORWARD, plan.lib.LLTM_PASS_FORWARD_SAVED
+    sizes = (12, 4, 3, 5, 7, 0, 7)  # rows, steps, batch, features, state, reverse, padded
+    assert plan.sequence_workspace(forward, torch.float32, sizes, 0b11111111111) == 0
+    padded = (*sizes[:-1], 8)
+    every = 0b11111111111  # all of packed_forward's tensors but its staging
+    without_cells = every & ~(1 << 7)
+    alone = plan.sequence_workspace(forward, torch.float32, padded, without_cells)
+    kept = plan.sequence_workspace(saved, torch.float32, padded, every)
+    # Whole 512-byte chunks (128 float32) a tensor: the inputs (their 5
+    # features padded to 8) 1, weights 3, bias 1, h0 and c0 1 each, outputs
+    # 1, h_n and c_n 1 each; and where it keeps none, its gates 3.
+    assert alone == 128 * 13 and kept == 128 * 10
+
+
+def test_traced_calls_run_at_the_state_as_given(generator, monkeypatch):
+    """A traced call reaches C through the registered operators, whose
+    results' shapes are known before it runs: it runs at the state as given
+    where LLTM_PAD=1 pads an eager call, and gives the same results."""
+    monkeypatch.setenv("LLTM_PAD", "1")
+    leaves = _leaves(4, 3, 5, 7, BIASES["bias"], generator)
+
+    def step(*tensors):
+        outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*tensors)
+        loss = outputs.sum() + 2 * h_n.sum() + 3 * c_n.sum()
+        return outputs, h_n, c_n, *torch.autograd.grad(loss, tensors)
+
+    traced = make_fx(step, tracing_mode="fake")(*leaves)
+    assert "lltm_ffi.packed_forward" in traced.code
+
+    class ShapesAsTraced(torch.fx.Interpreter):
+        def run_node(self, node):
+            result = super().run_node(node)
+            if str(node.target).startswith("lltm_ffi."):
+                for value, traced_value in zip(result, node.meta["val"], strict=True):
+                    if isinstance(value, torch.Tensor):
+                        assert value.shape == traced_value.shape, node.target
+            return result
+
+    got = ShapesAsTraced(traced).run(*leaves)
+    for value, wanted in zip(got, step(*leaves), strict=True):
         torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
 
 

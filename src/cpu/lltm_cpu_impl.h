@@ -154,6 +154,7 @@ static int LLTM_NAME(backward_)(int64_t batch_size, int64_t state_size,
   return LLTM_SUCCESS;
 }
 
+#include "lltm_padding.h"
 #include "lltm_cpu_products.h"
 #include "lltm_cpu_forward.h"
 #include "lltm_cpu_backward.h"
@@ -220,8 +221,7 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
  * direction, with the final states. */
 /* sizes: rows, steps, batch, input_features, state, reverse; the options
  * (lltm_ffi.h) after the tensors and the CUDA passes' workspaces, which
- * the CPU passes do not read (forward: tensors[11]; backward: tensors[17]
- * and [18]). */
+ * the CPU passes do not read (lltm_padding.h numbers them). */
 static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch_sizes,
                                       const STORAGE* inputs, const STORAGE* weights,
                                       const STORAGE* bias, const STORAGE* h0, const STORAGE* c0,
@@ -237,7 +237,7 @@ static int LLTM_NAME(packed_forward_)(const int64_t* sizes, const int64_t* batch
 }
 
 /* sizes as packed_forward's, then grad_outputs' and grad_cells' row and
- * column strides. */
+ * column strides (lltm_padding.h). */
 static int LLTM_NAME(packed_backward_)(
     const int64_t* sizes, const int64_t* batch_sizes, const STORAGE* inputs,
     const STORAGE* weights, const STORAGE* h0, const STORAGE* outputs, const STORAGE* cells,
@@ -247,7 +247,7 @@ static int LLTM_NAME(packed_backward_)(
     const lltm_sequence_options* options) {
   lltm_walk walk;
   if (!lltm_packed_walk(sizes, batch_sizes, &walk)) return LLTM_ERROR_ARGUMENTS;
-  const int64_t* row_strides = sizes + 6;
+  const int64_t* row_strides = sizes + LLTM_B_STRIDES;
   const int64_t grad_strides[6] = {sizes[2] * row_strides[0], row_strides[0], row_strides[1],
                                    sizes[2] * row_strides[2], row_strides[2], row_strides[3]};
   return LLTM_NAME(recurrence_backward_)(
@@ -271,27 +271,45 @@ int LLTM_NAME(lltm_backward_pass_)(const lltm_args* args) {
                               args->tensors[4], args->tensors[5]);
 }
 
+/* The sequence's passes at the padded state where their sizes give one
+ * (lltm_padding.h). */
+static int LLTM_NAME(run_packed_forward_)(const lltm_args* args) {
+  /* A padded forward that keeps no cells has gates in its workspace, which
+   * only a GPU needs then. */
+  void* gates = args->tensors[LLTM_F_CELLS] ? args->tensors[LLTM_F_GATES] : NULL;
+  return LLTM_NAME(packed_forward_)(
+      args->sizes, args->tensors[LLTM_F_BATCH_SIZES], args->tensors[LLTM_F_INPUTS],
+      args->tensors[LLTM_F_WEIGHTS], args->tensors[LLTM_F_BIAS], args->tensors[LLTM_F_H0],
+      args->tensors[LLTM_F_C0], args->tensors[LLTM_F_OUTPUTS], args->tensors[LLTM_F_CELLS],
+      gates, args->tensors[LLTM_F_FINAL_H],
+      args->tensors[LLTM_F_FINAL_CELL], args->tensors[LLTM_F_OPTIONS]);
+}
+
+static int LLTM_NAME(run_packed_backward_)(const lltm_args* args) {
+  void* const* t = args->tensors;
+  return LLTM_NAME(packed_backward_)(
+      args->sizes, t[LLTM_B_BATCH_SIZES], t[LLTM_B_INPUTS], t[LLTM_B_WEIGHTS], t[LLTM_B_H0],
+      t[LLTM_B_OUTPUTS], t[LLTM_B_CELLS], t[LLTM_B_GATES], t[LLTM_B_GRAD_OUTPUTS],
+      t[LLTM_B_GRAD_CELLS], t[LLTM_B_GRAD_FINAL_H], t[LLTM_B_GRAD_FINAL_CELL], t[LLTM_B_D_GATES],
+      t[LLTM_B_D_INPUTS], t[LLTM_B_D_WEIGHTS], t[LLTM_B_D_BIAS], t[LLTM_B_D_H0], t[LLTM_B_D_C0],
+      t[LLTM_B_OPTIONS]);
+}
+
+static int LLTM_NAME(padded_)(int pass, const lltm_args* args,
+                              int (*run)(const lltm_args* args)) {
+  lltm_padded_pass padded;
+  int code = lltm_pad_pass(pass, (int)sizeof(STORAGE), args, &padded);
+  if (code != LLTM_SUCCESS) return code;
+  lltm_copy_on_cpu(padded.pads, padded.pad_count, (int)sizeof(STORAGE));
+  code = run(&padded.args);
+  if (code == LLTM_SUCCESS) lltm_copy_on_cpu(padded.cuts, padded.cut_count, (int)sizeof(STORAGE));
+  return code;
+}
+
 int LLTM_NAME(lltm_packed_forward_)(const lltm_args* args) {
-  return LLTM_NAME(packed_forward_)(args->sizes, args->tensors[5], args->tensors[0],
-                                    args->tensors[1], args->tensors[2], args->tensors[3],
-                                    args->tensors[4], args->tensors[6], args->tensors[7],
-                                    args->tensors[8], args->tensors[9], args->tensors[10],
-                                    args->tensors[12]);
+  return LLTM_NAME(padded_)(LLTM_PASS_FORWARD, args, LLTM_NAME(run_packed_forward_));
 }
 
 int LLTM_NAME(lltm_packed_backward_)(const lltm_args* args) {
-  return LLTM_NAME(packed_backward_)(args->sizes, args->tensors[3], args->tensors[0],
-                                     args->tensors[1], args->tensors[2], args->tensors[4],
-                                     args->tensors[5], args->tensors[6], args->tensors[7],
-                                     args->tensors[8], args->tensors[9], args->tensors[10],
-                                     args->tensors[11], args->tensors[12], args->tensors[13],
-                                     args->tensors[14], args->tensors[15], args->tensors[16],
-                                     args->tensors[19]);
+  return LLTM_NAME(padded_)(LLTM_PASS_BACKWARD, args, LLTM_NAME(run_packed_backward_));
 }
-
-#undef SCALAR
-#undef STORAGE
-#undef SUFFIX
-#undef LOAD
-#undef STORE
-#undef AMX_DTYPE

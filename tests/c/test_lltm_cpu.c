@@ -24,6 +24,7 @@
 #include "lltm_blas.h"
 #include "lltm_check.h"
 #include "lltm_half.h"
+#include "lltm_padding.h"
 
 static uint64_t rng_state;
 
@@ -487,19 +488,19 @@ static int run_dense_passes(struct sequence_shape shape, int dtype,
                             void* const* results) {
   const int64_t T = shape.steps, B = shape.batch, S = shape.state, step = B * S;
   const size_t size = element_size(dtype);
-  const int64_t sizes[10] = {T * B, T, B, shape.input_features, S, 0,
+  const int64_t sizes[11] = {T * B, T, B, shape.input_features, S, 0, S,
                              grad_strides[1], grad_strides[2], S, 1};
   void* h_n = allocate(step, size);
   void* c_n = allocate(step, size);
   lltm_sequence_options options = *products;
-  void* const forward_tensors[13] = {arguments[0], arguments[1], arguments[2], arguments[3],
+  void* const forward_tensors[14] = {arguments[0], arguments[1], arguments[2], arguments[3],
                                      arguments[4], NULL, results[0], results[1], results[2],
-                                     h_n, c_n, NULL, &options};
-  void* const backward_tensors[20] = {arguments[0], arguments[1], arguments[3], NULL,
+                                     h_n, c_n, NULL, NULL, &options};
+  void* const backward_tensors[21] = {arguments[0], arguments[1], arguments[3], NULL,
                                       results[0], results[1], results[2], arguments[5],
                                       arguments[6], NULL, NULL, results[3], results[4],
                                       results[5], results[6], results[7], results[8],
-                                      NULL, NULL, &options};
+                                      NULL, NULL, NULL, &options};
   int code = lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors);
   if (code == LLTM_SUCCESS) {
     code = lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors);
@@ -857,10 +858,10 @@ static void check_forward_alone(int dtype, const int64_t* sizes, void* const* fo
                                 size_t output_bytes, size_t state_bytes) {
   void* alone[3] = {allocate((int64_t)output_bytes, 1), allocate((int64_t)state_bytes, 1),
                     allocate((int64_t)state_bytes, 1)};
-  void* const tensors[13] = {forward_tensors[0], forward_tensors[1], forward_tensors[2],
+  void* const tensors[14] = {forward_tensors[0], forward_tensors[1], forward_tensors[2],
                              forward_tensors[3], forward_tensors[4], forward_tensors[5],
-                             alone[0], NULL, NULL, alone[1], alone[2], NULL,
-                             forward_tensors[12]};
+                             alone[0], NULL, NULL, alone[1], alone[2], NULL, NULL,
+                             forward_tensors[13]};
   const void* kept[3] = {forward_tensors[6], forward_tensors[9], forward_tensors[10]};
   const size_t bytes[3] = {output_bytes, state_bytes, state_bytes};
   if (lltm_check_pass("packed_forward", dtype, sizes, NULL, tensors) != LLTM_SUCCESS) {
@@ -877,6 +878,16 @@ static void check_forward_alone(int dtype, const int64_t* sizes, void* const* fo
     }
     free(alone[k]);
   }
+}
+
+/* A padded pass's workspace (lltm_sequence_workspace, for `tensors` before
+ * `count`), or NULL where its sizes ask for none. */
+static void* padding_workspace(int pass, int dtype, const int64_t* sizes, void* const* tensors,
+                               int count) {
+  uint64_t present = 0;
+  for (int index = 0; index < count; ++index) present |= (uint64_t)(tensors[index] != NULL) << index;
+  const int64_t elements = lltm_sequence_workspace(pass, dtype, sizes, present);
+  return elements ? allocate(elements, element_size(dtype)) : NULL;
 }
 
 static void check_packed(struct packed_shape shape, int dtype) {
@@ -927,42 +938,75 @@ static void check_packed(struct packed_shape shape, int dtype) {
   void* d_h0 = shape.state_grads ? allocate(B * S, element) : NULL;
   void* d_c0 = shape.state_grads ? allocate(B * S, element) : NULL;
   void* given_sizes = shape.packed ? batch_sizes : NULL;
-  const int64_t sizes[10] = {rows, T, B, F, S, shape.reverse,
-                             grad_strides[0], grad_strides[1], grad_strides[2], grad_strides[3]};
-  lltm_sequence_options options = *products_options;
-  void* const forward_tensors[13] = {arguments[0], arguments[1], arguments[2], arguments[3],
-                                     arguments[4], given_sizes, outputs, cells, gates, h_n, c_n,
-                                     NULL, &options};
-  void* const backward_tensors[20] = {arguments[0], arguments[1], arguments[3], given_sizes,
-                                      outputs, cells, gates, arguments[5], arguments[6],
-                                      arguments[7], arguments[8], d_gates, d_inputs, d_weights,
-                                      d_bias, d_h0, d_c0, NULL, NULL, &options};
-  if (lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS ||
-      lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors) != LLTM_SUCCESS) {
-    fprintf(stderr, "a packed pass (%s) returned an error\n", dtype_names[dtype]);
-    ++failures;
+  /* As given, then at a padded state (lltm_padding.h), off every tile. */
+  const int64_t padded_state = S + 5;
+  void* padded_cells = allocate(rows * padded_state, element);
+  void* padded_gates = allocate(rows * 3 * padded_state, element);
+  for (int padding = 0; padding < 2; ++padding) {
+    /* NaN in every result, so that none can pass as the run before's. */
+    void* const written[11] = {outputs, cells, gates, h_n, c_n, d_gates, d_inputs, d_weights,
+                               d_bias, d_h0, d_c0};
+    const int64_t written_counts[11] = {rows * S, rows * S, rows * 3 * S, B * S, B * S,
+                                        rows * 3 * S, rows * F, weight_count, 3 * S, B * S,
+                                        B * S};
+    for (int a = 0; a < 11; ++a) {
+      if (written[a]) memset(written[a], 0xff, written_counts[a] * element);
+    }
+    /* A padded forward keeps its cells and gates at the padded state. */
+    void* kept_cells = padding ? padded_cells : cells;
+    void* kept_gates = padding ? padded_gates : gates;
+    const int64_t sizes[11] = {rows, T, B, F, S, shape.reverse, padding ? padded_state : S,
+                               grad_strides[0], grad_strides[1], grad_strides[2],
+                               grad_strides[3]};
+    lltm_sequence_options options = *products_options;
+    void* forward_tensors[14] = {arguments[0], arguments[1], arguments[2], arguments[3],
+                                 arguments[4], given_sizes, outputs, kept_cells, kept_gates, h_n,
+                                 c_n, NULL, NULL, &options};
+    void* backward_tensors[21] = {arguments[0], arguments[1], arguments[3], given_sizes,
+                                  outputs, kept_cells, kept_gates, arguments[5], arguments[6],
+                                  arguments[7], arguments[8], d_gates, d_inputs, d_weights,
+                                  d_bias, d_h0, d_c0, NULL, NULL, NULL, &options};
+    forward_tensors[LLTM_F_WORKSPACE] =
+        padding_workspace(LLTM_PASS_FORWARD_SAVED, dtype, sizes, forward_tensors,
+                          LLTM_F_WORKSPACE);
+    backward_tensors[LLTM_B_WORKSPACE] = padding_workspace(
+        LLTM_PASS_BACKWARD, dtype, sizes, backward_tensors, LLTM_B_WORKSPACE);
+    if (lltm_check_pass("packed_forward", dtype, sizes, NULL, forward_tensors) != LLTM_SUCCESS ||
+        lltm_check_pass("packed_backward", dtype, sizes, NULL, backward_tensors) !=
+            LLTM_SUCCESS) {
+      fprintf(stderr, "a packed pass (%s%s) returned an error\n", dtype_names[dtype],
+              padding ? ", padded" : "");
+      ++failures;
+    }
+    free(forward_tensors[LLTM_F_WORKSPACE]);
+    free(backward_tensors[LLTM_B_WORKSPACE]);
+    if (!padding) {
+      check_forward_alone(dtype, sizes, forward_tensors, rows * S * element, B * S * element);
+    }
+    struct sequence_shape named = {T, B, F, S, shape.strided_grads, shape.state_grads};
+    const struct {
+      const char* name;
+      int64_t count;
+      const void* got;
+      const double* expected;
+    } results[] = {{"packed outputs", rows * S, outputs, expected.outputs},
+                   {"packed cells", rows * S, padding ? NULL : cells, expected.cells},
+                   {"packed h_n", B * S, h_n, expected.h_n},
+                   {"packed c_n", B * S, c_n, expected.c_n},
+                   {"packed d_inputs", rows * F, d_inputs, expected.d_inputs},
+                   {"packed d_weights", weight_count, d_weights, expected.d_weights},
+                   {"packed d_bias", 3 * S, d_bias, expected.d_bias},
+                   {"packed d_h0", B * S, d_h0, expected.d_h0},
+                   {"packed d_c0", B * S, d_c0, expected.d_c0}};
+    for (size_t k = 0; k < sizeof results / sizeof results[0]; ++k) {
+      if (!results[k].got) continue;
+      char label[64];
+      snprintf(label, sizeof label, "%s%s", results[k].name, padding ? " (padded)" : "");
+      compare_norms(label, dtype, named, results[k].count, results[k].got, results[k].expected);
+    }
   }
-  check_forward_alone(dtype, sizes, forward_tensors, rows * S * element, B * S * element);
-  struct sequence_shape named = {T, B, F, S, shape.strided_grads, shape.state_grads};
-  const struct {
-    const char* name;
-    int64_t count;
-    const void* got;
-    const double* expected;
-  } results[] = {{"packed outputs", rows * S, outputs, expected.outputs},
-                 {"packed cells", rows * S, cells, expected.cells},
-                 {"packed h_n", B * S, h_n, expected.h_n},
-                 {"packed c_n", B * S, c_n, expected.c_n},
-                 {"packed d_inputs", rows * F, d_inputs, expected.d_inputs},
-                 {"packed d_weights", weight_count, d_weights, expected.d_weights},
-                 {"packed d_bias", 3 * S, d_bias, expected.d_bias},
-                 {"packed d_h0", B * S, d_h0, expected.d_h0},
-                 {"packed d_c0", B * S, d_c0, expected.d_c0}};
-  for (size_t k = 0; k < sizeof results / sizeof results[0]; ++k) {
-    if (!results[k].got) continue;
-    compare_norms(results[k].name, dtype, named, results[k].count, results[k].got,
-                  results[k].expected);
-  }
+  free(padded_cells);
+  free(padded_gates);
   double* references[9] = {expected.outputs, expected.cells, expected.h_n, expected.c_n,
                            expected.d_inputs, expected.d_weights, expected.d_bias, expected.d_h0,
                            expected.d_c0};
@@ -988,12 +1032,12 @@ static void check_packed_refusals(void) {
   } cases[] = {{growing, 6, 3, 3}, {zero, 3, 3, 3}, {first_short, 3, 2, 3}, {first_short, 4, 2, 2},
                {NULL, 5, 2, 3}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
-    const int64_t sizes[10] = {cases[k].rows, cases[k].steps, cases[k].batch, 2, 3, 0,
+    const int64_t sizes[11] = {cases[k].rows, cases[k].steps, cases[k].batch, 2, 3, 0, 3,
                                3, 1, 3, 1};
-    void* const forward_tensors[13] = {NULL, NULL, NULL, NULL, NULL,
+    void* const forward_tensors[14] = {NULL, NULL, NULL, NULL, NULL,
                                        (void*)cases[k].batch_sizes, NULL, NULL, NULL, NULL, NULL,
-                                       NULL, NULL};
-    void* const backward_tensors[20] = {NULL, NULL, NULL, (void*)cases[k].batch_sizes};
+                                       NULL, NULL, NULL};
+    void* const backward_tensors[21] = {NULL, NULL, NULL, (void*)cases[k].batch_sizes};
     if (lltm_check_pass("packed_forward", LLTM_FLOAT32, sizes, NULL, forward_tensors) !=
             LLTM_ERROR_ARGUMENTS ||
         lltm_check_pass("packed_backward", LLTM_FLOAT64, sizes, NULL, backward_tensors) !=

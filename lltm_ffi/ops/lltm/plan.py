@@ -31,6 +31,10 @@ _NUMBERS = {name: number for number, name in enumerate(PATHS)}
 SEQUENCE_PATHS = PATHS[:lib.LLTM_PATH_CPU + 1] if lib is not None else ()
 CELL_PATHS = PATHS[lib.LLTM_PATH_CELL_STEPS:] if lib is not None else ()
 _PLANNED = lib.LLTM_PATH_PLANNED if lib is not None else -1
+# The sequence's passes (lltm_pass), read once: a pass asks on every call.
+PASS_FORWARD, PASS_BACKWARD, PASS_FORWARD_SAVED = (
+    (lib.LLTM_PASS_FORWARD, lib.LLTM_PASS_BACKWARD, lib.LLTM_PASS_FORWARD_SAVED)
+    if lib is not None else (None, None, None))
 
 
 def forced_path(function):
@@ -128,6 +132,15 @@ def sequence_state(dtype, device, backward, steps, batch_size, state_size, packe
     return _on_device(device, lambda index: lib.lltm_sequence_state(
         _extension._DTYPE_CODES[dtype], index, int(backward), steps, batch_size, state_size,
         int(packed), options))
+
+
+def sequence_workspace(sequence_pass, dtype, sizes, present):
+    """The elements of `dtype` a sequence pass (an lltm_pass) of `sizes`
+    (its own, the padded state after reverse) needs for its padded copies, the
+    pass's tensors `present` (bit i: tensor i given); 0 where the padded
+    state is the state."""
+    return lib.lltm_sequence_workspace(sequence_pass, _extension._DTYPE_CODES[dtype], sizes,
+                                       present)
 
 
 def check_forced_sequence(function, dtype, device, backward, steps, batch_size, state_size,

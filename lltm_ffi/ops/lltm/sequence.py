@@ -20,9 +20,10 @@ autocast dtype first, and the call runs in it.
 
 The recurrence's path is the plan's (src/plan.c; plan.py asks it, and
 recurrence_path says which a call takes); LLTM_PATH in the environment
-forces one. So is the state an eager call runs at: where the plan pads it
-to rows of whole 16 bytes, _on_padded_state adds zero units and cuts the
-results back (LLTM_PAD=0: never, 1: on every call). On a GPU the matrix
+forces one. So is the state an eager call's passes run at: where the plan
+pads it to rows of whole 16 bytes, each pass adds zero units in a
+workspace and cuts its results back, in C (include/lltm_padding.h;
+LLTM_PAD=0: never, 1: on every eager call). On a GPU the matrix
 products go through cuBLAS (loaded by the C code at run time), with TF32
 where torch.backends.cuda.matmul.allow_tf32 allows it for torch's own
 products; LLTM_CUBLAS=0 in the environment has lltm_ffi's own kernels do
@@ -118,18 +119,36 @@ def _check_packed_forward(function, inputs, weights, bias, h0, c0, batch_sizes, 
     check_packed(function, inputs, weights, bias, h0, c0, batch_sizes)
 
 
-def _checked_options(inputs, backward, steps, batch_size, state_size, batch_sizes,
-                     options=None):
-    """The pass's options (`options`, else plan.sequence_options), once the
-    path LLTM_PATH forces, if any, is known to take it (else its
-    ValueError)."""
+def _pass_plan(inputs, sequence_pass, steps, batch_size, state_size, batch_sizes, options,
+               padded=None):
+    """(options, padded_state) of a pass (an lltm_pass): its options
+    (`options`, else plan.sequence_options) and the state it runs at
+    (`padded`, else the plan's, plan.sequence_state), once the path
+    LLTM_PATH forces, if any, is known to take it there (else its
+    ValueError). A fake tensor, which has no device to ask about, runs at
+    its state."""
     if options is None:
         options = plan.sequence_options("lltm_sequence")
-    if type(inputs) in op.PLAIN_TENSOR_TYPES:  # a fake tensor has no device to ask about
-        plan.check_forced_sequence("lltm_sequence", inputs.dtype, inputs.device, backward,
-                                   steps, batch_size, state_size, batch_sizes is not None,
-                                   options)
-    return options
+    if type(inputs) not in op.PLAIN_TENSOR_TYPES:
+        return options, state_size
+    backward = sequence_pass == plan.PASS_BACKWARD
+    packed = batch_sizes is not None
+    if padded is None:
+        padded = plan.sequence_state(inputs.dtype, inputs.device,
+                                     sequence_pass != plan.PASS_FORWARD, steps,
+                                     batch_size, state_size, packed, options)
+    plan.check_forced_sequence("lltm_sequence", inputs.dtype, inputs.device, backward, steps,
+                               batch_size, padded, packed, options)
+    return options, padded
+
+
+def _with_workspace(sequence_pass, sizes, tensors, like):
+    """`tensors` of a pass (an lltm_pass) of `sizes` at a padded state,
+    with its workspace last: as many elements as C asks for its padded
+    copies."""
+    present = sum(1 << index for index, tensor in enumerate(tensors) if tensor is not None)
+    return (*tensors, like.new_empty(plan.sequence_workspace(sequence_pass, like.dtype, sizes,
+                                                             present)))
 
 
 def _whole_16_bytes(length, tensor):
@@ -154,8 +173,8 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
                    bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
                    c0: op.Tensor(dims=2),
                    batch_sizes: op.Tensor(dims=1, dtype=torch.int64, optional=True, host=True),
-                   reverse: bool, *, saved=True, options=None) -> tuple[Tensor, Tensor, Tensor,
-                                                                        Tensor, Tensor]:
+                   reverse: bool, *, saved=True, options=None,
+                   padding=False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(outputs, cells, gates, h_n, c_n) of one direction over packed steps:
     every step's new_h and new_cell (rows, state) and pre-activation gates
     (rows, 3 * state), and each sequence's final state (batch, state), after
@@ -165,7 +184,11 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     order; bias None: none. saved=False, for a forward no backward follows:
     cells and gates are None, the pass storing neither, and outputs, h_n
     and c_n are bit for bit saved=True's. `options`: the call's
-    plan.sequence_options where the caller has them already. No cells are
+    plan.sequence_options where the caller has them already. padding=True
+    (plain eager calls; the operator's shapes are known before it runs):
+    the pass runs at the plan's padded state, where it pads one, and its
+    cells and gates are at that state, as the backward pass takes them
+    (rows, padded state), (rows, 3 * padded state). No cells are
     allocated on any device (a CUDA pass carries each sequence's cell in
     c_n or in registers). A CUDA pass still gets a (rows, 3 * state) buffer, its
     workspace, dropped after the call: one product puts every step's input
@@ -176,34 +199,54 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     rows, input_features = inputs.shape
     batch_size, state_size = h0.shape
     outputs = h0.new_empty(rows, state_size)
-    cells = torch.empty_like(outputs) if saved else None
-    gates = h0.new_empty(rows, 3 * state_size) if saved or not inputs.is_cpu else None
-    if outputs.numel():
-        h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
-        steps = steps_of(rows, batch_size, batch_sizes)
-        options = _checked_options(inputs, False, steps, batch_size, state_size, batch_sizes,
-                                   options)
-        c(sizes=(rows, steps, batch_size, input_features, state_size, int(reverse)),
-          tensors=(inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n,
-                   _staging(h0, state_size, batch_sizes)),
-          options=options)
+    if not outputs.numel():
+        kept = (torch.empty_like(outputs), h0.new_empty(rows, 3 * state_size)) if saved else (
+            None, None)
+        return outputs, *kept, h0.clone(), c0.clone()
+    h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
+    steps = steps_of(rows, batch_size, batch_sizes)
+    sequence_pass = plan.PASS_FORWARD_SAVED if saved else plan.PASS_FORWARD
+    options, padded = _pass_plan(inputs, sequence_pass, steps, batch_size, state_size,
+                                 batch_sizes, options, None if padding else state_size)
+    own_state = padded == state_size
+    cells = gates = None
+    if saved:
+        cells, gates = h0.new_empty(rows, padded), h0.new_empty(rows, 3 * padded)
+    elif own_state and not inputs.is_cpu:
+        # A CUDA pass's workspace; a padded pass's is among its padded copies.
+        gates = h0.new_empty(rows, 3 * state_size)
+    sizes = (rows, steps, batch_size, input_features, state_size, int(reverse), padded)
+    if own_state:
+        tensors = (inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates, h_n, c_n,
+                   _staging(h0, state_size, batch_sizes), None)
     else:
-        h_n, c_n = h0.clone(), c0.clone()
-    return (outputs, cells, gates, h_n, c_n) if saved else (outputs, None, None, h_n, c_n)
+        tensors = _with_workspace(sequence_pass, sizes, (inputs, weights, bias, h0, c0,
+                                                         batch_sizes, outputs, cells, gates, h_n,
+                                                         c_n, None), h0)
+    c(sizes=sizes, tensors=tensors, options=options)
+    return outputs, cells, gates, h_n, c_n
 
 
 def _check_packed_backward(function, inputs, weights, bias, h0, batch_sizes, reverse, outputs,
                            cells, gates, grad_outputs, grad_cells, grad_h_n, grad_c_n):
     check_packed(function, inputs, weights, bias, h0, h0, batch_sizes)
     rows, state_size = inputs.shape[0], h0.shape[1]
+    # The cells and gates of a padded forward are at its padded state.
+    padded = max(_kept_state(cells, state_size), state_size)
     for name, tensor, shape in (("outputs", outputs, (rows, state_size)),
-                                ("cells", cells, (rows, state_size)),
-                                ("gates", gates, (rows, 3 * state_size)),
+                                ("cells", cells, (rows, padded)),
+                                ("gates", gates, (rows, 3 * padded)),
                                 ("grad_outputs", grad_outputs, (rows, state_size)),
-                                ("grad_cells", grad_cells, (rows, state_size)),
+                                ("grad_cells", grad_cells, (rows, padded)),
                                 ("grad_h_n", grad_h_n, h0.shape), ("grad_c_n", grad_c_n, h0.shape)):
         if tensor is not None:
             op.check_shape(function, name, tensor, shape)
+
+
+def _kept_state(cells, state_size):
+    """The state the forward that kept `cells` ran at: their columns (more
+    than state_size where it padded the state)."""
+    return cells.shape[1] if cells.dim() == 2 else state_size
 
 
 @op.c_pass("packed_backward", check=_check_packed_backward)
@@ -220,7 +263,8 @@ def packed_backward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     """The gradients of packed_forward's inputs, weights, bias, h0 and c0
     (of bias only the shape is read; None: none) from those of its outputs,
     cells and final states (None: zeros) and what it read and saved; each
-    is None unless `wanted` (five booleans) says so."""
+    is None unless `wanted` (five booleans) says so. It runs at the state
+    the forward ran at: that of the cells and gates kept."""
     rows, input_features = inputs.shape
     batch_size, state_size = h0.shape
     steps = steps_of(rows, batch_size, batch_sizes)
@@ -233,13 +277,23 @@ def packed_backward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     # Past one step d_h0 and d_c0 carry the gradients between steps: C needs them.
     d_h0, d_c0 = (new(h0.shape) if want or steps > 1 else None for want in (wants_h0, wants_c0))
     if computed:
-        options = _checked_options(inputs, True, steps, batch_size, state_size, batch_sizes)
-        c(sizes=(rows, steps, batch_size, input_features, state_size, int(reverse),
-                 *cell._strides(grad_outputs)[1:], *cell._strides(grad_cells)[1:]),
-          tensors=(inputs, weights, h0, batch_sizes, outputs, cells, gates, grad_outputs,
-                   grad_cells, grad_h_n, grad_c_n, torch.empty_like(gates), d_inputs, d_weights,
-                   d_bias, d_h0, d_c0, _staging(h0, 3 * state_size, batch_sizes),
-                   _previous_states(h0, rows, batch_sizes, d_weights)),
+        sequence_pass = plan.PASS_BACKWARD
+        options, padded = _pass_plan(inputs, sequence_pass, steps, batch_size, state_size,
+                                     batch_sizes, None, _kept_state(cells, state_size))
+        own_state = padded == state_size
+        sizes = (rows, steps, batch_size, input_features, state_size, int(reverse), padded,
+                 *cell._strides(grad_outputs)[1:], *cell._strides(grad_cells)[1:])
+        tensors = (inputs, weights, h0, batch_sizes, outputs, cells, gates, grad_outputs,
+                   grad_cells, grad_h_n, grad_c_n)
+        results = (d_inputs, d_weights, d_bias, d_h0, d_c0)
+        if own_state:
+            tensors = (*tensors, torch.empty_like(gates), *results,
+                       _staging(h0, 3 * state_size, batch_sizes),
+                       _previous_states(h0, rows, batch_sizes, d_weights), None)
+        else:  # its d_gates, staging and previous states among its padded copies
+            tensors = _with_workspace(sequence_pass, sizes,
+                                      (*tensors, None, *results, None, None), h0)
+        c(sizes=sizes, tensors=tensors,
           options=options)
     return d_inputs, d_weights, d_bias, d_h0 if wants_h0 else None, d_c0 if wants_c0 else None
 
@@ -286,6 +340,12 @@ def packed_in_torch(inputs, weights, bias, h0, c0, batch_sizes, reverse):
     return torch.cat(outputs), torch.cat(cells), h_n, c_n
 
 
+def _at_state(grad_cells, outputs):
+    """The gradient of cells kept at a padded state, cut to the state's
+    columns (outputs'): those of the units added change nothing."""
+    return None if grad_cells is None else grad_cells[:, :outputs.shape[1]]
+
+
 def _save_packed(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:6], *output[:3])
     ctx.reverse = inputs[6]
@@ -303,7 +363,8 @@ def _packed_backward(ctx, grad_outputs, grad_cells, _, grad_h_n, grad_c_n):
             lambda *tensors: packed_in_torch(*tensors, batch_sizes, ctx.reverse),
             (inputs, weights, bias, h0, c0), ctx.needs_input_grad[:5],
             [derivatives.or_zeros(grad, like) for grad, like in
-             ((grad_outputs, outputs), (grad_cells, cells), (grad_h_n, h0), (grad_c_n, c0))])
+             ((grad_outputs, outputs), (_at_state(grad_cells, outputs), outputs),
+              (grad_h_n, h0), (grad_c_n, c0))])
         return (*grads, None, None)
     arguments = (inputs, weights, bias, h0, batch_sizes, ctx.reverse, outputs, cells, gates,
                  grad_outputs, grad_cells, grad_h_n, grad_c_n)
@@ -313,7 +374,8 @@ def _packed_backward(ctx, grad_outputs, grad_cells, _, grad_h_n, grad_c_n):
 
 
 packed = op.Op(packed_forward, _packed_backward, _save_packed,
-               result=lambda output: (output[0], output[3], output[4]))
+               result=lambda output: (output[0], output[3], output[4]),
+               eager_options={"padding": True})
 
 _UNSUPPORTED_TRANSFORMS = (
     "lltm_ffi.lltm_sequence supports torch.autograd's reverse mode, to any order, but not "
@@ -345,7 +407,8 @@ def _forward_alone(options, inputs, weights, bias, h0, c0, batch_sizes, reverse)
     # Not reshape(-1, features): inputs without features have no rows to infer.
     rows = inputs.flatten(0, 1) if dense else inputs
     outputs, _, _, h_n, c_n = packed_forward.run(rows, weights, bias, h0, c0, batch_sizes,
-                                                 bool(reverse), saved=False, options=options)
+                                                 bool(reverse), saved=False, options=options,
+                                                 padding=True)
     return (outputs.view(*inputs.shape[:2], h0.shape[1]) if dense else outputs), (h_n, c_n)
 
 
@@ -415,12 +478,8 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
             return new_h.unsqueeze(0), (new_h, new_cell)
     if not plain:
         return _run(arguments, plain=False)
-    options = plan.sequence_options("lltm_sequence")
-    backward = _records_backward(*tensors)
-    state_size = _planned_state(inputs, h0, batch_sizes, options, backward)
-    if state_size != h0.shape[1]:
-        return _on_padded_state(state_size, options, backward, arguments)
-    return _run(arguments, True, options, backward)
+    return _run(arguments, True, plan.sequence_options("lltm_sequence"),
+                _records_backward(*tensors))
 
 
 def _run(arguments, plain, options=None, backward=True):
@@ -447,39 +506,6 @@ def _planned_state(inputs, h0, batch_sizes, options, backward):
     steps = inputs.shape[0] if batch_sizes is None else batch_sizes.shape[0]
     return plan.sequence_state(inputs.dtype, inputs.device, backward, steps, batch_size,
                                state_size, batch_sizes is not None, options)
-
-
-def _on_padded_state(state_size, options, backward, arguments):
-    """_run of plain checked arguments at a state of state_size columns,
-    and its results cut back to h0's. The units added have zero weights,
-    bias and initial state: they stay zero, and the others' zero weights
-    from them keep every other unit's arithmetic as it was. The inputs'
-    features are padded with zeros to rows of whole 16 bytes too, so that
-    the weights' rows are (a product on rows off 16 bytes takes slower
-    cuBLAS kernels). Each padded tensor is zeros with the given one copied
-    in (fewer torch ops than padding piece by piece: the host's time is
-    what a padded call of few steps waits for); autograd differentiates
-    the copies and the cutting back as any torch op's."""
-    inputs, weights, bias, h0, c0, batch_sizes, reverse = arguments
-    size, features = h0.shape[1], inputs.shape[-1]
-    padded_features = _whole_16_bytes(features, inputs)
-    if padded_features != features:
-        inputs, given = inputs.new_zeros(*inputs.shape[:-1], padded_features), inputs
-        inputs[..., :features] = given
-    gates = weights.reshape(3, size, size + features)
-    weights = weights.new_zeros(3, state_size, state_size + padded_features)
-    weights[:, :size, :size] = gates[..., :size]
-    weights[:, :size, state_size:state_size + features] = gates[..., size:]
-    if bias is not None:
-        bias, given = bias.new_zeros(*bias.shape[:-1], 3, state_size), bias
-        bias[..., :size] = given.reshape(*given.shape[:-1], 3, size)
-    states = h0.new_zeros(2, h0.shape[0], state_size)
-    states[0, :, :size], states[1, :, :size] = h0, c0
-    outputs, final = _run((inputs, weights.view(3 * state_size, -1),
-                           None if bias is None else bias.flatten(-2), states[0], states[1],
-                           batch_sizes, reverse), True, options, backward)
-    return outputs[..., :size].contiguous(), tuple(state[:, :size].contiguous()
-                                                   for state in final)
 
 
 def _one_step_in_cell(inputs, bias, h0, reverse):
@@ -528,8 +554,8 @@ def recurrence_path(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=
     # The state a call runs at, and its forward's path, depend on whether
     # its backward will run.
     follows = backward or _records_backward(inputs, weights, bias, h0, c0)
-    sequence_pass = (plan.lib.LLTM_PASS_BACKWARD if backward else
-                     plan.lib.LLTM_PASS_FORWARD_SAVED if follows else plan.lib.LLTM_PASS_FORWARD)
+    sequence_pass = (plan.PASS_BACKWARD if backward else
+                     plan.PASS_FORWARD_SAVED if follows else plan.PASS_FORWARD)
     return plan.sequence_path("lltm_sequence", inputs.dtype, inputs.device, sequence_pass, steps,
                               batch_size, _planned_state(inputs, h0, batch_sizes, options, follows),
                               batch_sizes is not None, options)

@@ -30,6 +30,7 @@
 
 #include "lltm_cublas.h"
 #include "lltm_kernels.h"
+#include "lltm_padding.h"
 #include "lltm_recurrence.cuh"
 
 // The plan of a pass's recurrence (src/plan.c), `pass` an lltm_pass;
@@ -209,104 +210,175 @@ static int sequence_backward_steps(bool cublas, cudaStream_t stream,
   return code;
 }
 
+// A padded pass's copies (lltm_padding.h): a block's threads along a row
+// of dst, a column each, zeros past src's extent; each thread copies
+// kCopyRows rows at once, so that as many of its loads are in flight (one
+// at a time left the copies at a fifth of the memory's bandwidth). A batch
+// a grid layer (blockIdx.z).
+static const int kCopyThreads = 256;
+static const int kCopyRows = 8;
+
+template <typename Dtype>
+__global__ void lltm_copy_kernel(const lltm_copy copy) {
+  Dtype* dst = static_cast<Dtype*>(copy.dst) + blockIdx.z * copy.dst_batch;
+  const Dtype* src = static_cast<const Dtype*>(copy.src) + blockIdx.z * copy.src_batch;
+  const int64_t kept_columns = min(copy.columns, copy.src_columns);
+  for (int64_t first = (int64_t)blockIdx.y * kCopyRows; first < copy.rows;
+       first += (int64_t)gridDim.y * kCopyRows) {
+    for (int64_t column = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; column < copy.columns;
+         column += (int64_t)blockDim.x * gridDim.x) {
+      Dtype values[kCopyRows];
+#pragma unroll
+      for (int k = 0; k < kCopyRows; ++k) {
+        const int64_t row = first + k;
+        values[k] = row < copy.src_rows && column < kept_columns
+                        ? src[row * copy.src_row + column * copy.src_column]
+                        : to_storage<Dtype>(0);
+      }
+#pragma unroll
+      for (int k = 0; k < kCopyRows; ++k) {
+        if (first + k < copy.rows) dst[(first + k) * copy.dst_row + column] = values[k];
+      }
+    }
+  }
+}
+
+template <typename Dtype>
+static int run_copies(const lltm_copy* copies, int count, cudaStream_t stream) {
+  for (const lltm_copy* copy = copies; copy < copies + count; ++copy) {
+    if (copy->batches * copy->rows * copy->columns == 0) continue;
+    const int64_t column_blocks = (copy->columns + kCopyThreads - 1) / kCopyThreads;
+    const int64_t row_blocks = (copy->rows + kCopyRows - 1) / kCopyRows;
+    const dim3 grid((unsigned)(column_blocks < 16 ? column_blocks : 16),
+                    (unsigned)(row_blocks < 2048 ? row_blocks : 2048), (unsigned)copy->batches);
+    lltm_copy_kernel<Dtype><<<grid, kCopyThreads, 0, stream>>>(*copy);
+    CUDA_POST_KERNEL_CHECK;
+  }
+  return LLTM_SUCCESS;
+}
+
+// What identifies a pass's launches, for its graph (lltm_cublas.h): the
+// pass (3 forward, 4 backward), its dtype and options, its sizes and the
+// addresses of the tensors given (a packed sequence's batch sizes by value,
+// through the walk; the options' address changes from call to call).
+template <typename Dtype>
+static lltm_pass_key pass_key(int pass, const lltm_args* given, int size_count,
+                              int tensor_count, int batch_sizes_index, const lltm_walk& walk,
+                              const lltm_sequence_options* options) {
+  lltm_pass_key key = {{pass, lltm_dtype_of<Dtype>(), key_options(options)},
+                       walk.batch_sizes,
+                       walk.batch_sizes ? walk.steps : 0};
+  int value = 3;
+  for (int index = 0; index < size_count; ++index) key.values[value++] = given->sizes[index];
+  for (int index = 0; index < tensor_count; ++index) {
+    if (index != batch_sizes_index) key.values[value++] = address(given->tensors[index]);
+  }
+  return key;
+}
+
+// The pass of `given` as it runs, at its padded state where it has one
+// (lltm_padding.h), and its walk: LLTM_SUCCESS or the error's code.
+static int padded_walk(int pass, int element_bytes, int batch_sizes, const lltm_args* given,
+                       lltm_padded_pass* padded, lltm_walk* walk) {
+  const int code = lltm_pad_pass(pass, element_bytes, given, padded);
+  if (code != LLTM_SUCCESS) return code;
+  return lltm_packed_walk(padded->args.sizes, as<int64_t>(padded->args.tensors[batch_sizes]), walk)
+             ? LLTM_SUCCESS
+             : LLTM_ERROR_ARGUMENTS;
+}
+
+// A pass's launches on `stream`: its padded copies in, steps(), and its
+// results copied back.
+template <typename Dtype, typename Steps>
+static int with_copies(const lltm_padded_pass& padded, cudaStream_t stream, Steps steps) {
+  int code = run_copies<Dtype>(padded.pads, padded.pad_count, stream);
+  if (code == LLTM_SUCCESS) code = steps();
+  return code == LLTM_SUCCESS ? run_copies<Dtype>(padded.cuts, padded.cut_count, stream) : code;
+}
+
 // The launchers of the passes, packed_forward and packed_backward: packed
-// steps, or where batch_sizes is NULL dense ones, in either direction
-// (sizes: rows, steps, batch, input_features, state, reverse; backward, then
-// grad_outputs' and grad_cells' row and column strides), with the final
-// states and the options (NULL: the defaults); their key holds the batch
-// sizes too. The forward pass takes cells NULL, for a forward no backward
+// steps, or where batch_sizes is NULL dense ones, in either direction, with
+// the final states and the options (NULL: the defaults), at the padded state
+// where their sizes give one (lltm_padding.h numbers their sizes and
+// tensors). The forward pass takes cells NULL, for a forward no backward
 // follows, where final_h and final_cell are given: it then writes no cells
 // and no pre-activations (ForwardRecurrence), gates (rows, 3 * state)
 // serving as its workspace, which it always needs; the backward pass needs
 // the cells and gates a forward kept. Otherwise LLTM_ERROR_ARGUMENTS.
 // staging (NULL: none) as ForwardRecurrence and BackwardRecurrence say;
 // previous, the packed backward's (rows, state) workspace, as
-// hidden_weight_grads says (NULL for dense steps).
+// hidden_weight_grads says (NULL for dense steps). A padded pass copies in,
+// runs and copies back within its graph.
 template <typename Dtype>
-static int launch_packed_forward(const int64_t* sizes, const void* batch_sizes,
-                                 const void* inputs, const void* weights, const void* bias,
-                                 const void* h0, const void* c0, void* outputs, void* cells,
-                                 void* gates, void* final_h, void* final_cell, void* staging,
-                                 const void* options_address, cudaStream_t stream) {
+static int launch_packed_forward(const lltm_args* given, cudaStream_t stream) {
+  lltm_padded_pass padded;
   lltm_walk walk;
-  if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
-  const lltm_sequence_options* options = as<lltm_sequence_options>(options_address);
-  const int64_t input_features = sizes[3], state_size = sizes[4];
-  const lltm_pass_key key = {{3, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
-                              input_features, state_size, key_options(options), walk.reverse,
-                              address(inputs), address(weights), address(bias), address(h0),
-                              address(c0), address(outputs), address(cells), address(gates),
-                              address(final_h), address(final_cell), address(staging)},
-                             walk.batch_sizes,
-                             walk.batch_sizes ? walk.steps : 0};
+  const int ready =
+      padded_walk(LLTM_PASS_FORWARD, sizeof(Dtype), LLTM_F_BATCH_SIZES, given, &padded, &walk);
+  if (ready != LLTM_SUCCESS) return ready;
+  const int64_t* sizes = padded.args.sizes;
+  void* const* t = padded.args.tensors;
+  const lltm_sequence_options* options = as<lltm_sequence_options>(t[LLTM_F_OPTIONS]);
+  const int64_t input_features = sizes[LLTM_SIZE_FEATURES], state_size = sizes[LLTM_SIZE_STATE];
+  const lltm_pass_key key = pass_key<Dtype>(3, given, LLTM_FORWARD_SIZES, LLTM_F_OPTIONS,
+                                            LLTM_F_BATCH_SIZES, walk, options);
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
-  if (!gates || (!cells && (!final_h || !final_cell))) return LLTM_ERROR_ARGUMENTS;
+  if (!t[LLTM_F_GATES] ||
+      (!t[LLTM_F_CELLS] && (!t[LLTM_F_FINAL_H] || !t[LLTM_F_FINAL_CELL]))) {
+    return LLTM_ERROR_ARGUMENTS;
+  }
   const ForwardRecurrence<Dtype> recurrence = {
-      walk, state_size, state_size + input_features, as<Dtype>(bias), as<Dtype>(weights),
-      as<Dtype>(h0), as<Dtype>(c0), as<Dtype>(outputs), as<Dtype>(cells), as<Dtype>(gates),
-      as<Dtype>(final_h), as<Dtype>(final_cell), as<Dtype>(staging)};
+      walk, state_size, state_size + input_features, as<Dtype>(t[LLTM_F_BIAS]),
+      as<Dtype>(t[LLTM_F_WEIGHTS]), as<Dtype>(t[LLTM_F_H0]), as<Dtype>(t[LLTM_F_C0]),
+      as<Dtype>(t[LLTM_F_OUTPUTS]), as<Dtype>(t[LLTM_F_CELLS]), as<Dtype>(t[LLTM_F_GATES]),
+      as<Dtype>(t[LLTM_F_FINAL_H]), as<Dtype>(t[LLTM_F_FINAL_CELL]),
+      as<Dtype>(t[LLTM_F_STAGING])};
   return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
-    return sequence_forward_steps<Dtype>(cublas, on, options, input_features, as<Dtype>(inputs),
-                                         recurrence);
+    return with_copies<Dtype>(padded, on, [&] {
+      return sequence_forward_steps<Dtype>(cublas, on, options, input_features,
+                                           as<Dtype>(t[LLTM_F_INPUTS]), recurrence);
+    });
   });
 }
 
 template <typename Dtype>
-static int launch_packed_backward(const int64_t* sizes, const void* batch_sizes,
-                                  const void* inputs, const void* weights, const void* h0,
-                                  const void* outputs, const void* cells, const void* gates,
-                                  const void* grad_outputs, const void* grad_cells,
-                                  const void* grad_final_h, const void* grad_final_cell,
-                                  void* d_gates, void* d_inputs, void* d_weights, void* d_bias,
-                                  void* d_h0, void* d_c0, void* staging, void* previous,
-                                  const void* options_address, cudaStream_t stream) {
+static int launch_packed_backward(const lltm_args* given, cudaStream_t stream) {
+  lltm_padded_pass padded;
   lltm_walk walk;
-  if (!lltm_packed_walk(sizes, as<int64_t>(batch_sizes), &walk)) return LLTM_ERROR_ARGUMENTS;
-  const lltm_sequence_options* options = as<lltm_sequence_options>(options_address);
-  const int64_t input_features = sizes[3], state_size = sizes[4];
-  const int64_t* row_strides = sizes + 6;  // grad_outputs' (row, column), grad_cells'
+  const int ready =
+      padded_walk(LLTM_PASS_BACKWARD, sizeof(Dtype), LLTM_B_BATCH_SIZES, given, &padded, &walk);
+  if (ready != LLTM_SUCCESS) return ready;
+  const int64_t* sizes = padded.args.sizes;
+  void* const* t = padded.args.tensors;
+  const lltm_sequence_options* options = as<lltm_sequence_options>(t[LLTM_B_OPTIONS]);
+  const int64_t input_features = sizes[LLTM_SIZE_FEATURES], state_size = sizes[LLTM_SIZE_STATE];
+  const int64_t* row_strides = sizes + LLTM_B_STRIDES;  // grad_outputs' (row, column), grad_cells'
   const GradStrides strides = {{sizes[2] * row_strides[0], row_strides[0], row_strides[1]},
                                {sizes[2] * row_strides[2], row_strides[2], row_strides[3]}};
-  const lltm_pass_key key = {{4, lltm_dtype_of<Dtype>(), walk.rows, walk.steps, walk.batch_size,
-                              input_features, state_size, key_options(options), walk.reverse,
-                              address(inputs), address(weights), address(h0), address(outputs),
-                              address(cells), address(gates), address(grad_outputs),
-                              address(grad_cells), address(grad_final_h),
-                              address(grad_final_cell), address(d_gates), address(d_inputs),
-                              address(d_weights), address(d_bias), address(d_h0), address(d_c0),
-                              row_strides[0], row_strides[1], row_strides[2], row_strides[3],
-                              address(staging), address(previous)},
-                             walk.batch_sizes,
-                             walk.batch_sizes ? walk.steps : 0};
+  const lltm_pass_key key = pass_key<Dtype>(4, given, LLTM_BACKWARD_SIZES, LLTM_B_OPTIONS,
+                                            LLTM_B_BATCH_SIZES, walk, options);
   // Past one step d_h0 and d_c0 carry the gradients between steps.
-  if (walk.steps > 1 && (!d_h0 || !d_c0)) return LLTM_ERROR_ARGUMENTS;
+  if (walk.steps > 1 && (!t[LLTM_B_D_H0] || !t[LLTM_B_D_C0])) return LLTM_ERROR_ARGUMENTS;
   if (walk.rows * state_size == 0) return LLTM_SUCCESS;
-  if (!cells || !gates) return LLTM_ERROR_ARGUMENTS;
+  if (!t[LLTM_B_CELLS] || !t[LLTM_B_GATES]) return LLTM_ERROR_ARGUMENTS;
   // Packed steps' weights gradient gathers their old states there.
-  if (walk.batch_sizes && d_weights && !previous) return LLTM_ERROR_ARGUMENTS;
+  if (walk.batch_sizes && t[LLTM_B_D_WEIGHTS] && !t[LLTM_B_PREVIOUS]) return LLTM_ERROR_ARGUMENTS;
   const BackwardRecurrence<Dtype> recurrence = {
-      walk, state_size, state_size + input_features, as<Dtype>(weights), as<Dtype>(grad_outputs),
-      as<Dtype>(grad_cells), strides, as<Dtype>(grad_final_h), as<Dtype>(grad_final_cell),
-      as<Dtype>(cells), as<Dtype>(gates), as<Dtype>(d_gates), as<Dtype>(d_h0), as<Dtype>(d_c0),
-      as<Dtype>(staging)};
+      walk, state_size, state_size + input_features, as<Dtype>(t[LLTM_B_WEIGHTS]),
+      as<Dtype>(t[LLTM_B_GRAD_OUTPUTS]), as<Dtype>(t[LLTM_B_GRAD_CELLS]), strides,
+      as<Dtype>(t[LLTM_B_GRAD_FINAL_H]), as<Dtype>(t[LLTM_B_GRAD_FINAL_CELL]),
+      as<Dtype>(t[LLTM_B_CELLS]), as<Dtype>(t[LLTM_B_GATES]), as<Dtype>(t[LLTM_B_D_GATES]),
+      as<Dtype>(t[LLTM_B_D_H0]), as<Dtype>(t[LLTM_B_D_C0]), as<Dtype>(t[LLTM_B_STAGING])};
   return run_pass(key, lltm_dtype_of<Dtype>(), stream, options, [&](bool cublas, cudaStream_t on) {
-    return sequence_backward_steps<Dtype>(cublas, on, options, input_features, as<Dtype>(inputs),
-                                          as<Dtype>(h0), as<Dtype>(outputs), recurrence,
-                                          as<Dtype>(d_inputs), as<Dtype>(d_weights),
-                                          as<Dtype>(d_bias), as<Dtype>(previous));
+    return with_copies<Dtype>(padded, on, [&] {
+      return sequence_backward_steps<Dtype>(
+          cublas, on, options, input_features, as<Dtype>(t[LLTM_B_INPUTS]),
+          as<Dtype>(t[LLTM_B_H0]), as<Dtype>(t[LLTM_B_OUTPUTS]), recurrence,
+          as<Dtype>(t[LLTM_B_D_INPUTS]), as<Dtype>(t[LLTM_B_D_WEIGHTS]),
+          as<Dtype>(t[LLTM_B_D_BIAS]), as<Dtype>(t[LLTM_B_PREVIOUS]));
+    });
   });
 }
-// The passes, in the argument order of their declarations in sequence.py,
-// the options' address last; every element type.
-LLTM_CUDA_PASS_WITH_HALF(packed_forward, launch_packed_forward, args->sizes, args->tensors[5],
-                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[3],
-                         args->tensors[4], args->tensors[6], args->tensors[7], args->tensors[8],
-                         args->tensors[9], args->tensors[10], args->tensors[11],
-                         args->tensors[12], stream)
-LLTM_CUDA_PASS_WITH_HALF(packed_backward, launch_packed_backward, args->sizes, args->tensors[3],
-                         args->tensors[0], args->tensors[1], args->tensors[2], args->tensors[4],
-                         args->tensors[5], args->tensors[6], args->tensors[7], args->tensors[8],
-                         args->tensors[9], args->tensors[10], args->tensors[11],
-                         args->tensors[12], args->tensors[13], args->tensors[14],
-                         args->tensors[15], args->tensors[16], args->tensors[17],
-                         args->tensors[18], args->tensors[19], stream)
+// The passes, every element type.
+LLTM_CUDA_PASS_WITH_HALF(packed_forward, launch_packed_forward, args, stream)
+LLTM_CUDA_PASS_WITH_HALF(packed_backward, launch_packed_backward, args, stream)
