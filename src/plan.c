@@ -19,10 +19,10 @@
  *               goes on to the persistent row where that takes it:
  *               LLTM_SAVED_CLUSTER_STATE), one launch a pass. H200
  *               sweep (BENCHMARKS.md), us a step against the persistent
- *               row: float32 training T=64 B=16 S=128 10.0 against 12.2,
- *               T=1024 B=16 S=128 2.1 against 9.2 (cluster_kernel.cu);
+ *               row: float32 training T=64 B=16 S=128 11.1 against 16.3,
+ *               T=1024 B=16 S=128 2.1 against 9.4 (cluster_kernel.cu);
  *               bfloat16 autocast, T=1024 B=16, the forward alone: S=512
- *               2.2 against 3.9, S=768 4.1 against 4.6
+ *               2.4 against 4.2, S=768 3.7 against 4.2
  *               (cluster_mma_kernel.cu).
  *   persistent  dense steps, at least 2 of them, batch x state at most
  *               LLTM_PERSISTENT_ELEMENTS, a block's weights and the batch's
@@ -30,8 +30,8 @@
  *               types: compute capability 8.0 and newer):
  *               persistent_kernel.cu's kernels, one cooperative launch a
  *               pass. H200 sweep (BENCHMARKS.md): faster than the cuBLAS
- *               loop at 180 of the 190 points where both take the call,
- *               the median 0.74 of its time. The plan passes float32
+ *               loop at 177 of the 190 points where both take the call,
+ *               the median 0.79 of its time. The plan passes float32
  *               training of more than 16 rows at states from 512 on to
  *               the cuBLAS loop (LLTM_PERSISTENT_TRAINING_ROWS).
  *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
@@ -40,8 +40,8 @@
  *               LLTM_PACKED_STEPS_ROWS_STATE for a batch of up to 16):
  *               cublas_loop_kernel.cu, a cuBLAS product and a pointwise
  *               kernel a step each way. H200 sweep, 64x16x1536x1536
- *               float32 training: 88.9 us a step, against 193.4 on the
- *               step kernels; bfloat16 autocast 28.6 against 192.9.
+ *               float32 training: 91.2 us a step, against 194.5 on the
+ *               step kernels; bfloat16 autocast 31.8 against 196.3.
  *   steps       every pass: step_by_step_kernel.cu, one fused kernel (the
  *               tiled product and the cell) a step each way. Last: it takes
  *               what the others do not, and small packed float32 steps.
@@ -62,9 +62,9 @@
  *               copies either way). H200
  *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
  *               T=1024 B=16, bfloat16 autocast, us a step padded and as
- *               given: S=650 training 9.3 and 9.4 (768: 9.2); S=1500, on
- *               the cublas row, inference 8.8 and 18.2 (1536: 7.9),
- *               training 20.8 and 39.8 (1536: 19.9). A call whose
+ *               given: S=650 training 9.2 and 9.6 (768: 9.4); S=1500, on
+ *               the cublas row, inference 8.3 and 17.9 (1536: 8.0),
+ *               training 20.3 and 39.5 (1536: 19.6). A call whose
  *               tensors moved since the call before (after other
  *               models' calls) launches its kernels as they come rather
  *               than replaying its graph (lltm_cublas.h): training at
@@ -164,8 +164,8 @@ static int sequence_path_on_device(int path) {
  * float32 products of 16 rows take kernels of 20 to 50 us a product
  * (dense, cublas forced, T=64 B=16 training: 90.6 us a step at S=128,
  * 37.3 at S=200, 15.9 at S=256). H200 sweep (BENCHMARKS.md), packed T=64
- * S=200, steps against cublas: B=16 training 33.3/36.3, inference
- * 14.1/24.5; B=64 35.4/27.0 and 13.8/13.0. */
+ * S=200, steps against cublas: B=16 training 34.8/37.1, inference
+ * 13.1/23.4; B=64 34.7/26.8 and 13.4/12.6. */
 #define LLTM_PACKED_STEPS_STATE 128
 #define LLTM_PACKED_STEPS_ROWS 16
 #define LLTM_PACKED_STEPS_ROWS_STATE 255
