@@ -266,17 +266,18 @@ int lltm_sequence_path(int dtype, int device, int pass, int64_t steps, int64_t b
 
 /* Under LLTM_PAD_STEPS steps the padding still pays on the cuBLAS loop
  * where each step's product is large: a 16-bit state of at least
- * LLTM_PAD_STATE with at least LLTM_PAD_ROWS rows (on rows off 16 bytes
- * cuBLAS takes sm_80 kernels of 2-element alignment, 13 us a product at
- * S=1500 B=64 against 5 padded). H200, T=64 F=S under bfloat16 autocast,
- * us a step as given and padded (python3 benchmark.py --sweep -c --states
- * 1500 --steps 64, this rule against none): B=16 training 42.6 and 26.2,
- * inference 18.6 and 10.8; B=64 55.3 and 33.1, 25.5 and 13.2 (1536: 21.9
- * and 8.5, 28.0 and 10.4). Where the products are small the host's cost
- * wins (LLTM_PAD=1 against 0): at B=1 26.7 and 34.3 training, 10.9 and
- * 11.5 inference; S=650 at B=64 28.1 and 31.8 training. */
+ * LLTM_PAD_STATE (on rows off 16 bytes cuBLAS takes sm_80 kernels of
+ * 2-element alignment, 13 us a product at S=1500 B=64 against 5 padded),
+ * of any batch. H200, T=64 F=S under bfloat16 autocast, us a step padded
+ * and as given (python3 benchmark.py --sweep -c --states 1500 --steps 64
+ * --batches 1,4,8,16,64; LLTM_PAD=0 the state as given), training and
+ * inference: B=1 30.2 and 34.0, 15.6 and 16.9 (1536: 27.3, 14.4); B=4
+ * 34.4 and 44.0, 16.2 and 22.0 (1536: 33.1, 15.2); B=8 31.7 and 45.8,
+ * 13.5 and 20.5 (1536: 28.7, 12.1); B=16 34.8 and 50.8, 17.0 and 25.5
+ * (1536: 33.9, 15.6); B=64 41.3 and 63.8, 18.6 and 31.5 (1536: 37.8,
+ * 16.2). In the same run with the padding from 16 rows only, B=4 and 8
+ * as given took 1.42 to 1.75 times 1536's time. */
 #define LLTM_PAD_STATE 1024
-#define LLTM_PAD_ROWS 16
 
 /* A call whose backward will run pads where that backward takes the
  * persistent row on LLTM_PAD_STEPS steps or more, whatever row takes its
@@ -299,7 +300,7 @@ int64_t lltm_sequence_state(int dtype, int device, int backward, int64_t steps,
   if (device == LLTM_CPU) return state_size;
   const int long_steps = steps >= LLTM_PAD_STEPS;
   const int large_products = (dtype == LLTM_FLOAT16 || dtype == LLTM_BFLOAT16) &&
-                             state_size >= LLTM_PAD_STATE && batch_size >= LLTM_PAD_ROWS;
+                             state_size >= LLTM_PAD_STATE;
   if (!long_steps && !large_products) return state_size;
   const int path = lltm_sequence_path(dtype, device,
                                       backward ? LLTM_PASS_FORWARD_SAVED : LLTM_PASS_FORWARD,
