@@ -175,6 +175,20 @@ def test_the_workspace_is_asked_only_of_a_padded_pass():
     assert alone == 128 * 13 and kept == 128 * 10
 
 
+@pytest.mark.parametrize("padded_state", [4, 0], ids=["no-workspace", "below-the-state"])
+def test_a_pass_refuses_a_padded_state_it_cannot_run_at(padded_state):
+    """C refuses, before reading a tensor, a padded state without the
+    workspace its copies need, or below the state (every tensor NULL)."""
+    extension = lltm_ffi._extension
+    lib = extension.lib
+    for name, sizes, count in (("packed_forward", [2, 2, 1, 1, 1, 0, padded_state], 14),
+                               ("packed_backward", [2, 2, 1, 1, 1, 0, padded_state, 1, 1, 1, 1],
+                                21)):
+        code = lib.lltm_run(extension.PASSES[name][0], lib.LLTM_FLOAT32, lib.LLTM_CPU, 0, sizes,
+                            [], [0] * count)
+        assert code == lib.LLTM_ERROR_ARGUMENTS, name
+
+
 def test_traced_calls_run_at_the_state_as_given(generator, monkeypatch):
     """A traced call reaches C through the registered operators, whose
     results' shapes are known before it runs: it runs at the state as given

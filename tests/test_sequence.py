@@ -16,7 +16,7 @@ import lltm_ffi
 from lltm_ffi.ops.lltm import cell
 from builders import slow_stream_inputs
 from checkouts import REPO_ROOT
-from conftest import raises_with, reference_sequence, skip_without_gpu
+from conftest import raises_with, reference_sequence, set_or_unset, skip_without_gpu
 
 # (steps, batch, input_features, state_size): one step, batch 1, odd sizes,
 # a state size that is not a multiple of the 16-wide tiles, a long sequence;
@@ -139,7 +139,7 @@ def test_backward_of_several_steps_needs_the_state_gradients(device):
     stream = torch.cuda.current_stream().cuda_stream if device.type == "cuda" else 0
     code = lib.lltm_run(extension.PASSES["packed_backward"][0], lib.LLTM_FLOAT32,
                         lib.LLTM_CPU if device.type == "cpu" else torch.cuda.current_device(),
-                        stream, [2, 2, 1, 1, 1, 0, 0, 0] + [0] * 4, [], [0] * 17)
+                        stream, [2, 2, 1, 1, 1, 0, 1] + [0] * 4, [], [0] * 21)
     assert code == lib.LLTM_ERROR_ARGUMENTS
     assert "cannot take" in extension.error_message(code)
 
@@ -411,13 +411,17 @@ def test_runs_on_the_tensors_device_and_stream(index, reverse, shape, cublas, ge
 # One direction: the persistent kernels (the cluster kernels on 9.0 and
 # newer), then cuBLAS's products; both directions of a layer at once: the
 # cluster kernels a batch row a cluster, and (a state of 256, 48 rows) 4 rows
-# a cluster.
-@pytest.mark.parametrize("shape, bidirectional",
-                         [((6, 8, 4, 16), False), ((3, 40, 4, 420), False),
-                          ((6, 16, 32, 128), True), ((4, 48, 5, 256), True)],
+# a cluster; a state of 37 padded to 40 (LLTM_PAD=1), its copies captured
+# with the passes.
+@pytest.mark.parametrize("shape, bidirectional, pad",
+                         [((6, 8, 4, 16), False, None), ((3, 40, 4, 420), False, None),
+                          ((6, 16, 32, 128), True, None), ((4, 48, 5, 256), True, None),
+                          ((5, 3, 7, 37), True, "1")],
                          ids=["6x8x4x16", "3x40x4x420", "6x16x32x128-bidirectional",
-                              "4x48x5x256-bidirectional"])
-def test_cuda_graph_capture_of_a_training_step(shape, bidirectional, cuda_device, generator):
+                              "4x48x5x256-bidirectional", "5x3x7x37-bidirectional-padded"])
+def test_cuda_graph_capture_of_a_training_step(shape, bidirectional, pad, cuda_device, generator,
+                                               monkeypatch):
+    set_or_unset(monkeypatch, "LLTM_PAD", pad)
     steps, batch_size, input_features, state_size = shape
     module = lltm_ffi.LLTMSequence(input_features, state_size,
                                    bidirectional=bidirectional).to(cuda_device)

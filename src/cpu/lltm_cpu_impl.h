@@ -198,13 +198,14 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
                                                       int64_t batch_size, int64_t input_features,
                                                       int64_t state_size) {
   struct lltm_products products = {LLTM_OWN_TILES, 0};
+  const int blas = options ? options->blas : -1;
   if (LLTM_NAME(uses_amx_)(options, batch_size, state_size)) {
     products.recurrence = LLTM_ON_AMX;
-  } else if (options->blas != 0 && rows <= LLTM_BLAS_MAX && 3 * state_size <= LLTM_BLAS_MAX &&
+  } else if (blas != 0 && rows <= LLTM_BLAS_MAX && 3 * state_size <= LLTM_BLAS_MAX &&
              state_size + input_features <= LLTM_BLAS_MAX && lltm_blas_loaded() &&
-             (options->blas == 1 || !lltm_own_products_pay(batch_size))) {
+             (blas == 1 || !lltm_own_products_pay(batch_size))) {
     products.blas = 1;
-    if (options->blas == 1 || !lltm_own_tiles_pay(batch_size, state_size)) {
+    if (blas == 1 || !lltm_own_tiles_pay(batch_size, state_size)) {
       products.recurrence = LLTM_ON_BLAS;
     }
   }
