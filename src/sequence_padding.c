@@ -178,7 +178,9 @@ static int64_t lay_out(int pass, int element_bytes, const int64_t* sizes, uint64
 /* Bit i set where tensors[i] is given, of the first `count`. */
 static uint64_t present_of(void* const* tensors, int count) {
   uint64_t present = 0;
-  for (int index = 0; index < count; ++index) present |= (uint64_t)(tensors[index] != NULL) << index;
+  for (int index = 0; index < count; ++index) {
+    present |= (uint64_t)(tensors[index] != NULL) << index;
+  }
   return present;
 }
 

@@ -885,7 +885,9 @@ static void check_forward_alone(int dtype, const int64_t* sizes, void* const* fo
 static void* padding_workspace(int pass, int dtype, const int64_t* sizes, void* const* tensors,
                                int count) {
   uint64_t present = 0;
-  for (int index = 0; index < count; ++index) present |= (uint64_t)(tensors[index] != NULL) << index;
+  for (int index = 0; index < count; ++index) {
+    present |= (uint64_t)(tensors[index] != NULL) << index;
+  }
   const int64_t elements = lltm_sequence_workspace(pass, dtype, sizes, present);
   return elements ? allocate(elements, element_size(dtype)) : NULL;
 }

@@ -397,18 +397,17 @@ def _records_backward(*tensors):
         tensor is not None and tensor.requires_grad for tensor in tensors)
 
 
-def _forward_alone(options, inputs, weights, bias, h0, c0, batch_sizes, reverse):
+def _forward_alone(inputs, weights, bias, h0, c0, batch_sizes, reverse):
     """(outputs, (h_n, c_n)) of checked plain arguments whose backward will
     not run: the packed forward pass, which takes dense steps too, called
-    directly with the call's `options`, with no autograd.Function and
-    nothing kept for a backward (packed_forward's saved=False). inputs
-    (steps, batch, features), or the packed rows with their batch_sizes."""
+    directly, with no autograd.Function and nothing kept for a backward
+    (packed_forward's saved=False). inputs (steps, batch, features), or the
+    packed rows with their batch_sizes."""
     dense = batch_sizes is None
     # Not reshape(-1, features): inputs without features have no rows to infer.
     rows = inputs.flatten(0, 1) if dense else inputs
     outputs, _, _, h_n, c_n = packed_forward.run(rows, weights, bias, h0, c0, batch_sizes,
-                                                 bool(reverse), saved=False, options=options,
-                                                 padding=True)
+                                                 bool(reverse), saved=False, padding=True)
     return (outputs.view(*inputs.shape[:2], h0.shape[1]) if dense else outputs), (h_n, c_n)
 
 
@@ -476,18 +475,15 @@ def lltm_sequence(inputs, weights, bias, h0, c0, *, batch_sizes=None, reverse=Fa
             # One step is a call of the cell, in its step kernels.
             new_h, new_cell = cell.lltm(inputs[0], weights, bias, h0, c0)
             return new_h.unsqueeze(0), (new_h, new_cell)
-    if not plain:
-        return _run(arguments, plain=False)
-    return _run(arguments, True, plan.sequence_options("lltm_sequence"),
-                _records_backward(*tensors))
+    return _run(arguments, plain, plain and _records_backward(*tensors))
 
 
-def _run(arguments, plain, options=None, backward=True):
+def _run(arguments, plain, backward):
     """lltm_sequence of checked arguments (inputs, weights, bias, h0, c0,
-    batch_sizes, reverse) at their own state: a plain call whose backward
-    will not run by _forward_alone, with `options`; else by _forward."""
+    batch_sizes, reverse): a plain call whose backward will not run by
+    _forward_alone, else by _forward."""
     if plain and not backward:
-        return _forward_alone(options, *arguments)
+        return _forward_alone(*arguments)
     inputs, h0, batch_sizes = arguments[0], arguments[3], arguments[5]
     if batch_sizes is not None:
         outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
