@@ -443,7 +443,7 @@ def test_sweep_on_the_cpu_writes_its_table_json_and_chart(tmp_path, capsys):
     number = r"[0-9]+\.[0-9]"
     rows = re.findall(rf"^\| (3x\d+x\d+x\d+) \| 1 \| (float32|bfloat16 autocast) \| "
                       rf"(training|inference) \| ({number}) \| ({number}|failed) \| "
-                      rf"({number}|failed) \| default \| ([0-9.]+) \| ([0-9.]+|–) \|$",
+                      rf"({number}|failed) \| default \| ([0-9.]+) \| ([0-9.]+(?: \([0-9.]+\))?|–) \|$",
                       report, flags=re.MULTILINE)
     assert [row[:3] for row in rows] == [
         (f"3x{batch}x{state}x{state}", precision, mode) for batch in (1, 2) for state in (100, 128)
@@ -461,8 +461,15 @@ def test_sweep_on_the_cpu_writes_its_table_json_and_chart(tmp_path, capsys):
         assert row[6] == f"{lltm / min(time for time in peers if time):.2f}"
         cliff = point["cliff"]
         if point["shape"]["state"] == 100:
-            assert cliff == pytest.approx(lltm / point["times"][sweep.NEXT_TILE])
-            assert row[7] == f"{cliff:.2f}"
+            first = lltm / point["times"][sweep.NEXT_TILE]
+            check = point["cliff_check"]
+            if first > sweep.CLIFF_RECHECK:  # timed again, the two alone
+                assert check["runs"] == sweep.CLIFF_RUNS
+                assert cliff == pytest.approx(check["default"] / check[sweep.NEXT_TILE])
+                assert row[7] == f"{cliff:.2f} ({first:.2f})"
+            else:
+                assert not check and cliff == pytest.approx(first)
+                assert row[7] == f"{cliff:.2f}"
         else:
             assert sweep.NEXT_TILE not in point["times"]
             assert cliff is None and row[7] == "–"
@@ -512,7 +519,11 @@ def test_sweep_cliff_is_the_default_over_the_next_multiple_of_128_in_the_same_ru
               # Its multiple did not run (too slow), or the default did not.
               sweep_point(700, {"default": 40.0}),
               sweep_point(1500, {"persistent": 90.0, sweep.NEXT_TILE: 80.0})]
-    assert sweep.cliff_ratios(points) == {0: pytest.approx(30 / 25), 1: pytest.approx(50 / 40)}
+    assert sweep.cliff_ratios(points) == {0: (pytest.approx(30 / 25), None),
+                                          1: (pytest.approx(50 / 40), None)}
+    # Timed again: the second figure is the cliff, the first kept beside it.
+    points[1].cliff_check = {"runs": 40, "default": 42.0, sweep.NEXT_TILE: 40.0}
+    assert sweep.cliff_ratios(points)[1] == (pytest.approx(42 / 40), pytest.approx(50 / 40))
     assert [point.fastest()[0] for point in points[:3]] == ["persistent", "steps", "persistent"]
     assert points[0].over_peers() == pytest.approx(2.0)
     assert points[1].over_peers() == pytest.approx(0.9)
@@ -601,3 +612,21 @@ def test_benchmarks_measure_through_public_names_only():
                          r"|\b_extension\b|lltm_ffi\.function\b|__wrapped__")
     for source in [Path(benchmark.__file__), *Path(harness.__file__).parent.glob("*.py")]:
         assert not private.findall(source.read_text()), source
+
+
+@pytest.mark.parametrize("first", [1.2, 1.05])
+def test_sweep_times_a_cliff_past_the_recheck_again_alone(first):
+    """A cliff ratio past CLIFF_RECHECK brings a second timing of the
+    default at the two states, they alone, CLIFF_RUNS runs; one under it
+    none."""
+    called = []
+    candidates = {name: sweep.Candidate({}, lambda name=name: called.append(name))
+                  for name in ("default", sweep.NEXT_TILE, "nn.GRU")}
+    point = sweep_point(100, {"default": 10.0 * first, sweep.NEXT_TILE: 10.0, "nn.GRU": 5.0})
+    sweep.check_cliff(point, candidates, torch.device("cpu"))
+    if first > sweep.CLIFF_RECHECK:
+        assert point.cliff_check["runs"] == sweep.CLIFF_RUNS
+        assert set(point.cliff_check) == {"runs", "default", sweep.NEXT_TILE}
+        assert set(called) == {"default", sweep.NEXT_TILE}
+    else:
+        assert point.cliff_check == {} and called == []
