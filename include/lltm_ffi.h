@@ -135,9 +135,9 @@ typedef struct {
    * -1 where the sizes pay for it, 0 never (LLTM_BLAS=0), 1 for every
    * product it takes, the recurrence's at every size too (LLTM_BLAS=1). */
   int blas;
-  /* The state padded with zero units to rows of whole 16 bytes
-   * (lltm_sequence_state): -1 where the plan finds it pays, 0 never
-   * (LLTM_PAD=0), 1 for every sequence, on any device (LLTM_PAD=1). */
+  /* The state padded with zero units (lltm_sequence_state): -1 where
+   * the plan finds it pays, 0 never (LLTM_PAD=0), 1 to rows of whole 16
+   * bytes for every sequence, on any device (LLTM_PAD=1). */
   int pad;
 } lltm_sequence_options;
 
@@ -157,12 +157,15 @@ enum lltm_pass { LLTM_PASS_FORWARD = 0, LLTM_PASS_BACKWARD = 1, LLTM_PASS_FORWAR
  * a build without CUDA. */
 int lltm_sequence_path(int dtype, int device, int pass, int64_t steps, int64_t batch_size,
                        int64_t state_size, int packed, const lltm_sequence_options* options);
+/* The width of the tiles to which the plan may pad a state: a multiple
+ * of LLTM_PAD_TILE runs as given. */
+enum { LLTM_PAD_TILE = 128 };
 /* The state size a sequence call of state_size columns runs at, backward
  * 1 where a backward pass will follow its forward (its other arguments as
- * lltm_sequence_path's): state_size, or the next size whose rows are
- * whole 16 bytes where the plan pads the state with zero units there
- * (their weights, bias and initial state zero, they stay zero and change
- * nothing of the others). The caller gives it to each pass among its
+ * lltm_sequence_path's): state_size, or where the plan pads the state
+ * with zero units (their weights, bias and initial state zero, they stay
+ * zero and change nothing of the others) the next size whose rows are
+ * whole 16 bytes or the next multiple of LLTM_PAD_TILE. The caller gives it to each pass among its
  * sizes, with a workspace of lltm_sequence_workspace elements; the pass
  * pads, runs and cuts back within (include/lltm_padding.h). */
 int64_t lltm_sequence_state(int dtype, int device, int backward, int64_t steps,

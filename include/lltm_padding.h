@@ -1,6 +1,6 @@
 /* A sequence pass run at a padded state (lltm_sequence_state) over the
- * tensors of the state given: on rows of whole 16 bytes, cuBLAS takes its
- * aligned kernels for every product. The pass copies what it reads into
+ * tensors of the state given: on rows of whole 16 bytes, or whole tiles,
+ * cuBLAS takes its aligned kernels for every product. The pass copies what it reads into
  * padded tensors in its workspace (zeros in the units and features
  * added), runs there, and copies what it writes back into the tensors
  * given, cut to their size. The units added have zero weights, bias and

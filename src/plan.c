@@ -19,10 +19,10 @@
  *               goes on to the persistent row where that takes it:
  *               LLTM_SAVED_CLUSTER_STATE), one launch a pass. H200
  *               sweep (BENCHMARKS.md), us a step against the persistent
- *               row: float32 training T=64 B=16 S=128 11.1 against 16.3,
+ *               row: float32 training T=64 B=16 S=128 14.5 against 15.3,
  *               T=1024 B=16 S=128 2.1 against 9.4 (cluster_kernel.cu);
  *               bfloat16 autocast, T=1024 B=16, the forward alone: S=512
- *               2.4 against 4.2, S=768 3.7 against 4.2
+ *               2.2 against 3.9, S=768 3.7 against 4.2
  *               (cluster_mma_kernel.cu).
  *   persistent  dense steps, at least 2 of them, batch x state at most
  *               LLTM_PERSISTENT_ELEMENTS, a block's weights and the batch's
@@ -30,47 +30,44 @@
  *               types: compute capability 8.0 and newer):
  *               persistent_kernel.cu's kernels, one cooperative launch a
  *               pass. H200 sweep (BENCHMARKS.md): faster than the cuBLAS
- *               loop at 177 of the 190 points where both take the call,
- *               the median 0.79 of its time. The plan passes float32
+ *               loop at 175 of the 190 points where both take the call,
+ *               the median 0.76 of its time. The plan passes float32
  *               training of more than 16 rows at states from 512 on to
  *               the cuBLAS loop (LLTM_PERSISTENT_TRAINING_ROWS).
  *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
  *               the plan passes small packed float32 and float64 steps on
  *               to the row below (LLTM_PACKED_STEPS_STATE, and
- *               LLTM_PACKED_STEPS_ROWS_STATE for a batch of up to 16):
- *               cublas_loop_kernel.cu, a cuBLAS product and a pointwise
- *               kernel a step each way. H200 sweep, 64x16x1536x1536
- *               float32 training: 91.2 us a step, against 194.5 on the
- *               step kernels; bfloat16 autocast 31.8 against 196.3.
+ *               LLTM_PACKED_STEPS_ROWS_STATE for a batch of up to 16,
+ *               where the plan pads the state to 256 for this row
+ *               instead): cublas_loop_kernel.cu, a cuBLAS product and a
+ *               pointwise kernel a step each way. H200 sweep,
+ *               64x16x1536x1536 float32 training: 88.6 us a step, against
+ *               191.1 on the step kernels; bfloat16 autocast 27.0 against
+ *               194.5.
  *   steps       every pass: step_by_step_kernel.cu, one fused kernel (the
  *               tiled product and the cell) a step each way. Last: it takes
  *               what the others do not, and small packed float32 steps.
  *  sequence, CPU:
  *   cpu         every pass: src/cpu's recurrence (its products portable or
  *               on AMX, LLTM_AMX). The CPU's one path: nothing to measure.
- *  the sequence's state (lltm_sequence_state), CUDA device: where a state's
- *               rows are not whole 16 bytes and the padded state's forward
- *               (or where a backward follows, its backward) takes the
- *               persistent row on LLTM_PAD_STEPS steps or more, or its
- *               forward the cublas row on as many or with large products
- *               (LLTM_PAD_STATE), the call runs at the padded state (zero
- *               units, the inputs' features padded alike; each pass pads
- *               and cuts back in C, include/lltm_padding.h): cuBLAS then
- *               takes its 16-byte aligned kernels for every product,
- *               those around the persistent kernels' recurrence too
- *               (which stage rows off 16 bytes through a ring of padded
- *               copies either way). H200
- *               sweep (BENCHMARKS.md, LLTM_PAD=0 its state as given),
- *               T=1024 B=16, bfloat16 autocast, us a step padded and as
- *               given: S=650 training 9.2 and 9.6 (768: 9.4); S=1500, on
- *               the cublas row, inference 8.3 and 17.9 (1536: 8.0),
- *               training 20.3 and 39.5 (1536: 19.6). A call whose
- *               tensors moved since the call before (after other
- *               models' calls) launches its kernels as they come rather
- *               than replaying its graph (lltm_cublas.h): training at
- *               1500 then took 36.8 (1536: 19.5). The steps row is not
- *               padded (not measured so), nor a forward alone on the
- *               cluster row (measured: LLTM_PAD_STEPS's note below).
+ *  the sequence's state (lltm_sequence_state), CUDA device: where cuBLAS
+ *               or the persistent kernels run a state off their tiles
+ *               or rows off 16 bytes slower than the next such state,
+ *               the call runs at that state (zero units, the inputs'
+ *               features padded to 16 bytes; each pass pads and cuts
+ *               back in C, include/lltm_padding.h): the rules and their
+ *               measurements are above lltm_sequence_state. H200 sweep
+ *               (BENCHMARKS.md, LLTM_PAD=0 its state as given), T=1024
+ *               B=16, bfloat16 autocast, us a step padded and as given:
+ *               S=650 training 8.6 and 9.1 (768: 9.0); S=1500, on the
+ *               cublas row, inference 8.4 and 18.2 (1536: 8.3), training
+ *               20.0 and 39.8 (1536: 19.7). A call whose tensors moved
+ *               since the call before (after other models' calls)
+ *               launches its kernels as they come rather than replaying
+ *               its graph (lltm_cublas.h): training at 1500 then took
+ *               36.8 (1536: 19.5). The steps row is not padded, nor a
+ *               forward alone on the cluster row (measured: the note
+ *               above lltm_sequence_state).
  *  cell (lltm), CUDA device:
  *   cell-steps  a gate product of at most LLTM_STEP_MULTIPLY_ADDS (their
  *               32-bit indices hold such a step), of
@@ -115,8 +112,6 @@ static int sequence_path_on_device(int path) {
   return path >= LLTM_PATH_CLUSTER && path <= LLTM_PATH_STEPS;
 }
 
-#ifdef LLTM_WITH_CUDA
-
 /* What row_takes answers where a row could take a pass that the plan
  * leaves to a row below it, which serves it better. */
 #define PASSED_ON 1
@@ -144,9 +139,9 @@ static int sequence_path_on_device(int path) {
  * S=512 65.9/63.5 and 31.3/30.6; B=24 S=512 69.0/65.7 and 32.5/31.5.
  * Staying: B=16 S=650 71.0/72.1 and 33.3/34.8, S=512 56.5/60.9 and
  * 25.4/29.2; B=20 S=300 53.0/54.1 and 23.4/26.2. The H200 sweep
- * (BENCHMARKS.md), with the rule: B=20 two layers S=650 72.0 (persistent
- * 91.5); one layer S=650 33.8 (43.2), S=512 30.4 (30.5), S=300 on the
- * persistent row 20.2 (cublas 24.3). */
+ * (BENCHMARKS.md), with the rule: B=20 two layers S=650 71.5 (persistent
+ * 91.9); one layer S=650 33.2 (44.1), S=512 30.9 (31.8), S=300 on the
+ * persistent row 24.0 (cublas 26.6). */
 #define LLTM_PERSISTENT_TRAINING_ROWS 16
 #define LLTM_PERSISTENT_TRAINING_STATE 512
 
@@ -163,12 +158,16 @@ static int sequence_path_on_device(int path) {
  * steps at states up to LLTM_PACKED_STEPS_ROWS_STATE: there cuBLAS's
  * float32 products of 16 rows take kernels of 20 to 50 us a product
  * (dense, cublas forced, T=64 B=16 training: 90.6 us a step at S=128,
- * 37.3 at S=200, 15.9 at S=256). H200 sweep (BENCHMARKS.md), packed T=64
- * S=200, steps against cublas: B=16 training 34.8/37.1, inference
- * 13.1/23.4; B=64 34.7/26.8 and 13.4/12.6. */
+ * 37.3 at S=200, 15.9 at S=256). There the plan pads the state to 256
+ * for the cublas row (lltm_sequence_state). H200 sweep (BENCHMARKS.md),
+ * packed T=64 S=200, float32, us a step, padded to 256 on the cublas row
+ * and as given on the steps row: B=16 training 25.8/33.2, inference
+ * 12.4/13.0 (256: 24.9 and 11.9). */
 #define LLTM_PACKED_STEPS_STATE 128
 #define LLTM_PACKED_STEPS_ROWS 16
 #define LLTM_PACKED_STEPS_ROWS_STATE 255
+
+#ifdef LLTM_WITH_CUDA
 
 /* 0 where path `path` (a GPU row of the sequence) takes the pass, with its
  * layout in *plan; else why not, an LLTM_ERROR_PATH code, or PASSED_ON
@@ -256,60 +255,91 @@ int lltm_sequence_path(int dtype, int device, int pass, int64_t steps, int64_t b
 #endif
 }
 
-/* The fewest steps for which the plan pads the state. On short sequences
- * padding wins some calls and loses others: H200, T=64 F=S, us a step
- * padded (LLTM_PAD=1) and as given (LLTM_PAD=0), probed once, 7 runs:
- * bfloat16 autocast training, B=16 S=650 19.9 and 21.4 (768: 18.7), B=64
- * S=1000 25.1 and 27.8; float32 training, B=64 S=650 56.5 and 48.9, B=16
- * S=650 34.3 and 31.6; bfloat16 inference, B=16 S=650 8.7 and 8.3. */
+/* The fewest steps for which the plan pads the state to whole 16-byte rows
+ * in float32 and float64. On short sequences padding wins some calls and
+ * loses others: H200, T=64 F=S, us a step padded (LLTM_PAD=1) and as
+ * given (LLTM_PAD=0), probed once, 7 runs: float32 training, B=64 S=650
+ * 56.5 and 48.9, B=16 S=650 34.3 and 31.6; bfloat16 inference, B=16 S=650
+ * (the cluster row) 8.7 and 8.3. */
 #define LLTM_PAD_STEPS 256
 
-/* Under LLTM_PAD_STEPS steps the padding still pays on the cuBLAS loop
- * where each step's product is large: a 16-bit state of at least
- * LLTM_PAD_STATE (on rows off 16 bytes cuBLAS takes sm_80 kernels of
- * 2-element alignment, 13 us a product at S=1500 B=64 against 5 padded),
- * of any batch. H200, T=64 F=S under bfloat16 autocast, us a step padded
- * and as given (python3 benchmark.py --sweep -c --states 1500 --steps 64
- * --batches 1,4,8,16,64; LLTM_PAD=0 the state as given), training and
- * inference: B=1 30.2 and 34.0, 15.6 and 16.9 (1536: 27.3, 14.4); B=4
- * 34.4 and 44.0, 16.2 and 22.0 (1536: 33.1, 15.2); B=8 31.7 and 45.8,
- * 13.5 and 20.5 (1536: 28.7, 12.1); B=16 34.8 and 50.8, 17.0 and 25.5
- * (1536: 33.9, 15.6); B=64 41.3 and 63.8, 18.6 and 31.5 (1536: 37.8,
- * 16.2). In the same run with the padding from 16 rows only, B=4 and 8
- * as given took 1.42 to 1.75 times 1536's time. */
+/* A 16-bit state of at least LLTM_PAD_STATE whose forward takes the
+ * cublas row is padded to whole tiles, at any steps and batch: there
+ * cuBLAS's products of rows off 16 bytes take sm_80 kernels of 2-element
+ * alignment (13 us a product at S=1500 B=64 against 5 at 1504), and
+ * whole tiles did as well as whole rows or better. H200, T=64 F=S under
+ * bfloat16 autocast, us a step at 1500 padded to 1536, to 1504
+ * (LLTM_PAD=1) and as given (LLTM_PAD=0), training and inference
+ * (python3 benchmark.py --sweep -c --states 1500 --steps 64 --batches
+ * 1,8,64, with an LLTM_PAD=1 column): B=1 29.6, 29.8 and 34.7; 11.4, 11.3
+ * and 12.7 (1536: 29.2, 10.5); B=8 31.5, 34.0 and 47.5; 15.2, 15.2 and
+ * 22.8 (1536: 30.8, 13.8); B=64 34.6, 35.0 and 62.5; 15.1, 14.7 and 29.8
+ * (1536: 32.8, 13.7). T=1024 B=16: 20.4, 20.7 and 39.8; 8.0, 8.3 and 18.1
+ * (1536: 19.7, 7.9). */
 #define LLTM_PAD_STATE 1024
 
-/* A call whose backward will run pads where that backward takes the
- * persistent row on LLTM_PAD_STEPS steps or more, whatever row takes its
- * forward (the cluster row's tensor-core forward, which takes any state
- * as well): H200, T=1024 under bfloat16 autocast, training, us a step as
- * given and padded, B=64: S=300 12.25 and 10.04, 500 14.40 and 12.16, 650
- * 18.55 and 14.54, 700 19.15 and 15.02; B=16: 6.25 and 6.14, 7.03 and
- * 7.20, 9.60 and 9.10, 9.77 and 9.67. A forward alone on the cluster row
- * stays as given: padded, at B=16, S=300 took 2.05 against 1.90, 500
- * 2.69 against 2.48. */
+/* Where the plan pads the state (lltm_sequence_state), CUDA device:
+ *  - to whole tiles (LLTM_PAD_TILE, the width of cuBLAS's widest tiles),
+ *    where the forward at that state takes the cublas row with products
+ *    cuBLAS serves badly off the tiles: a 16-bit state of at least
+ *    LLTM_PAD_STATE, and packed float32 steps of at most
+ *    LLTM_PACKED_STEPS_ROWS rows past LLTM_PACKED_STEPS_STATE, which as
+ *    given go to the steps row (the notes of both);
+ *  - else to whole 16-byte rows, where they are not: in a 16-bit type
+ *    wherever a pass takes the cublas row (cuBLAS's kernels for rows off
+ *    16 bytes are the slow ones above; H200, T=64, bfloat16 autocast, us
+ *    a step padded and as given, 30 runs: B=64 training S=300 18.4 and
+ *    19.2 (384: 17.9), S=500 20.1 and 23.3 (512: 19.3), S=650 22.9 and
+ *    27.1 (768: 22.6), whole tiles no faster; packed S=100, B=16 training
+ *    19.8 and 23.0, inference 8.6 and 8.7, B=64 20.9 and 22.5, 10.7 and
+ *    11.9), and on LLTM_PAD_STEPS steps or more where the forward
+ *    takes the cublas or persistent row, or a
+ *    backward that will run the persistent row (whatever row takes its
+ *    forward: the cluster row's tensor-core forward takes any state as
+ *    well). H200, T=1024 under bfloat16 autocast, training, us a step as
+ *    given and padded, B=64: S=300 12.25 and 10.04, 500 14.40 and 12.16,
+ *    650 18.55 and 14.54, 700 19.15 and 15.02; B=16: 6.25 and 6.14, 7.03
+ *    and 7.20, 9.60 and 9.10, 9.77 and 9.67. A forward alone on the
+ *    cluster row stays as given: padded, at B=16, S=300 took 2.05
+ *    against 1.90, 500 2.69 against 2.48. */
+
+static int64_t whole(int64_t size, int64_t chunk) { return (size + chunk - 1) / chunk * chunk; }
 
 int64_t lltm_sequence_state(int dtype, int device, int backward, int64_t steps,
                             int64_t batch_size, int64_t state_size, int packed,
                             const lltm_sequence_options* options) {
   if (!options) options = &default_options;
-  const int64_t row = dtype == LLTM_FLOAT64 ? 2 : dtype == LLTM_FLOAT32 ? 4 : 8;
-  const int64_t padded = (state_size + row - 1) / row * row;
-  if (options->pad == 0 || padded == state_size) return state_size;
-  if (options->pad == 1) return padded;
-  if (device == LLTM_CPU) return state_size;
-  const int long_steps = steps >= LLTM_PAD_STEPS;
-  const int large_products = (dtype == LLTM_FLOAT16 || dtype == LLTM_BFLOAT16) &&
-                             state_size >= LLTM_PAD_STATE;
-  if (!long_steps && !large_products) return state_size;
-  const int path = lltm_sequence_path(dtype, device,
-                                      backward ? LLTM_PASS_FORWARD_SAVED : LLTM_PASS_FORWARD,
-                                      steps, batch_size, padded, packed, options);
-  if (path == LLTM_PATH_CUBLAS || (long_steps && path == LLTM_PATH_PERSISTENT)) return padded;
-  return long_steps && backward &&
-                 lltm_sequence_path(dtype, device, LLTM_PASS_BACKWARD, steps, batch_size, padded,
-                                    packed, options) == LLTM_PATH_PERSISTENT
-             ? padded
+  const int64_t rows = whole(state_size, dtype == LLTM_FLOAT64   ? 2
+                                         : dtype == LLTM_FLOAT32 ? 4
+                                                                 : 8);
+  if (options->pad == 0) return state_size;
+  if (options->pad == 1) return rows;
+  if (device == LLTM_CPU || state_size % LLTM_PAD_TILE == 0) return state_size;
+  const int sixteen_bit = dtype == LLTM_FLOAT16 || dtype == LLTM_BFLOAT16;
+  const int forward = backward ? LLTM_PASS_FORWARD_SAVED : LLTM_PASS_FORWARD;
+  const int64_t tiles = whole(state_size, LLTM_PAD_TILE);
+  const int off_tiles_slow =
+      (sixteen_bit && state_size >= LLTM_PAD_STATE) ||
+      (packed && dtype == LLTM_FLOAT32 && batch_size <= LLTM_PACKED_STEPS_ROWS &&
+       state_size > LLTM_PACKED_STEPS_STATE);
+  if (off_tiles_slow && lltm_sequence_path(dtype, device, forward, steps, batch_size, tiles,
+                                           packed, options) == LLTM_PATH_CUBLAS) {
+    return tiles;
+  }
+  if (rows == state_size) return state_size;
+  const int forward_path =
+      lltm_sequence_path(dtype, device, forward, steps, batch_size, rows, packed, options);
+  const int backward_path =
+      backward ? lltm_sequence_path(dtype, device, LLTM_PASS_BACKWARD, steps, batch_size, rows,
+                                    packed, options)
+               : -1;
+  if (sixteen_bit && (forward_path == LLTM_PATH_CUBLAS || backward_path == LLTM_PATH_CUBLAS)) {
+    return rows;
+  }
+  return steps >= LLTM_PAD_STEPS &&
+                 (forward_path == LLTM_PATH_CUBLAS || forward_path == LLTM_PATH_PERSISTENT ||
+                  backward_path == LLTM_PATH_PERSISTENT)
+             ? rows
              : state_size;
 }
 

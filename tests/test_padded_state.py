@@ -1,5 +1,5 @@
-"""The sequence's state padded to rows of whole 16 bytes (src/plan.c's
-lltm_sequence_state; each pass pads, runs and cuts back in C,
+"""The sequence's state padded to rows of whole 16 bytes or to whole tiles
+(src/plan.c's lltm_sequence_state; each pass pads, runs and cuts back in C,
 include/lltm_padding.h): where the plan pads, which sizes it pads to, and
 that a padded call gives the results and gradients of the unpadded one, to
 any order, dense and packed, either direction, with each form of bias and
@@ -39,13 +39,14 @@ def test_lltm_pad_1_pads_to_whole_16_byte_rows_and_0_never(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("setting", [None, "0", "1"])
-def test_python_answers_whole_rows_as_c_does(setting, monkeypatch):
-    """plan.sequence_state answers a state in whole 16-byte rows (or
-    LLTM_PAD=0) without asking C; C's own answer is the same."""
+def test_python_answers_whole_tiles_as_c_does(setting, monkeypatch):
+    """plan.sequence_state answers a state of whole tiles (or LLTM_PAD=0)
+    without asking C; C's own answer is the same."""
     set_or_unset(monkeypatch, "LLTM_PAD", setting)
     options = plan.sequence_options("test")
+    tile = plan.lib.LLTM_PAD_TILE
     for dtype in PADDED_37:
-        for state_size in range(0, 18):
+        for state_size in (*range(0, 18), tile - 1, tile, tile + 1, 2 * tile):
             asked = plan.lib.lltm_sequence_state(plan._extension._DTYPE_CODES[dtype],
                                                  plan.lib.LLTM_CPU, 0, 4, 3, state_size, 0,
                                                  options)
@@ -107,6 +108,30 @@ def test_a_padded_call_gives_the_unpadded_results(shape, reverse, packed, bias, 
     got = _results_and_gradients(leaves, packed, reverse, grads)
     for value, wanted in zip(got, expected, strict=True):
         assert value.shape == wanted.shape and value.is_contiguous()
+        torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
+
+
+def _padded_to(monkeypatch, state):
+    """Every eager call from here on run at `state` (the plan's answer
+    replaced): a padding past one 16-byte row, as the plan's to whole
+    tiles is."""
+    monkeypatch.setattr(plan, "sequence_state", lambda *arguments: state)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_a_call_padded_past_one_row_gives_the_unpadded_results(reverse, packed, generator,
+                                                               monkeypatch):
+    leaves = _leaves(6, 3, 4, 7, BIASES["bias"], generator)
+    weights = torch.linspace(-1, 1, 4096, dtype=torch.float64)
+
+    def grads(result):
+        return weights[:result.numel()].view_as(result)
+
+    expected = _results_and_gradients(leaves, packed, reverse, grads)
+    _padded_to(monkeypatch, 23)
+    got = _results_and_gradients(leaves, packed, reverse, grads)
+    for value, wanted in zip(got, expected, strict=True):
         torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
 
 
@@ -259,16 +284,32 @@ def test_the_plan_pads_where_the_persistent_and_cublas_rows_run(cuda_device, mon
     assert _state(torch.bfloat16, 650, cuda_device, steps=1024,
                   batch_size=16) == (650 if clusters else 656)
     assert _state(torch.float32, 650, cuda_device, steps=1024, batch_size=16) == 652
-    assert _state(torch.bfloat16, 1500, cuda_device, steps=1024, batch_size=64) == 1504
     assert _state(torch.bfloat16, 656, cuda_device, steps=1024, batch_size=16) == 656
     assert _state(torch.bfloat16, 650, cuda_device, steps=64, batch_size=16) == 650
-    # A short sequence on the cuBLAS loop with large products: a 16-bit state
-    # of at least 1024, of any batch.
-    assert _state(torch.bfloat16, 1500, cuda_device, steps=64, batch_size=16) == 1504
-    assert _state(torch.float16, 1500, cuda_device, steps=64, batch_size=64) == 1504
-    assert _state(torch.bfloat16, 1500, cuda_device, steps=64, batch_size=1) == 1504
-    assert _state(torch.bfloat16, 1018, cuda_device, steps=64, batch_size=64) == 1018
+    # The cuBLAS loop with large products, at any steps and batch: a 16-bit
+    # state of at least 1024 padded to whole tiles, aligned or not.
+    assert _state(torch.bfloat16, 1500, cuda_device, steps=1024, batch_size=64) == 1536
+    assert _state(torch.bfloat16, 1500, cuda_device, steps=64, batch_size=16) == 1536
+    assert _state(torch.float16, 1500, cuda_device, steps=64, batch_size=64) == 1536
+    assert _state(torch.bfloat16, 1500, cuda_device, steps=64, batch_size=1) == 1536
+    assert _state(torch.bfloat16, 1096, cuda_device, steps=64, batch_size=64) == 1152
     assert _state(torch.float32, 1501, cuda_device, steps=64, batch_size=64) == 1501
+    # A 16-bit state off 16 bytes where a pass takes the cuBLAS loop, at any
+    # steps: the forward (64 rows of 1018), the backward (64 rows of 500,
+    # whose forward alone the cluster row takes), packed steps.
+    assert _state(torch.bfloat16, 1018, cuda_device, steps=64, batch_size=64) == 1024
+    assert _state(torch.bfloat16, 500, cuda_device, steps=64, batch_size=64,
+                  backward=True) == 504
+    if clusters:
+        assert _state(torch.bfloat16, 500, cuda_device, steps=64, batch_size=64) == 500
+    assert _state(torch.bfloat16, 100, cuda_device, steps=64, batch_size=64,
+                  packed=True) == 104
+    # Packed float32 steps of up to 16 rows past a state of 128, which as
+    # given take the step kernels, padded to whole tiles for the cuBLAS loop.
+    assert _state(torch.float32, 200, cuda_device, steps=64, batch_size=16, packed=True) == 256
+    assert _state(torch.float32, 200, cuda_device, steps=64, batch_size=64, packed=True) == 200
+    assert _state(torch.float32, 100, cuda_device, steps=64, batch_size=16, packed=True) == 100
+    assert _state(torch.float32, 200, cuda_device, steps=64, batch_size=16) == 200
     monkeypatch.setenv("LLTM_PAD", "0")
     assert _state(torch.bfloat16, 650, cuda_device, steps=1024, batch_size=16) == 650
     monkeypatch.delenv("LLTM_PAD")
@@ -278,8 +319,9 @@ def test_the_plan_pads_where_the_persistent_and_cublas_rows_run(cuda_device, mon
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("padding", ["row", "past-one-row"])
 @pytest.mark.parametrize("path", ["persistent", "cublas"])
-def test_a_padded_gpu_call_gives_the_unpadded_results(path, cuda_device, generator,
+def test_a_padded_gpu_call_gives_the_unpadded_results(path, padding, cuda_device, generator,
                                                       monkeypatch):
     leaves = [leaf.detach().to(cuda_device).requires_grad_(True)
               for leaf in _leaves(6, 3, 4, 7, BIASES["bias"], generator)]
@@ -293,6 +335,44 @@ def test_a_padded_gpu_call_gives_the_unpadded_results(path, cuda_device, generat
     expected = _results_and_gradients(leaves, False, False, grads)
     monkeypatch.setenv("LLTM_PAD", "1")
     assert _state(torch.float64, 7, cuda_device, steps=6, batch_size=3) == 8
+    if padding == "past-one-row":
+        _padded_to(monkeypatch, 23)
     got = _results_and_gradients(leaves, False, False, grads)
     for value, wanted in zip(got, expected, strict=True):
         torch.testing.assert_close(value, wanted, rtol=1e-12, atol=1e-12)
+
+
+# (dtype, state) whose padded copies move in each width of word the copy
+# kernel takes (16, 8, 4 bytes and one element), with 8 features, the
+# state padded to 24: rows of 8 float64 and 8 float32 are whole 16 bytes,
+# 6 float32 and 12 bfloat16 whole 8, 6 bfloat16 whole 4; 7 are none.
+WORD_CASES = [(torch.float64, 8), (torch.float64, 7), (torch.float32, 8), (torch.float32, 6),
+              (torch.float32, 7), (torch.bfloat16, 8), (torch.bfloat16, 12),
+              (torch.bfloat16, 6), (torch.bfloat16, 7)]
+WORD_TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, state", WORD_CASES, ids=lambda value: str(value))
+def test_a_padded_gpu_call_copies_in_words_of_every_width(dtype, state, cuda_device, generator,
+                                                         monkeypatch):
+    """The GPU's padded copies move whole words of up to 16 bytes where the
+    rows allow: each width gives the unpadded call's results (the cuBLAS
+    loop both ways; the same products at another state, so float32 and
+    bfloat16 within their roundoff at the results' scale)."""
+    leaves = [leaf.detach().to(cuda_device, dtype).requires_grad_(True)
+              for leaf in _leaves(5, 3, 8, state, BIASES["bias"], generator)]
+    weights = torch.linspace(-1, 1, 4096, dtype=dtype, device=cuda_device)
+
+    def grads(result):
+        return weights[:result.numel()].view_as(result)
+
+    monkeypatch.setenv("LLTM_PATH", "cublas")
+    monkeypatch.setenv("LLTM_PAD", "0")
+    expected = _results_and_gradients(leaves, False, False, grads)
+    _padded_to(monkeypatch, 24)
+    got = _results_and_gradients(leaves, False, False, grads)
+    tolerance = WORD_TOLERANCES[dtype]
+    for value, wanted in zip(got, expected, strict=True):
+        scale = max(1.0, float(wanted.abs().max()))
+        torch.testing.assert_close(value, wanted, rtol=tolerance, atol=tolerance * scale)

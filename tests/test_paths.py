@@ -584,9 +584,12 @@ def test_packed_steps_take_the_step_kernels_only_where_they_measured_faster(
         cuda_device, dtype, batch, state, path, monkeypatch):
     """Packed steps go to the cuBLAS loop but small float32 and float64
     states, a little larger in a batch of 16 sequences or fewer (src/plan.c,
-    LLTM_PACKED_STEPS_STATE and LLTM_PACKED_STEPS_ROWS_STATE)."""
+    LLTM_PACKED_STEPS_STATE and LLTM_PACKED_STEPS_ROWS_STATE), at the state
+    as given (LLTM_PAD=0: test_padded_state.py has the plan padding those
+    of 16 rows past 128 to 256, which the cuBLAS loop takes)."""
     for name in ("LLTM_PATH", "LLTM_CUBLAS"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LLTM_PAD", "0")
     generator = torch.Generator().manual_seed(0)
     batch_sizes = torch.tensor([batch, 12, 9, 4])
     inputs = torch.randn(int(batch_sizes.sum()), 8, generator=generator).to(cuda_device, dtype)
@@ -596,3 +599,8 @@ def test_packed_steps_take_the_step_kernels_only_where_they_measured_faster(
     for backward in (False, True):
         assert lltm_ffi.recurrence_path(inputs, weights, bias, h0, c0, batch_sizes=batch_sizes,
                                         backward=backward) == path
+    monkeypatch.delenv("LLTM_PAD")
+    padded = "cublas" if dtype == torch.float32 and batch <= 16 and 128 < state < 256 else path
+    for backward in (False, True):
+        assert lltm_ffi.recurrence_path(inputs, weights, bias, h0, c0, batch_sizes=batch_sizes,
+                                        backward=backward) == padded

@@ -13,7 +13,7 @@ thread-block clusters out of its recurrence; LLTM_AMX=0 or 1 picks the
 CPU's 16-bit products (never AMX, or AMX for every product it takes);
 LLTM_BLAS=0 or 1 the CPU's products through the BLAS (never, or the
 recurrence's too at every size); LLTM_PAD=0 or 1 the sequence's state
-padded to rows of whole 16 bytes (never, or on every call, on any device).
+padded (never, or to rows of whole 16 bytes on every call, on any device).
 """
 
 import os
@@ -123,11 +123,11 @@ def sequence_path(function, dtype, device, sequence_pass, steps, batch_size, sta
 def sequence_state(dtype, device, backward, steps, batch_size, state_size, packed, options):
     """The state size a sequence call of these sizes runs at (sequence_path's
     arguments; backward: whether a backward pass will follow the forward):
-    state_size, or more where the plan pads the state with zero units to
-    rows of whole 16 bytes. A state already in whole 16 bytes, or
+    state_size, or more where the plan pads the state with zero units (to
+    rows of whole 16 bytes or to whole tiles). A state of whole tiles, or
     LLTM_PAD=0, runs as given, as C answers, without the question (about a
-    microsecond, a tenth of a small call's host time)."""
-    if options.pad == 0 or state_size % (16 // dtype.itemsize) == 0:
+    microsecond, a hundredth of a small call's host time)."""
+    if options.pad == 0 or state_size % lib.LLTM_PAD_TILE == 0:
         return state_size
     return _on_device(device, lambda index: lib.lltm_sequence_state(
         _extension._DTYPE_CODES[dtype], index, int(backward), steps, batch_size, state_size,

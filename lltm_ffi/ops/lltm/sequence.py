@@ -21,9 +21,10 @@ autocast dtype first, and the call runs in it.
 The recurrence's path is the plan's (src/plan.c; plan.py asks it, and
 recurrence_path says which a call takes); LLTM_PATH in the environment
 forces one. So is the state an eager call's passes run at: where the plan
-pads it to rows of whole 16 bytes, each pass adds zero units in a
-workspace and cuts its results back, in C (include/lltm_padding.h;
-LLTM_PAD=0: never, 1: on every eager call). On a GPU the matrix
+pads it (to rows of whole 16 bytes, or to whole tiles of 128), each pass
+adds zero units in a workspace and cuts its results back, in C
+(include/lltm_padding.h; LLTM_PAD=0: never, 1: to whole rows on every
+eager call). On a GPU the matrix
 products go through cuBLAS (loaded by the C code at run time), with TF32
 where torch.backends.cuda.matmul.allow_tf32 allows it for torch's own
 products; LLTM_CUBLAS=0 in the environment has lltm_ffi's own kernels do

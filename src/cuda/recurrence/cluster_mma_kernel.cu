@@ -56,7 +56,7 @@
 // warps' own arrivals on the mailbox ordered their writes, which
 // compute-sanitizer's racecheck does not follow). Past 512, bfloat16
 // autocast, us a step against the persistent kernels (BENCHMARKS.md's
-// sweep): T=1024 B=16 inference 3.9 against 4.6 at a state of 650 and
+// sweep): T=1024 B=16 inference 3.6 against 4.2 at a state of 650 and
 // 3.7 against 4.2 at 768. A forward
 // that keeps its gates and cells is slower than theirs there (GPU time a
 // step, T=1024 B=16: 3.97 against 3.74 at 650, 4.49 against 3.83 at 768;
