@@ -120,16 +120,14 @@ def _check_packed_forward(function, inputs, weights, bias, h0, c0, batch_sizes, 
     check_packed(function, inputs, weights, bias, h0, c0, batch_sizes)
 
 
-def _pass_plan(inputs, sequence_pass, steps, batch_size, state_size, batch_sizes, options,
+def _pass_plan(inputs, sequence_pass, steps, batch_size, state_size, batch_sizes,
                padded=None):
-    """(options, padded_state) of a pass (an lltm_pass): its options
-    (`options`, else plan.sequence_options) and the state it runs at
-    (`padded`, else the plan's, plan.sequence_state), once the path
-    LLTM_PATH forces, if any, is known to take it there (else its
-    ValueError). A fake tensor, which has no device to ask about, runs at
-    its state."""
-    if options is None:
-        options = plan.sequence_options("lltm_sequence")
+    """(options, padded_state) of a pass (an lltm_pass): its
+    plan.sequence_options and the state it runs at (`padded`, else the
+    plan's, plan.sequence_state), once the path LLTM_PATH forces, if any,
+    is known to take it there (else its ValueError). A fake tensor, which
+    has no device to ask about, runs at its state."""
+    options = plan.sequence_options("lltm_sequence")
     if type(inputs) not in op.PLAIN_TENSOR_TYPES:
         return options, state_size
     backward = sequence_pass == plan.PASS_BACKWARD
@@ -174,7 +172,7 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
                    bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
                    c0: op.Tensor(dims=2),
                    batch_sizes: op.Tensor(dims=1, dtype=torch.int64, optional=True, host=True),
-                   reverse: bool, *, saved=True, options=None,
+                   reverse: bool, *, saved=True,
                    padding=False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(outputs, cells, gates, h_n, c_n) of one direction over packed steps:
     every step's new_h and new_cell (rows, state) and pre-activation gates
@@ -184,12 +182,11 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     dense steps of the whole batch; h0 and c0 (batch, state), in the packed
     order; bias None: none. saved=False, for a forward no backward follows:
     cells and gates are None, the pass storing neither, and outputs, h_n
-    and c_n are bit for bit saved=True's. `options`: the call's
-    plan.sequence_options where the caller has them already. padding=True
-    (plain eager calls; the operator's shapes are known before it runs):
-    the pass runs at the plan's padded state, where it pads one, and its
-    cells and gates are at that state, as the backward pass takes them
-    (rows, padded state), (rows, 3 * padded state). No cells are
+    and c_n are bit for bit saved=True's. padding=True (plain eager calls;
+    the operator's shapes are known before it runs): the pass runs at the
+    plan's padded state, where it pads one, and its cells and gates are at
+    that state, as the backward pass takes them (rows, padded state),
+    (rows, 3 * padded state). No cells are
     allocated on any device (a CUDA pass carries each sequence's cell in
     c_n or in registers). A CUDA pass still gets a (rows, 3 * state) buffer, its
     workspace, dropped after the call: one product puts every step's input
@@ -208,7 +205,7 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     steps = steps_of(rows, batch_size, batch_sizes)
     sequence_pass = plan.PASS_FORWARD_SAVED if saved else plan.PASS_FORWARD
     options, padded = _pass_plan(inputs, sequence_pass, steps, batch_size, state_size,
-                                 batch_sizes, options, None if padding else state_size)
+                                 batch_sizes, None if padding else state_size)
     own_state = padded == state_size
     cells = gates = None
     if saved:
@@ -280,7 +277,7 @@ def packed_backward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     if computed:
         sequence_pass = plan.PASS_BACKWARD
         options, padded = _pass_plan(inputs, sequence_pass, steps, batch_size, state_size,
-                                     batch_sizes, None, _kept_state(cells, state_size))
+                                     batch_sizes, _kept_state(cells, state_size))
         own_state = padded == state_size
         sizes = (rows, steps, batch_size, input_features, state_size, int(reverse), padded,
                  *cell._strides(grad_outputs)[1:], *cell._strides(grad_cells)[1:])
