@@ -385,6 +385,57 @@ def test_a_large_batch_of_a_small_state_takes_the_own_tiles_where_they_pay(torch
             assert _relative_error(got, wanted) <= TOLERANCES[torch.float32]
 
 
+def test_a_batch_of_8_or_more_of_a_state_up_to_1024_takes_the_own_tiles_with_avx512(
+        torch_threads, monkeypatch):
+    """Past a state of 256, the plan's recurrence (lltm_own_tiles_pay) is the
+    own tiles' for 8 rows or more up to a state of 1024 on a CPU with
+    AVX-512, on one thread for at most 16 rows; else the BLAS's (or the own
+    tiles' everywhere, where the BLAS is narrower than the CPU). Where the
+    own tiles take it, the results agree with the BLAS forced."""
+    if _blas.library_path() is None:
+        pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
+    avx512, narrow = bool(_extension.lib.lltm_cpu_avx512()), bool(_extension.lib.lltm_blas_narrow())
+    cases = ((1, 16, 300, avx512), (1, 20, 300, False), (2, 20, 300, avx512),
+             (2, 7, 300, False), (2, 8, 1025, False))
+    for threads, batch, state, own in cases:
+        shape = (2, batch, 5, state)
+        arguments = random_arguments(shape, torch.float32)
+        grads = random_grads(shape, torch.float32)
+        torch_threads(threads)
+        use_path(monkeypatch, "default")
+        default = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+        recurrence = recurrence_of_a_pass()
+        assert recurrence == ("own tiles" if own or narrow else "blas"), (threads, shape)
+        use_path(monkeypatch, "blas")
+        forced = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+        for got, wanted in zip(default, forced):
+            assert _relative_error(got, wanted) <= TOLERANCES[torch.float32], (threads, shape)
+
+
+def test_eight_threads_take_every_product_of_a_small_state_on_the_own_tiles_with_avx512(
+        torch_threads, monkeypatch):
+    """On 8 threads or more of a CPU with AVX-512, a batch of 3 rows or more
+    of a state up to 256 takes every product on the own tiles
+    (lltm_own_products_pay): the bits of LLTM_BLAS=0's, as on 4 threads the
+    inputs' products on the BLAS do not give."""
+    if _blas.library_path() is None:
+        pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
+    if not _extension.lib.lltm_cpu_avx512() or _extension.lib.lltm_blas_narrow():
+        pytest.skip("the rule is for a CPU with AVX-512 and a BLAS as wide")
+    shape = (3, 16, 40, 200)
+    arguments, grads = random_arguments(shape, torch.float32), random_grads(shape, torch.float32)
+    results = {}
+    for threads in (4, 8):
+        torch_threads(threads)
+        for path in ("own", "default"):
+            use_path(monkeypatch, path)
+            results[threads, path] = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+    assert all(torch.equal(got, wanted)
+               for got, wanted in zip(results[8, "default"], results[8, "own"]))
+    assert not all(torch.equal(got, wanted)
+                   for got, wanted in zip(results[4, "default"], results[4, "own"]))
+
+
 def test_where_the_blas_is_narrower_than_the_cpu_the_own_tiles_take_every_product(
         torch_threads, monkeypatch):
     """With the BLAS's kernels narrower than the CPU's vectors

@@ -203,7 +203,7 @@ static struct lltm_products LLTM_NAME(products_plan_)(const lltm_sequence_option
     products.recurrence = LLTM_ON_AMX;
   } else if (blas != 0 && rows <= LLTM_BLAS_MAX && 3 * state_size <= LLTM_BLAS_MAX &&
              state_size + input_features <= LLTM_BLAS_MAX && lltm_blas_loaded() &&
-             (blas == 1 || !lltm_own_products_pay(batch_size))) {
+             (blas == 1 || !lltm_own_products_pay(batch_size, state_size))) {
     products.blas = 1;
     if (blas == 1 || !lltm_own_tiles_pay(batch_size, state_size)) {
       products.recurrence = LLTM_ON_BLAS;

@@ -61,9 +61,23 @@ struct lltm_products {
  * thread, inference at B=16, S=256 71 us against 143; B=64, S=1024 4563
  * against 7402 (nn.LSTM 5963), training 14758 against 21039 (17245); 2
  * threads, B=64, S=1024 inference 2304 against 3669 (3335), B=32, S=1024
- * training 3958 against 5858 (5885). */
-static inline int lltm_own_products_pay(int64_t batch_size) {
-  return batch_size > 2 && lltm_blas_narrow();
+ * training 3958 against 5858 (5885).
+ * And every product of a batch of more than 2 rows of a state up to
+ * LLTM_OWN_TILES_STATE on LLTM_OWN_PRODUCTS_TEAM threads or more, on a CPU
+ * with AVX-512: there each thread's part of the inputs' products is small
+ * for a BLAS call. On 16 threads of the H200 machine's Xeon (OpenBLAS's
+ * SkylakeX kernels), the own tiles for every product against the BLAS for
+ * all but the recurrence, inference at B=64 S=128 53.8 us against 61.6
+ * (nn.LSTM 53.3), S=256 91.6 against 99.6 (105.1); training at B=16 S=256
+ * 118.2 against 129.1, B=64 S=128 132.1 against 147.5. On 4 threads the
+ * two tied (B=64 S=128 inference 99.2 against 103.3, S=256 279.6 and
+ * 279.6; training at B=16 S=128 110.1 against 112.0). */
+#define LLTM_OWN_PRODUCTS_TEAM 8
+#define LLTM_OWN_TILES_STATE 256
+static inline int lltm_own_products_pay(int64_t batch_size, int64_t state_size) {
+  return batch_size > 2 &&
+         (lltm_blas_narrow() || (state_size <= LLTM_OWN_TILES_STATE && lltm_cpu_avx512() &&
+                                 lltm_pass_team() >= LLTM_OWN_PRODUCTS_TEAM));
 }
 
 /* Else the recurrence's product alone, one a step:
@@ -83,19 +97,38 @@ static inline int lltm_own_products_pay(int64_t batch_size) {
  *   where the BLAS's gemv is too small to share out (a part is at least
  *   LLTM_BLAS_PART_ELEMENTS) and the tiles are not: on 16 threads of the
  *   Xeon, inference at S=256 took 23 us against 40, at S=512 51 against 77.
- * Larger batches and states take the BLAS's: on the Xeon, one thread,
- * B=64, S=512 took 3804 us against 2458. */
+ * - 8 rows or more of a state up to LLTM_OWN_TILES_WIDE_STATE, on a CPU
+ *   with AVX-512, but on one thread more than LLTM_OWN_TILES_ONE_THREAD_BATCH
+ *   rows: a step's BLAS call packs the weights again, the tiles read them
+ *   in the panels the pass packed once. On the Xeon, T=16, us a step, the
+ *   own tiles' recurrence against the BLAS's (the inputs' products on the
+ *   BLAS both ways): B=16 inference at S=512, 768 and 1024, one thread 814,
+ *   1800 and 2358 against 974, 1924 and 2766; 4 threads 285, 610 and 1044
+ *   against 369, 735 and 1349; training 1317, 3241 and 7120 against 1637,
+ *   3842 and 8285 on one thread. B=64 inference on 4 threads 855, 1863
+ *   and 3093 against 955, 1961 and 3351, on 16 threads 453, 670 and 982
+ *   against 451, 1100 and 1119; but on one thread 2450, 5739 and 8613
+ *   against 2432, 5208 and 7641.
+ * Larger states, and one row at more than LLTM_OWN_TILES_ROW_STATE or on
+ * fewer threads, take the BLAS's (its gemv reads the weights as they lie,
+ * where the tiles' panels cost a pass more than its steps save: one thread,
+ * B=1, inference at S=512 took 337 us a step against 231). */
 #define LLTM_OWN_TILES_BATCH 8
-#define LLTM_OWN_TILES_STATE 256
 #define LLTM_OWN_TILES_TEAM 4
 #define LLTM_OWN_TILES_ROW_STATE 512
+#define LLTM_OWN_TILES_WIDE_STATE 1024
+#define LLTM_OWN_TILES_ONE_THREAD_BATCH 16
 static inline int lltm_own_tiles_pay(int64_t batch_size, int64_t state_size) {
   const int team = lltm_pass_team();
   if (batch_size == 1) {
     return state_size <= LLTM_OWN_TILES_ROW_STATE && team >= LLTM_OWN_TILES_TEAM;
   }
-  return state_size <= LLTM_OWN_TILES_STATE &&
-         (batch_size < LLTM_OWN_TILES_BATCH || team >= LLTM_OWN_TILES_TEAM || lltm_cpu_avx512());
+  if (state_size <= LLTM_OWN_TILES_STATE) {
+    return batch_size < LLTM_OWN_TILES_BATCH || team >= LLTM_OWN_TILES_TEAM ||
+           lltm_cpu_avx512();
+  }
+  return state_size <= LLTM_OWN_TILES_WIDE_STATE && batch_size >= LLTM_OWN_TILES_BATCH &&
+         lltm_cpu_avx512() && (team > 1 || batch_size <= LLTM_OWN_TILES_ONE_THREAD_BATCH);
 }
 
 #endif
