@@ -495,12 +495,14 @@ static int tiles_kind(void) {
 
 /* A bfloat16 product of one row takes the dot products where the CPU has
  * them beside AMX and LLTM_DOT_ROW_TEAM threads or more share it: AMX
- * multiplies whole blocks of 32 rows, the dot products the rows there are.
+ * multiplies whole tiles of 16 rows, the dot products the rows there are.
  * The H200 machine's host (a Xeon with AMX), bfloat16 inference at B=1,
  * T=16, us a step on AMX and on the dot products, one process: 4 threads,
- * S=128 17.1 and 14.2, S=512 83.2 and 53.4, S=1024 278 and 232; 16
- * threads, S=128 24.5 and 19.1, S=512 42.2 and 31.3, S=1024 94.5 and 64.7;
- * but 1 thread, S=512 78.5 and 98.1, 2 threads, S=256 20.8 and 23.5. */
+ * S=512 34.3 and 31.2, S=1024 120.6 and 100.7; 16 threads, S=512 24.5 and
+ * 21.7, S=1024 50.5 and 44.5 (training 231.7 and 208.6); but 1 thread,
+ * S=512 71.4 and 83.2, 2 threads, S=256 18.4 and 21.8. At S=128 the two
+ * tie on every number of threads, and on 4 threads at S=256 AMX is ahead
+ * (16.0 against 19.7; on 8 and 16 the two tie). */
 #define LLTM_DOT_ROW_TEAM 4
 static int product_tiles(int dtype, int64_t rows) {
   const int offered = tiles_offered();
@@ -524,40 +526,67 @@ static const struct {
 } __attribute__((aligned(64))) tile_config = {
     1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
-/* One block of sums, 32 x 32, at out (row stride out_stride), over
+/* One block of sums, row_tiles x 16 rows (1 or 2, a constant where
+ * inlined) by 32 columns, at out (row stride out_stride), over
  * depth_blocks of the packed depth from left and right on: the two tile
  * rows of each factor lie `second` elements apart. The tiles configured. */
-AMX_TARGET static void block_product(const uint16_t* left, const uint16_t* right, int64_t second,
-                                     int64_t depth_blocks, int accumulate, float* out,
-                                     int64_t out_stride) {
+static inline __attribute__((always_inline)) AMX_TARGET void tile_rows_product(
+    int row_tiles, const uint16_t* left, const uint16_t* right, int64_t second,
+    int64_t depth_blocks, int accumulate, float* out, int64_t out_stride) {
   MEMORY_BARRIER();
   const int64_t bytes = 4 * out_stride;
   if (accumulate) {
     _tile_loadd(0, out, bytes);
     _tile_loadd(1, out + 16, bytes);
-    _tile_loadd(2, out + 16 * out_stride, bytes);
-    _tile_loadd(3, out + 16 * out_stride + 16, bytes);
+    if (row_tiles == 2) {
+      _tile_loadd(2, out + 16 * out_stride, bytes);
+      _tile_loadd(3, out + 16 * out_stride + 16, bytes);
+    }
   } else {
     _tile_zero(0);
     _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if (row_tiles == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
   }
   for (int64_t d = 0; d < depth_blocks; ++d) {
     _tile_loadd(4, left + d * TILE_ELEMENTS, 64);
-    _tile_loadd(5, left + second + d * TILE_ELEMENTS, 64);
     _tile_loadd(6, right + d * TILE_ELEMENTS, 64);
     _tile_loadd(7, right + second + d * TILE_ELEMENTS, 64);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    if (row_tiles == 2) {
+      _tile_loadd(5, left + second + d * TILE_ELEMENTS, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
   }
   _tile_stored(0, out, bytes);
   _tile_stored(1, out + 16, bytes);
-  _tile_stored(2, out + 16 * out_stride, bytes);
-  _tile_stored(3, out + 16 * out_stride + 16, bytes);
+  if (row_tiles == 2) {
+    _tile_stored(2, out + 16 * out_stride, bytes);
+    _tile_stored(3, out + 16 * out_stride + 16, bytes);
+  }
   MEMORY_BARRIER();
+}
+
+/* A block of up to 16 rows takes the tiles of its first 16 alone: a step
+ * of a batch of 16 or fewer would otherwise multiply as many rows of
+ * padding. On the H200 machine's Xeon, bfloat16, T=16, us a step, all
+ * 32 rows against 16 (two processes of each, taking turns): inference at
+ * B=16, one thread, S=512 212.7 against 195.9, S=1024 929.2 against
+ * 824.1; 16 threads, S=512 60.4 against 45.8, S=1024 140.8 against 112.4;
+ * training on 16 threads, S=512 236.8 against 179.8; inference at B=1 on
+ * one thread (AMX's, LLTM_DOT_ROW_TEAM), S=128 16.9 against 9.9. */
+AMX_TARGET static void block_product(const uint16_t* left, const uint16_t* right, int64_t second,
+                                     int64_t depth_blocks, int rows, int accumulate, float* out,
+                                     int64_t out_stride) {
+  if (rows <= TILE_ROWS) {
+    tile_rows_product(1, left, right, second, depth_blocks, accumulate, out, out_stride);
+  } else {
+    tile_rows_product(2, left, right, second, depth_blocks, accumulate, out, out_stride);
+  }
 }
 
 /* block_product on AVX512-BF16 instead of the tiles: the same packed
@@ -630,7 +659,7 @@ static void block_sums(int amx, const uint16_t* left, const uint16_t* right, int
                        int64_t depth_blocks, int rows, int columns, int accumulate, float* sums,
                        int64_t stride) {
   float edge[BLOCK * BLOCK] __attribute__((aligned(64)));
-  const int inside = rows == BLOCK && columns == BLOCK;
+  const int inside = (rows == BLOCK || (amx && rows == TILE_ROWS)) && columns == BLOCK;
   float* out = inside ? sums : edge;
   const int64_t out_stride = inside ? stride : BLOCK;
   if (!inside && accumulate) {
@@ -638,7 +667,7 @@ static void block_sums(int amx, const uint16_t* left, const uint16_t* right, int
     for (int i = 0; i < rows; ++i) memcpy(edge + i * BLOCK, sums + i * stride, 4 * columns);
   }
   if (amx) {
-    block_product(left, right, second, depth_blocks, accumulate, out, out_stride);
+    block_product(left, right, second, depth_blocks, rows, accumulate, out, out_stride);
   } else {
     dot_block_product(left, right, second, depth_blocks, rows, accumulate, out, out_stride);
   }
