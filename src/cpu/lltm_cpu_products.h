@@ -98,8 +98,8 @@ static inline int lltm_own_products_pay(int64_t batch_size, int64_t state_size) 
  *   LLTM_BLAS_PART_ELEMENTS) and the tiles are not: on 16 threads of the
  *   Xeon, inference at S=256 took 23 us against 40, at S=512 51 against 77.
  * - 8 rows or more of a state up to LLTM_OWN_TILES_WIDE_STATE, on a CPU
- *   with AVX-512, but on one thread more than LLTM_OWN_TILES_ONE_THREAD_BATCH
- *   rows: a step's BLAS call packs the weights again, the tiles read them
+ *   with AVX-512 (on one thread, up to LLTM_OWN_TILES_ONE_THREAD_BATCH
+ *   rows): a step's BLAS call packs the weights again, the tiles read them
  *   in the panels the pass packed once. On the Xeon, T=16, us a step, the
  *   own tiles' recurrence against the BLAS's (the inputs' products on the
  *   BLAS both ways): B=16 inference at S=512, 768 and 1024, one thread 814,
