@@ -54,15 +54,20 @@ int lltm_amx_pack_right(int dtype, int64_t depth, int64_t columns, const uint16_
 #define LLTM_AMX_DECLINED 1
 
 /* What lltm_amx_multiply calls, where given, for each run of the sums it
- * writes (rows first_row to first_row + rows by columns first_column to
- * first_column + columns), on the thread that wrote them, after them. */
-typedef void (*lltm_amx_then)(void* context, int64_t first_row, int64_t rows,
-                              int64_t first_column, int64_t columns);
+ * computes (rows first_row to first_row + rows by columns first_column to
+ * first_column + columns), on the thread that computed them, after them:
+ * `sums` holds the run's (row stride sums_stride), its first at (first_row,
+ * first_column). They lie in the product's sums, or, where then takes
+ * them, in memory of the thread's own, for then only. */
+typedef void (*lltm_amx_then)(void* context, const float* sums, int64_t sums_stride,
+                              int64_t first_row, int64_t rows, int64_t first_column,
+                              int64_t columns);
 
 /* sums (rows x right's columns, row stride sums_stride) = a times right,
  * a (rows x right's depth, of right's dtype) with element (i, k) at
  * a[i * row_stride + k * depth_stride], one of the strides 1, packed into
- * *left on the way; then `then` (may be NULL) for each run of them.
+ * *left on the way; then `then` (may be NULL) for each run of them, which
+ * may leave the sums themselves unwritten (room for them is still asked).
  * LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS (neither stride
  * 1) or LLTM_AMX_DECLINED. Only where lltm_amx_usable. */
 int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,

@@ -584,24 +584,23 @@ static int LLTM_NAME(converted_product_)(int64_t rows, int64_t columns, int64_t 
 
 #ifdef AMX_DTYPE
 /* Where a product's sums go (amx_product_): each run of them added to
- * base's or out's and rounded into out, by the thread that wrote them. */
+ * base's or out's and rounded into out, by the thread that computed them. */
 struct LLTM_NAME(sums_out_) {
-  const SCALAR* sums; /* row stride `columns` */
-  int64_t columns;
   const STORAGE* base;
   int accumulate;
   STORAGE* out;
   int64_t out_stride;
 };
 
-static void LLTM_NAME(add_run_)(void* context, int64_t first_row, int64_t rows,
-                                int64_t first_column, int64_t columns) {
+static void LLTM_NAME(add_run_)(void* context, const SCALAR* sums, int64_t sums_stride,
+                                int64_t first_row, int64_t rows, int64_t first_column,
+                                int64_t columns) {
   const struct LLTM_NAME(sums_out_)* to = (const struct LLTM_NAME(sums_out_)*)context;
-  for (int64_t i = first_row; i < first_row + rows; ++i) {
-    STORAGE* out = to->out + i * to->out_stride + first_column;
+  for (int64_t i = 0; i < rows; ++i) {
+    STORAGE* out = to->out + (first_row + i) * to->out_stride + first_column;
     LLTM_NAME(add_sums_row_)(columns,
                              to->accumulate ? out : to->base ? to->base + first_column : NULL,
-                             to->sums + i * to->columns + first_column, out);
+                             sums + i * sums_stride, out);
   }
 }
 #endif
@@ -632,8 +631,7 @@ static int LLTM_NAME(amx_product_)(int64_t rows, int64_t columns, int64_t depth,
   for (int64_t first = 0; status == LLTM_SUCCESS && first < rows; first += block) {
     const int64_t count = rows - first < block ? rows - first : block;
     const STORAGE* a_rows = a + first * a_row_stride;
-    struct LLTM_NAME(sums_out_) to = {sums, columns, base, accumulate, out + first * out_stride,
-                                      out_stride};
+    struct LLTM_NAME(sums_out_) to = {base, accumulate, out + first * out_stride, out_stride};
     status = lltm_amx_multiply(count, a_rows, a_row_stride, a_depth_stride,
                                packed_b ? packed_b : &right, &left, sums, columns,
                                LLTM_NAME(add_run_), &to);
@@ -641,7 +639,7 @@ static int LLTM_NAME(amx_product_)(int64_t rows, int64_t columns, int64_t depth,
       status = LLTM_NAME(converted_product_)(count, columns, depth, a_rows, a_row_stride,
                                              a_depth_stride, b, b_row_stride, b_column_stride,
                                              sums, columns);
-      if (status == LLTM_SUCCESS) LLTM_NAME(add_run_)(&to, 0, count, 0, columns);
+      if (status == LLTM_SUCCESS) LLTM_NAME(add_run_)(&to, sums, columns, 0, count, 0, columns);
     }
   }
   lltm_amx_free(&left);
