@@ -436,6 +436,34 @@ def test_eight_threads_take_every_product_of_a_small_state_on_the_own_tiles_with
                    for got, wanted in zip(results[4, "default"], results[4, "own"]))
 
 
+def test_four_threads_take_every_product_of_a_state_up_to_128_on_the_own_tiles_with_avx512(
+        torch_threads, monkeypatch):
+    """From 4 threads on, with AVX-512, a batch of 3 rows or more of a state
+    up to 128 takes every product on the own tiles (lltm_own_products_pay):
+    LLTM_BLAS=0's bits at 128, where 2 threads, or a state of 129, keep the
+    inputs' products on the BLAS."""
+    if _blas.library_path() is None:
+        pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
+    if not _extension.lib.lltm_cpu_avx512() or _extension.lib.lltm_blas_narrow():
+        pytest.skip("the rule is for a CPU with AVX-512 and a BLAS as wide")
+
+    def same_as_own(threads, state):
+        shape = (3, 16, 40, state)
+        arguments = random_arguments(shape, torch.float32)
+        grads = random_grads(shape, torch.float32)
+        torch_threads(threads)
+        results = {}
+        for path in ("own", "default"):
+            use_path(monkeypatch, path)
+            results[path] = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+        return all(torch.equal(got, wanted)
+                   for got, wanted in zip(results["default"], results["own"]))
+
+    assert same_as_own(4, 128)
+    assert not same_as_own(2, 128)
+    assert not same_as_own(4, 129)
+
+
 def test_where_the_blas_is_narrower_than_the_cpu_the_own_tiles_take_every_product(
         torch_threads, monkeypatch):
     """With the BLAS's kernels narrower than the CPU's vectors

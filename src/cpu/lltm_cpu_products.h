@@ -70,14 +70,27 @@ struct lltm_products {
  * all but the recurrence, inference at B=64 S=128 53.8 us against 61.6
  * (nn.LSTM 53.3), S=256 91.6 against 99.6 (105.1); training at B=16 S=256
  * 118.2 against 129.1, B=64 S=128 132.1 against 147.5. On 4 threads the
- * two tied (B=64 S=128 inference 99.2 against 103.3, S=256 279.6 and
- * 279.6; training at B=16 S=128 110.1 against 112.0). */
+ * two tied at a state of 256 (B=64 inference 279.6 and 279.6).
+ * And so from LLTM_OWN_PRODUCTS_SMALL_TEAM threads on at a state up to
+ * LLTM_OWN_PRODUCTS_SMALL_STATE: on the Xeon, at a state of 128, batches
+ * 16 and 64, two turns, the own tiles' time over the BLAS's for the
+ * inputs was 0.86 to 0.91 on 4 threads in inference (B=64: 87.4 us
+ * against 95.9, nn.LSTM 98.7), 0.91 to 1.00 training; on 2 threads 0.92
+ * to 0.98 in inference, no more than the order of the turns gave (the
+ * BLAS's went first, and the same products taken first took 1.03 to 1.07
+ * of their time taken second), so there, as on one thread, the BLAS keeps
+ * the inputs' products. */
 #define LLTM_OWN_PRODUCTS_TEAM 8
 #define LLTM_OWN_TILES_STATE 256
+#define LLTM_OWN_PRODUCTS_SMALL_TEAM 4
+#define LLTM_OWN_PRODUCTS_SMALL_STATE 128
 static inline int lltm_own_products_pay(int64_t batch_size, int64_t state_size) {
-  return batch_size > 2 &&
-         (lltm_blas_narrow() || (state_size <= LLTM_OWN_TILES_STATE && lltm_cpu_avx512() &&
-                                 lltm_pass_team() >= LLTM_OWN_PRODUCTS_TEAM));
+  if (batch_size <= 2) return 0;
+  if (lltm_blas_narrow()) return 1;
+  const int team = lltm_pass_team();
+  return lltm_cpu_avx512() &&
+         ((state_size <= LLTM_OWN_TILES_STATE && team >= LLTM_OWN_PRODUCTS_TEAM) ||
+          (state_size <= LLTM_OWN_PRODUCTS_SMALL_STATE && team >= LLTM_OWN_PRODUCTS_SMALL_TEAM));
 }
 
 /* Else the recurrence's product alone, one a step:
