@@ -63,6 +63,20 @@ def with_gradients(function, arguments, grads):
     return [outputs, h_n, c_n] + [leaf.grad for leaf in leaves]
 
 
+def plan_gives_own_bits(torch_threads, monkeypatch, threads, shape):
+    """Whether lltm_sequence's plan on `threads` threads gives LLTM_BLAS=0's
+    bits (every product on the own tiles) in float32 at `shape`, outputs
+    and gradients; the plan's pass runs last, for recurrence_of_a_pass."""
+    arguments, grads = random_arguments(shape, torch.float32), random_grads(shape, torch.float32)
+    torch_threads(threads)
+    results = []
+    for path in ("own", "default"):
+        use_path(monkeypatch, path)
+        results.append(with_gradients(lltm_ffi.lltm_sequence, arguments, grads))
+    own, default = results
+    return all(torch.equal(got, wanted) for got, wanted in zip(default, own))
+
+
 def reference_of(reverse, lengths=None):
     """The float64 reference of lltm_sequence: a loop of the reference cell
     over each sequence's own steps (all of them without `lengths`), last to
@@ -423,17 +437,8 @@ def test_eight_threads_take_every_product_of_a_small_state_on_the_own_tiles_with
     if not _extension.lib.lltm_cpu_avx512() or _extension.lib.lltm_blas_narrow():
         pytest.skip("the rule is for a CPU with AVX-512 and a BLAS as wide")
     shape = (3, 16, 40, 200)
-    arguments, grads = random_arguments(shape, torch.float32), random_grads(shape, torch.float32)
-    results = {}
-    for threads in (4, 8):
-        torch_threads(threads)
-        for path in ("own", "default"):
-            use_path(monkeypatch, path)
-            results[threads, path] = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
-    assert all(torch.equal(got, wanted)
-               for got, wanted in zip(results[8, "default"], results[8, "own"]))
-    assert not all(torch.equal(got, wanted)
-                   for got, wanted in zip(results[4, "default"], results[4, "own"]))
+    assert plan_gives_own_bits(torch_threads, monkeypatch, 8, shape)
+    assert not plan_gives_own_bits(torch_threads, monkeypatch, 4, shape)
 
 
 def test_four_threads_take_every_product_of_a_state_up_to_128_on_the_own_tiles_with_avx512(
@@ -446,22 +451,9 @@ def test_four_threads_take_every_product_of_a_state_up_to_128_on_the_own_tiles_w
         pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
     if not _extension.lib.lltm_cpu_avx512() or _extension.lib.lltm_blas_narrow():
         pytest.skip("the rule is for a CPU with AVX-512 and a BLAS as wide")
-
-    def same_as_own(threads, state):
-        shape = (3, 16, 40, state)
-        arguments = random_arguments(shape, torch.float32)
-        grads = random_grads(shape, torch.float32)
-        torch_threads(threads)
-        results = {}
-        for path in ("own", "default"):
-            use_path(monkeypatch, path)
-            results[path] = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
-        return all(torch.equal(got, wanted)
-                   for got, wanted in zip(results["default"], results["own"]))
-
-    assert same_as_own(4, 128)
-    assert not same_as_own(2, 128)
-    assert not same_as_own(4, 129)
+    assert plan_gives_own_bits(torch_threads, monkeypatch, 4, (3, 16, 40, 128))
+    assert not plan_gives_own_bits(torch_threads, monkeypatch, 2, (3, 16, 40, 128))
+    assert not plan_gives_own_bits(torch_threads, monkeypatch, 4, (3, 16, 40, 129))
 
 
 def test_where_the_blas_is_narrower_than_the_cpu_the_own_tiles_take_every_product(
@@ -473,18 +465,12 @@ def test_where_the_blas_is_narrower_than_the_cpu_the_own_tiles_take_every_produc
     of LLTM_BLAS=0's. Elsewhere its recurrence is the BLAS's."""
     if _blas.library_path() is None:
         pytest.skip(f"{_blas.PACKAGE} is not installed: the own products only")
-    shape = (3, 20, 8, 810)
-    arguments, grads = random_arguments(shape, torch.float32), random_grads(shape, torch.float32)
-    torch_threads(1)
-    use_path(monkeypatch, "own")
-    own = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
-    use_path(monkeypatch, "default")
-    default = with_gradients(lltm_ffi.lltm_sequence, arguments, grads)
+    same = plan_gives_own_bits(torch_threads, monkeypatch, 1, (3, 20, 8, 810))
     if not _extension.lib.lltm_blas_narrow():
         assert recurrence_of_a_pass() == "blas"
         return
     assert recurrence_of_a_pass() == "own tiles"
-    assert all(torch.equal(got, wanted) for got, wanted in zip(default, own))
+    assert same
 
 
 @pytest.mark.parametrize("path", PATHS)
