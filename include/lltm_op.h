@@ -203,6 +203,8 @@ void lltm_start_cpu_pass(int threads);
  * allows one, or below LLTM_PARALLEL_MIN_ELEMENTS times 2 / the team; else
  * as many as its caller allows. src/threads.c. */
 int lltm_team_size(int64_t elements);
+/* lltm_team_size with min_elements for LLTM_PARALLEL_MIN_ELEMENTS. */
+int lltm_team_size_from(int64_t elements, int64_t min_elements);
 /* The team a pass of any size could take: what its caller allows, 1 in a
  * forked child. */
 int lltm_pass_team(void);
@@ -220,9 +222,14 @@ void lltm_note_cpu_recurrence(const char* name);
  * forked child's first parallel region would wait forever for its
  * parent's threads, so a forked child never enters one here. Compile with
  * -fopenmp. */
-#define LLTM_FOR_EACH(index, count, elements, ...)                             \
+#define LLTM_FOR_EACH(index, count, elements, ...) \
+  LLTM_FOR_EACH_OF_TEAM(index, count, lltm_team_size(elements), __VA_ARGS__)
+
+/* LLTM_FOR_EACH across a team its caller had from lltm_team_size or
+ * lltm_team_size_from (1: the calling thread alone). */
+#define LLTM_FOR_EACH_OF_TEAM(index, count, team, ...)                         \
   do {                                                                         \
-    const int lltm_team_ = lltm_team_size(elements);                           \
+    const int lltm_team_ = (team);                                             \
     if (lltm_team_ > 1) {                                                      \
       _Pragma("omp parallel for num_threads(lltm_team_) schedule(static)")     \
       for (int64_t index = 0; index < (count); ++index) __VA_ARGS__            \

@@ -63,9 +63,13 @@ int lltm_pass_team(void) {
  * idle. On that Xeon, teams capped at their loops' counts made bfloat16
  * inference at a batch of 1 and a state of 256 take 5.2 to 6.3 times
  * nn.LSTM's time, against 1.1 to 1.2 (16 threads, two turns of each). */
-int lltm_team_size(int64_t elements) {
+int lltm_team_size_from(int64_t elements, int64_t min_elements) {
   const int team = lltm_pass_team();
-  if (elements * team < 2 * (int64_t)LLTM_PARALLEL_MIN_ELEMENTS) return 1;
+  if (elements * team < 2 * min_elements) return 1;
   if (team > threads_used) threads_used = team;
   return team;
+}
+
+int lltm_team_size(int64_t elements) {
+  return lltm_team_size_from(elements, LLTM_PARALLEL_MIN_ELEMENTS);
 }

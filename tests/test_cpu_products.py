@@ -370,6 +370,29 @@ def test_a_larger_team_takes_smaller_work(torch_threads, monkeypatch):
     assert threads_of_a_pass(*arguments) == 16
 
 
+@pytest.mark.skipif(_extension.lib is not None and not _extension.amx_usable(),
+                    reason="this CPU has neither AMX nor AVX512-BF16: no 16-bit step on them")
+def test_two_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows(torch_threads):
+    """A bfloat16 step of 64 rows (two of AMX's blocks of 32) at a state of
+    128 is 11,264 units of work: below what two threads take by blocks of
+    states (32,768), above what they take by rows (8,192,
+    start_amx_step_). Each thread takes all the states of its 32 rows, so
+    the pass gives the bits of one thread."""
+    arguments = random_arguments((3, 64, 20, 128), torch.bfloat16)
+
+    def outputs_and_threads():
+        with torch.no_grad():
+            outputs, _ = lltm_ffi.lltm_sequence(*arguments)
+        return outputs, _extension.lib.lltm_cpu_threads_used()
+
+    torch_threads(1)
+    alone, one = outputs_and_threads()
+    torch_threads(2)
+    split, two = outputs_and_threads()
+    assert (one, two) == (1, 2)
+    assert torch.equal(split, alone)
+
+
 def recurrence_of_a_pass():
     """What took the recurrent products of the calling thread's last CPU pass."""
     return _extension.ffi.string(_extension.lib.lltm_cpu_recurrence()).decode()

@@ -317,7 +317,7 @@ static int LLTM_NAME(recurrence_backward_)(
                                           state_size, d_gates + next_offset * gates_size,
                                           gates_size, &parts);
       if (status != LLTM_SUCCESS) break;
-      LLTM_FOR_EACH(part, parts.parts, parts.work, {
+      LLTM_FOR_EACH_OF_TEAM(part, parts.parts, parts.team, {
         struct lltm_tile tile;
         if (LLTM_NAME(amx_step_part_)(&parts, part, &tile)) {
           LLTM_NAME(backward_step_tile_)(state_size, tile, NULL, step.continued, NULL, amx.sums,

@@ -125,9 +125,27 @@ static int LLTM_NAME(start_forward_amx_)(int64_t rows, int64_t state_size, const
 struct LLTM_NAME(amx_step_) {
   struct LLTM_NAME(recurrent_amx_) * amx;
   const lltm_amx_factor* factors;
-  int count, sums_done;
-  int64_t rows, product_rows, state_size, width, row_parts, parts, work;
+  int count, sums_done, team;
+  int64_t rows, product_rows, state_size, width, row_parts, parts;
 };
+
+/* A pass's team no larger than a step's blocks of rows splits the step by
+ * rows alone, where the factors' packed tiles fit a core's L2 (2 MiB on the
+ * H200 machine's Xeon): each thread takes all the states of its rows, as
+ * one thread takes the step, so that the split costs the threads' waking
+ * and little else, and it pays from this much work on
+ * (lltm_team_size_from). A larger team splits the step by blocks of states
+ * as well, from LLTM_PARALLEL_MIN_ELEMENTS. On that Xeon, bfloat16, T=16,
+ * B=64, two threads, us a step, in one process, the two rules taking
+ * turns: inference at S=128 79.4 by rows against 94.5 on one thread, S=256
+ * 133.9 against 187.8 (nn.LSTM 82.1 and 186.1), S=512 417.5 against 448.0
+ * by blocks of states; training 206.5 against 243.9, 419.9 against 532.2,
+ * 1275.3 against 1412.9. Blocks of states from this work took four threads
+ * at S=64 from 29.7 to 40.3, at S=128 from 57.3 to 65.8. */
+#ifndef LLTM_AMX_ROW_SPLIT_MIN_WORK
+#define LLTM_AMX_ROW_SPLIT_MIN_WORK 8192
+#endif
+#define LLTM_AMX_ROW_SPLIT_MAX_BYTES (2 << 20)
 
 /* A step of `rows` rows whose first product_rows take the product of a
  * (row stride a_stride) and the factors. */
@@ -152,16 +170,21 @@ static int LLTM_NAME(start_amx_step_)(struct LLTM_NAME(recurrent_amx_) * amx,
                                            amx->sums, amx->columns);
   }
   const int64_t work = rows * state_size + product_work;
-  const int team = lltm_team_size(work);
-  const int64_t width = team > 1 ? LLTM_AMX_BLOCK : state_size;
-  const int64_t blocks = (state_size + width - 1) / width;
   const int64_t row_blocks = (rows + LLTM_AMX_BLOCK - 1) / LLTM_AMX_BLOCK;
+  const int64_t factor_bytes =
+      (int64_t)sizeof(uint16_t) * count * factors[0].count * factors[0].packed_depth;
+  const int by_rows = row_blocks > 1 && lltm_pass_team() <= row_blocks &&
+                      factor_bytes <= LLTM_AMX_ROW_SPLIT_MAX_BYTES;
+  const int team = by_rows ? lltm_team_size_from(work, LLTM_AMX_ROW_SPLIT_MIN_WORK)
+                           : lltm_team_size(work);
+  const int64_t width = by_rows || team == 1 ? state_size : LLTM_AMX_BLOCK;
+  const int64_t blocks = (state_size + width - 1) / width;
   /* The states' blocks outermost, so that a thread's parts share weights. */
-  int64_t row_parts = team / blocks;
+  int64_t row_parts = by_rows ? team : team / blocks;
   row_parts = row_parts < 1 ? 1 : row_parts > row_blocks ? row_blocks : row_parts;
   const struct LLTM_NAME(amx_step_) started = {
-      amx, factors, count, sums_done, rows, product_rows, state_size, width, row_parts,
-      blocks * row_parts, work};
+      amx, factors, count, sums_done, team, rows, product_rows, state_size, width, row_parts,
+      blocks * row_parts};
   *step = started;
   return status;
 #else
@@ -391,7 +414,7 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
           &amx, amx.gate_weights, 3, step.rows, step.rows, state_size,
           LLTM_NAME(old_h_rows_)(old, step.rows, state_size, old_h_scratch), state_size, &parts);
       if (status != LLTM_SUCCESS) break;
-      LLTM_FOR_EACH(part, parts.parts, parts.work, {
+      LLTM_FOR_EACH_OF_TEAM(part, parts.parts, parts.team, {
         struct lltm_tile tile;
         if (LLTM_NAME(amx_step_part_)(&parts, part, &tile)) {
           LLTM_NAME(forward_step_tile_)(state_size, tile, NULL, amx.sums, old, step_gates,
