@@ -372,13 +372,16 @@ def test_a_larger_team_takes_smaller_work(torch_threads, monkeypatch):
 
 @pytest.mark.skipif(_extension.lib is not None and not _extension.amx_usable(),
                     reason="this CPU has neither AMX nor AVX512-BF16: no 16-bit step on them")
-def test_two_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows(torch_threads):
+@pytest.mark.parametrize("threads, state", [(2, 128), (4, 128), (4, 256)])
+def test_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows_first(threads, state,
+                                                                       torch_threads):
     """A bfloat16 step of 64 rows (two of AMX's blocks of 32) at a state of
-    128 is 11,264 units of work: below what two threads take by blocks of
-    states (32,768), above what they take by rows (8,192,
-    start_amx_step_). Each thread takes all the states of its 32 rows, so
-    the pass gives the bits of one thread."""
-    arguments = random_arguments((3, 64, 20, 128), torch.bfloat16)
+    128 is 11,264 units of work: below what two or four threads take by
+    blocks of states (32,768 and 16,384), above what they take by rows
+    (8,192, start_amx_step_), each of two threads all the states of its 32
+    rows; at a state of 256, four threads split each block of rows' states
+    in two. Either way the pass gives the bits of one thread."""
+    arguments = random_arguments((3, 64, 20, state), torch.bfloat16)
 
     def outputs_and_threads():
         with torch.no_grad():
@@ -387,9 +390,9 @@ def test_two_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows(torch_threa
 
     torch_threads(1)
     alone, one = outputs_and_threads()
-    torch_threads(2)
-    split, two = outputs_and_threads()
-    assert (one, two) == (1, 2)
+    torch_threads(threads)
+    split, team = outputs_and_threads()
+    assert (one, team) == (1, threads)
     assert torch.equal(split, alone)
 
 

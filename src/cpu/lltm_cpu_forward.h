@@ -129,19 +129,29 @@ struct LLTM_NAME(amx_step_) {
   int64_t rows, product_rows, state_size, width, row_parts, parts;
 };
 
-/* A pass's team no larger than a step's blocks of rows splits the step by
- * rows alone, where the factors' packed tiles fit a core's L2 (2 MiB on the
- * H200 machine's Xeon): each thread takes all the states of its rows, as
- * one thread takes the step, so that the split costs the threads' waking
- * and little else, and it pays from this much work on
- * (lltm_team_size_from). A larger team splits the step by blocks of states
- * as well, from LLTM_PARALLEL_MIN_ELEMENTS. On that Xeon, bfloat16, T=16,
- * B=64, two threads, us a step, in one process, the two rules taking
- * turns: inference at S=128 79.4 by rows against 94.5 on one thread, S=256
- * 133.9 against 187.8 (nn.LSTM 82.1 and 186.1), S=512 417.5 against 448.0
- * by blocks of states; training 206.5 against 243.9, 419.9 against 532.2,
- * 1275.3 against 1412.9. Blocks of states from this work took four threads
- * at S=64 from 29.7 to 40.3, at S=128 from 57.3 to 65.8. */
+/* Where the factors' packed tiles fit a core's L2 (2 MiB on the H200
+ * machine's Xeon), a step of more than one block of 32 rows is split by
+ * rows first: each thread of up to one a block takes every state of its
+ * rows, as one thread takes the step, so that the split costs the
+ * threads' waking and little else, and pays from this much work on
+ * (lltm_team_size_from); threads past the blocks of rows wait. From
+ * LLTM_PARALLEL_MIN_ELEMENTS on, the team's threads past the blocks of
+ * rows split each one's states too, into groups of whole blocks of 32.
+ * Elsewhere blocks of 32 states split the step, from
+ * LLTM_PARALLEL_MIN_ELEMENTS. On that Xeon, bfloat16, T=16, us a step, in
+ * one process, the rules taking turns (the one before: one thread below
+ * LLTM_PARALLEL_MIN_ELEMENTS, else blocks of 32 states, as many rows as a
+ * team has threads past the blocks): two threads at B=64, inference at
+ * S=128 79.4 against 94.5, S=256 133.9 against 187.8 (nn.LSTM 82.1 and
+ * 186.1), S=512 417.5 against 448.0; training 206.5 against 243.9, 419.9
+ * against 532.2, 1275.3 against 1412.9. Four threads at B=64, inference,
+ * S=128 43.1 against 54.9 by rows alone; at S=256 73.9 and 83.7 against
+ * 84.6 and 90.3 with two groups of states. Eight threads at B=128,
+ * inference at S=256, 119.2 and 116.0 against 152.2 and 146.5. 16 threads
+ * at B=64: the same parts as before up to a state of 256; 0.90 to 1.05
+ * of the time before at S=512 and at B=128.
+ * Groups of states below LLTM_PARALLEL_MIN_ELEMENTS took eight threads at
+ * B=64, S=64, from 28.9 to 35.7 in one run (49.4 and 49.3 in another). */
 #ifndef LLTM_AMX_ROW_SPLIT_MIN_WORK
 #define LLTM_AMX_ROW_SPLIT_MIN_WORK 8192
 #endif
@@ -173,15 +183,22 @@ static int LLTM_NAME(start_amx_step_)(struct LLTM_NAME(recurrent_amx_) * amx,
   const int64_t row_blocks = (rows + LLTM_AMX_BLOCK - 1) / LLTM_AMX_BLOCK;
   const int64_t factor_bytes =
       (int64_t)sizeof(uint16_t) * count * factors[0].count * factors[0].packed_depth;
-  const int by_rows = row_blocks > 1 && lltm_pass_team() <= row_blocks &&
-                      factor_bytes <= LLTM_AMX_ROW_SPLIT_MAX_BYTES;
+  const int by_rows = row_blocks > 1 && factor_bytes <= LLTM_AMX_ROW_SPLIT_MAX_BYTES;
   const int team = by_rows ? lltm_team_size_from(work, LLTM_AMX_ROW_SPLIT_MIN_WORK)
                            : lltm_team_size(work);
-  const int64_t width = by_rows || team == 1 ? state_size : LLTM_AMX_BLOCK;
+  int64_t row_parts, width;
+  if (by_rows) {
+    row_parts = team < row_blocks ? team : row_blocks;
+    const int64_t groups = lltm_team_size(work) > 1 ? team / row_parts : 1;
+    width = (state_size + groups - 1) / groups;
+    if (groups > 1) width = (width + LLTM_AMX_BLOCK - 1) / LLTM_AMX_BLOCK * LLTM_AMX_BLOCK;
+  } else {
+    /* The states' blocks outermost, so that a thread's parts share weights. */
+    width = team > 1 ? LLTM_AMX_BLOCK : state_size;
+    row_parts = team / ((state_size + width - 1) / width);
+    row_parts = row_parts < 1 ? 1 : row_parts > row_blocks ? row_blocks : row_parts;
+  }
   const int64_t blocks = (state_size + width - 1) / width;
-  /* The states' blocks outermost, so that a thread's parts share weights. */
-  int64_t row_parts = by_rows ? team : team / blocks;
-  row_parts = row_parts < 1 ? 1 : row_parts > row_blocks ? row_blocks : row_parts;
   const struct LLTM_NAME(amx_step_) started = {
       amx, factors, count, sums_done, team, rows, product_rows, state_size, width, row_parts,
       blocks * row_parts};
