@@ -318,11 +318,17 @@ def torch_threads():
     torch.set_num_threads(saved)
 
 
-def threads_of_a_pass(inputs, weights, bias, h0, c0):
-    """The most threads lltm_sequence's forward pass ran on (the calling thread's last pass)."""
+def outputs_and_threads_of_a_pass(inputs, weights, bias, h0, c0):
+    """lltm_sequence's outputs without autograd, and the most threads its
+    forward pass ran on (the calling thread's last pass)."""
     with torch.no_grad():
-        lltm_ffi.lltm_sequence(inputs, weights, bias, h0, c0)
-    return _extension.lib.lltm_cpu_threads_used()
+        outputs, _ = lltm_ffi.lltm_sequence(inputs, weights, bias, h0, c0)
+    return outputs, _extension.lib.lltm_cpu_threads_used()
+
+
+def threads_of_a_pass(*arguments):
+    """The most threads lltm_sequence's forward pass ran on."""
+    return outputs_and_threads_of_a_pass(*arguments)[1]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -382,16 +388,10 @@ def test_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows_first(threads, 
     rows; at a state of 256, four threads split each block of rows' states
     in two. Either way the pass gives the bits of one thread."""
     arguments = random_arguments((3, 64, 20, state), torch.bfloat16)
-
-    def outputs_and_threads():
-        with torch.no_grad():
-            outputs, _ = lltm_ffi.lltm_sequence(*arguments)
-        return outputs, _extension.lib.lltm_cpu_threads_used()
-
     torch_threads(1)
-    alone, one = outputs_and_threads()
+    alone, one = outputs_and_threads_of_a_pass(*arguments)
     torch_threads(threads)
-    split, team = outputs_and_threads()
+    split, team = outputs_and_threads_of_a_pass(*arguments)
     assert (one, team) == (1, threads)
     assert torch.equal(split, alone)
 
