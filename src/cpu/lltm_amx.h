@@ -67,12 +67,15 @@ typedef void (*lltm_amx_then)(void* context, const float* sums, int64_t sums_str
  * a (rows x right's depth, of right's dtype) with element (i, k) at
  * a[i * row_stride + k * depth_stride], one of the strides 1, packed into
  * *left on the way; then `then` (may be NULL) for each run of them, which
- * may leave the sums themselves unwritten (room for them is still asked).
- * LLTM_SUCCESS, LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS (neither stride
- * 1) or LLTM_AMX_DECLINED. Only where lltm_amx_usable. */
+ * may leave the sums themselves unwritten: where
+ * lltm_amx_then_takes_every_run(right), `then` takes every run from the
+ * threads' own memory, and sums may be NULL. LLTM_SUCCESS,
+ * LLTM_ERROR_NO_MEMORY, LLTM_ERROR_ARGUMENTS (neither stride 1) or
+ * LLTM_AMX_DECLINED. Only where lltm_amx_usable. */
 int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
                       const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
                       int64_t sums_stride, lltm_amx_then then, void* context);
+int lltm_amx_then_takes_every_run(const lltm_amx_factor* right);
 
 /* The rows and columns of a block of sums. */
 #define LLTM_AMX_BLOCK 32

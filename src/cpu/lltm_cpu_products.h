@@ -635,23 +635,31 @@ static int LLTM_NAME(amx_product_)(int64_t rows, int64_t columns, int64_t depth,
 #ifdef AMX_DTYPE
   if (rows <= 0 || columns <= 0) return LLTM_SUCCESS;
   const int64_t block = rows < LLTM_AMX_ROWS ? rows : LLTM_AMX_ROWS;
+  const size_t sums_bytes = sizeof(SCALAR) * (size_t)(block * columns);
   lltm_amx_factor left = {0}, right = {0};
-  SCALAR* sums = (SCALAR*)malloc(sizeof(SCALAR) * (size_t)(block * columns));
-  int status = !sums     ? LLTM_ERROR_NO_MEMORY
-               : packed_b ? LLTM_SUCCESS
-                          : lltm_amx_pack_right(AMX_DTYPE, depth, columns, b, b_row_stride,
-                                                b_column_stride, &right);
+  int status = packed_b ? LLTM_SUCCESS
+                        : lltm_amx_pack_right(AMX_DTYPE, depth, columns, b, b_row_stride,
+                                              b_column_stride, &right);
+  const lltm_amx_factor* b_tiles = packed_b ? packed_b : &right;
+  /* Room for the sums only where add_run_ does not take them all from the
+   * threads' own memory, or AMX declines the product. */
+  SCALAR* sums = NULL;
+  if (status == LLTM_SUCCESS && !lltm_amx_then_takes_every_run(b_tiles)) {
+    sums = (SCALAR*)malloc(sums_bytes);
+    if (!sums) status = LLTM_ERROR_NO_MEMORY;
+  }
   for (int64_t first = 0; status == LLTM_SUCCESS && first < rows; first += block) {
     const int64_t count = rows - first < block ? rows - first : block;
     const STORAGE* a_rows = a + first * a_row_stride;
     struct LLTM_NAME(sums_out_) to = {base, accumulate, out + first * out_stride, out_stride};
-    status = lltm_amx_multiply(count, a_rows, a_row_stride, a_depth_stride,
-                               packed_b ? packed_b : &right, &left, sums, columns,
-                               LLTM_NAME(add_run_), &to);
+    status = lltm_amx_multiply(count, a_rows, a_row_stride, a_depth_stride, b_tiles, &left, sums,
+                               columns, LLTM_NAME(add_run_), &to);
     if (status == LLTM_AMX_DECLINED) {
-      status = LLTM_NAME(converted_product_)(count, columns, depth, a_rows, a_row_stride,
-                                             a_depth_stride, b, b_row_stride, b_column_stride,
-                                             sums, columns);
+      if (!sums) sums = (SCALAR*)malloc(sums_bytes);
+      status = sums ? LLTM_NAME(converted_product_)(count, columns, depth, a_rows, a_row_stride,
+                                                    a_depth_stride, b, b_row_stride,
+                                                    b_column_stride, sums, columns)
+                    : LLTM_ERROR_NO_MEMORY;
       if (status == LLTM_SUCCESS) LLTM_NAME(add_run_)(&to, sums, columns, 0, count, 0, columns);
     }
   }
