@@ -396,6 +396,27 @@ def test_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows_first(threads, 
     assert torch.equal(split, alone)
 
 
+@pytest.mark.skipif(_extension.lib is not None and not _extension.amx_usable(),
+                    reason="this CPU has neither AMX nor AVX512-BF16: no 16-bit step on them")
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_parts_packing_their_own_rows_give_one_threads_bits(reverse, torch_threads):
+    """64 bfloat16 sequences of 1 to 6 steps at a state of 128: on four
+    threads each part of a step packs its own rows (start_amx_step_), of
+    steps that lose rows as sequences end, the backward's of fewer rows
+    than the step has (those carried to the step before). Outputs, final
+    states and every gradient are one thread's, bit for bit."""
+    shape = (6, 64, 20, 128)
+    lengths = [6] * 7 + [5] * 13 + [4] * 13 + [3] * 8 + [2] * 19 + [1] * 4
+    arguments = random_arguments(shape, torch.bfloat16)
+    grads = random_grads(shape, torch.bfloat16)
+    results = []
+    for threads in (1, 4):
+        torch_threads(threads)
+        results.append(with_gradients(lltm_of(reverse, lengths), arguments, grads))
+    alone, split = results
+    assert all(torch.equal(got, wanted) for got, wanted in zip(split, alone))
+
+
 def recurrence_of_a_pass():
     """What took the recurrent products of the calling thread's last CPU pass."""
     return _extension.ffi.string(_extension.lib.lltm_cpu_recurrence()).decode()

@@ -815,6 +815,10 @@ int lltm_amx_pack_left(int64_t rows, const uint16_t* a, int64_t row_stride,
   return left->finite ? LLTM_SUCCESS : LLTM_AMX_DECLINED;
 }
 
+int lltm_amx_reserve_left(int64_t rows, const lltm_amx_factor* right, lltm_amx_factor* left) {
+  return make_room(right->dtype, rows, right->depth, left) ? LLTM_SUCCESS : LLTM_ERROR_NO_MEMORY;
+}
+
 int lltm_amx_multiply(int64_t rows, const uint16_t* a, int64_t row_stride, int64_t depth_stride,
                       const lltm_amx_factor* right, lltm_amx_factor* left, float* sums,
                       int64_t sums_stride, lltm_amx_then then, void* context) {

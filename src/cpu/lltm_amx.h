@@ -92,6 +92,10 @@ int lltm_amx_then_takes_every_run(const lltm_amx_factor* right);
 int lltm_amx_pack_left(int64_t rows, const uint16_t* a, int64_t row_stride,
                        int64_t depth_stride, const lltm_amx_factor* right, int64_t work,
                        lltm_amx_factor* left);
+/* Room in *left for `rows` rows of a left factor of right's, so that
+ * lltm_amx_pack_left of as many rows or fewer with work 0 (on the calling
+ * thread) asks for no memory: LLTM_SUCCESS or LLTM_ERROR_NO_MEMORY. */
+int lltm_amx_reserve_left(int64_t rows, const lltm_amx_factor* right, lltm_amx_factor* left);
 void lltm_amx_block_sums(const lltm_amx_factor* left, const lltm_amx_factor* right,
                          int64_t first_row, int64_t rows, int64_t first_column, int64_t columns,
                          float* sums, int64_t stride);

@@ -109,14 +109,17 @@ static int LLTM_NAME(start_forward_amx_)(int64_t rows, int64_t state_size, const
 }
 
 /* A step's recurrent product on AMX, shared out with its cell's math
- * (start_forward_amx_ says why): the left factor packed, then part after
- * part of the step's rows by a block of LLTM_AMX_BLOCK states, each a
- * thread's, taking its sums of each factor's columns of those states, then
- * its cell (amx_step_part_). The factors (`count`: the forward's gates, or
- * the backward's one) each hold a column a state; their sums lie
- * state_size apart in amx->sums. A factor AMX declines (a float16 not
- * finite) leaves the sums to SCALAR's own product of converted copies,
- * before the parts.
+ * (start_forward_amx_ says why): part after part of the step's rows by a
+ * block of LLTM_AMX_BLOCK states, each a thread's, taking its sums of each
+ * factor's columns of those states, then its cell (amx_step_part_). The
+ * left factor (`a`, the step's rows) is packed by the team before the
+ * parts, or, where a bfloat16 part's rows take at most
+ * LLTM_AMX_OWN_ROWS_MAX_BYTES packed (own_rows), by each part for itself
+ * (parts of the same rows pack them alike). The factors (`count`: the
+ * forward's gates, or the backward's one) each hold a column a state;
+ * their sums lie state_size apart in amx->sums. A factor AMX declines (a
+ * float16 not finite) leaves the sums to SCALAR's own product of converted
+ * copies, before the parts.
  * On one thread the step is one part: its sums, then its cell a whole row
  * at a time. Blocks of states took longer there: on the H200 machine's
  * Xeon, bfloat16, a batch of 64, time over nn.LSTM's in two turns,
@@ -125,8 +128,9 @@ static int LLTM_NAME(start_forward_amx_)(int64_t rows, int64_t state_size, const
 struct LLTM_NAME(amx_step_) {
   struct LLTM_NAME(recurrent_amx_) * amx;
   const lltm_amx_factor* factors;
-  int count, sums_done, team;
-  int64_t rows, product_rows, state_size, width, row_parts, parts;
+  const STORAGE* a;
+  int count, sums_done, team, own_rows;
+  int64_t rows, product_rows, state_size, width, row_parts, parts, a_stride;
 };
 
 /* Where the factors' packed tiles fit a core's L2 (2 MiB on the H200
@@ -157,6 +161,18 @@ struct LLTM_NAME(amx_step_) {
 #endif
 #define LLTM_AMX_ROW_SPLIT_MAX_BYTES (2 << 20)
 
+/* A part packs its own rows, on its thread, where they take this much or
+ * less packed: a copy of a microsecond or two, against a parallel region
+ * of its own for the team's packing before the parts (4.4 us to wake and
+ * join 16 threads on the H200 machine's Xeon, 1.1 us two). On that Xeon,
+ * bfloat16, T=16, one process, the two taking turns, us a step: 16
+ * threads' inference at B=64, S=128 39.0 against 43.5, S=256 63.0 against
+ * 68.6, and at B=1, S=256 16.3 against 21.7; 0.86 to 1.02 of the time at
+ * states 128 to 1024, batches 1 to 64, on 2, 4 and 16 threads, training
+ * too (1.02 at two sizes, one of which this leaves as it was: training
+ * on two threads at B=64, S=1024, whose parts' rows take more). */
+#define LLTM_AMX_OWN_ROWS_MAX_BYTES (32 << 10)
+
 /* A step of `rows` rows whose first product_rows take the product of a
  * (row stride a_stride) and the factors. */
 static int LLTM_NAME(start_amx_step_)(struct LLTM_NAME(recurrent_amx_) * amx,
@@ -168,17 +184,6 @@ static int LLTM_NAME(start_amx_step_)(struct LLTM_NAME(recurrent_amx_) * amx,
   for (int factor = 0; factor < count; ++factor) finite &= factors[factor].finite;
   const int64_t product_work =
       product_rows > 0 ? lltm_amx_work(product_rows, count * state_size, &factors[0]) : 0;
-  if (product_rows > 0) {
-    status = finite ? lltm_amx_pack_left(product_rows, a, a_stride, 1, &factors[0], product_work,
-                                         &amx->packed_step)
-                    : LLTM_AMX_DECLINED;
-  }
-  const int sums_done = product_rows == 0 || status == LLTM_AMX_DECLINED;
-  if (status == LLTM_AMX_DECLINED) {
-    status = LLTM_NAME(converted_product_)(product_rows, amx->columns, amx->depth, a, a_stride, 1,
-                                           amx->weights, amx->row_stride, amx->column_stride,
-                                           amx->sums, amx->columns);
-  }
   const int64_t work = rows * state_size + product_work;
   const int64_t row_blocks = (rows + LLTM_AMX_BLOCK - 1) / LLTM_AMX_BLOCK;
   const int64_t factor_bytes =
@@ -198,10 +203,38 @@ static int LLTM_NAME(start_amx_step_)(struct LLTM_NAME(recurrent_amx_) * amx,
     row_parts = team / ((state_size + width - 1) / width);
     row_parts = row_parts < 1 ? 1 : row_parts > row_blocks ? row_blocks : row_parts;
   }
-  const int64_t blocks = (state_size + width - 1) / width;
+  const int64_t blocks = (state_size + width - 1) / width, parts = blocks * row_parts;
+  const int64_t part_rows =
+      row_parts > 0 ? (row_blocks + row_parts - 1) / row_parts * LLTM_AMX_BLOCK : 0;
+  const int own_rows = AMX_DTYPE == LLTM_BFLOAT16 && product_rows > 0 &&
+                       (int64_t)sizeof(uint16_t) * part_rows * factors[0].packed_depth <=
+                           LLTM_AMX_OWN_ROWS_MAX_BYTES;
+  if (own_rows && parts > amx->part_count) {
+    lltm_amx_factor* grown =
+        (lltm_amx_factor*)realloc(amx->part_rows, sizeof(lltm_amx_factor) * (size_t)parts);
+    if (!grown) return LLTM_ERROR_NO_MEMORY;
+    memset(grown + amx->part_count, 0,
+           sizeof(lltm_amx_factor) * (size_t)(parts - amx->part_count));
+    amx->part_rows = grown;
+    amx->part_count = parts;
+  }
+  for (int64_t part = 0; own_rows && status == LLTM_SUCCESS && part < parts; ++part) {
+    status = lltm_amx_reserve_left(part_rows, &factors[0], &amx->part_rows[part]);
+  }
+  if (!own_rows && product_rows > 0) {
+    status = finite ? lltm_amx_pack_left(product_rows, a, a_stride, 1, &factors[0], product_work,
+                                         &amx->packed_step)
+                    : LLTM_AMX_DECLINED;
+  }
+  const int sums_done = product_rows == 0 || status == LLTM_AMX_DECLINED;
+  if (status == LLTM_AMX_DECLINED) {
+    status = LLTM_NAME(converted_product_)(product_rows, amx->columns, amx->depth, a, a_stride, 1,
+                                           amx->weights, amx->row_stride, amx->column_stride,
+                                           amx->sums, amx->columns);
+  }
   const struct LLTM_NAME(amx_step_) started = {
-      amx, factors, count, sums_done, team, rows, product_rows, state_size, width, row_parts,
-      blocks * row_parts};
+      amx,  factors,      a,          count, sums_done, team, own_rows,
+      rows, product_rows, state_size, width, row_parts, parts, a_stride};
   *step = started;
   return status;
 #else
@@ -224,10 +257,22 @@ static int LLTM_NAME(amx_step_part_)(const struct LLTM_NAME(amx_step_) * step, i
   const int64_t product_rows =
       step->product_rows - first_row < rows ? step->product_rows - first_row : rows;
 #ifdef AMX_DTYPE
-  for (int factor = 0; !step->sums_done && product_rows > 0 && factor < step->count; ++factor) {
-    lltm_amx_block_sums(&step->amx->packed_step, &step->factors[factor], first_row,
-                        product_rows, first, count, step->amx->sums + factor * state_size,
-                        step->amx->columns);
+  if (!step->sums_done && product_rows > 0) {
+    /* The part's own rows packed on its thread (room reserved: no failure),
+     * or the step's, packed before the parts. */
+    const lltm_amx_factor* left = &step->amx->packed_step;
+    int64_t left_row = first_row;
+    if (step->own_rows) {
+      lltm_amx_pack_left(product_rows, step->a + first_row * step->a_stride, step->a_stride, 1,
+                         &step->factors[0], 0, &step->amx->part_rows[part]);
+      left = &step->amx->part_rows[part];
+      left_row = 0;
+    }
+    float* sums = step->amx->sums + (first_row - left_row) * step->amx->columns;
+    for (int factor = 0; factor < step->count; ++factor) {
+      lltm_amx_block_sums(left, &step->factors[factor], left_row, product_rows, first, count,
+                          sums + factor * state_size, step->amx->columns);
+    }
   }
 #else
   (void)product_rows;

@@ -687,6 +687,9 @@ struct LLTM_NAME(recurrent_amx_) {
   SCALAR* sums;
   /* The forward's: a gate's hidden weights each, and the input weights. */
   lltm_amx_factor gate_weights[3], input_weights;
+  /* A step's rows packed part by part (start_amx_step_), part_count of them. */
+  lltm_amx_factor* part_rows;
+  int64_t part_count;
 };
 
 /* *amx with its weights' layout and room for its sums, nothing packed. */
@@ -738,5 +741,7 @@ static void LLTM_NAME(end_recurrent_amx_)(struct LLTM_NAME(recurrent_amx_) * amx
   for (int gate = 0; gate < 3; ++gate) lltm_amx_free(&amx->gate_weights[gate]);
   lltm_amx_free(&amx->input_weights);
   lltm_amx_free(&amx->packed_step);
+  for (int64_t part = 0; part < amx->part_count; ++part) lltm_amx_free(&amx->part_rows[part]);
+  free(amx->part_rows);
   free(amx->sums);
 }
