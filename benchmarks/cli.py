@@ -93,9 +93,10 @@ def build_parser():
                              f"{distributed.DEFAULT_RUNS['cuda']} on CUDA, "
                              f"{distributed.DEFAULT_RUNS['cpu']} on CPU; --sweep: at every "
                              f"point, default as many as fit in {sweep.POINT_SECONDS} s, "
-                             f"{sweep.MIN_RUNS} to {sweep.MAX_RUNS}; --cpu-sweep: "
-                             f"{cpu_sweep.RUNS}, at least {cpu_sweep.MIN_RUNS} where a size "
-                             "takes long)")
+                             f"{sweep.MIN_RUNS} to {sweep.MAX_RUNS}; --cpu-sweep: at every "
+                             f"size, default as many as fit in {cpu_sweep.SIZE_SECONDS} s, "
+                             f"{cpu_sweep.MIN_RUNS} to {cpu_sweep.MAX_RUNS}, and at least "
+                             f"{cpu_sweep.MIN_RUNS} where a size takes long)")
     for option, what, gpu, cpu in (
             ("states", "state sizes (= features)", sweep.GPU_STATES, sweep.CPU_STATES),
             ("batches", "batch sizes", sweep.GPU_BATCHES, sweep.CPU_BATCHES),

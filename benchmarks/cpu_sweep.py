@@ -8,9 +8,12 @@ many as torch.get_num_threads() said when the run began).
 
 At each size the three take turns, run by run (harness.interleaved), after
 a warm-up call each; microseconds per time step, median over the runs. A
-size runs RUNS times (-r), or fewer, but MIN_RUNS at least, where one round
-of the three takes longer than ROUND_SECONDS / RUNS (bfloat16's nn.LSTM and
-nn.GRU, on a CPU without bfloat16 arithmetic). Writes the table, with
+size runs as many rounds of the three as fit in SIZE_SECONDS, MIN_RUNS to
+MAX_RUNS: a shared host's bursts of other work move a median of a few runs
+of a quick size by more than the differences measured. With -r, a size runs
+that many times, or fewer, but MIN_RUNS at least, where they take longer
+than ROUND_SECONDS (bfloat16's nn.LSTM and nn.GRU, on a CPU without
+bfloat16 arithmetic). Writes the table, with
 lltm_sequence's time over nn.LSTM's, rewritten after each size so that a
 run cut short keeps what it measured, and at the end a picture: time per
 step against the state, one panel per dtype and mode, a line per model and
@@ -37,8 +40,9 @@ STEPS = 16
 DTYPES = (torch.float32, torch.bfloat16)
 MODES = ("training", "inference")
 MODELS = ("lltm_sequence", "nn.LSTM", "nn.GRU")
-RUNS = 7
+SIZE_SECONDS = 0.5
 MIN_RUNS = 3
+MAX_RUNS = 50
 ROUND_SECONDS = 20.0
 
 
@@ -68,16 +72,19 @@ def step_function(model, inputs, mode):
     return train
 
 
-def time_size(state, batch, dtype, mode, runs):
-    """{model: median us per time step} at one size, the models interleaved."""
+def time_size(state, batch, dtype, mode, runs=None):
+    """({model: median us per time step}, runs) at one size, the models
+    interleaved: `runs` of them (None: as many as fit in SIZE_SECONDS)."""
     inputs = torch.randn(STEPS, batch, state, dtype=dtype)
     functions = {name: step_function(model, inputs, mode)
                  for name, model in models(state, dtype).items()}
     started = time.perf_counter()
     harness.warm_up(lambda: [function() for function in functions.values()], 1)
-    round_seconds = time.perf_counter() - started
-    if round_seconds * runs > ROUND_SECONDS:
-        runs = max(MIN_RUNS, int(ROUND_SECONDS / max(round_seconds, 1e-9)))
+    round_seconds = max(time.perf_counter() - started, 1e-9)
+    if runs is None:
+        runs = min(MAX_RUNS, max(MIN_RUNS, int(SIZE_SECONDS / round_seconds)))
+    elif round_seconds * runs > ROUND_SECONDS:
+        runs = max(MIN_RUNS, int(ROUND_SECONDS / round_seconds))
     seconds = harness.interleaved(
         functions, runs, lambda function: harness.wall_clock(function, lambda: None)[1],
         label=f"{harness.dtype_name(dtype)} {mode} {state}x{batch}")
@@ -208,7 +215,7 @@ def run(args, device, dtype):
     most = torch.get_num_threads()
     output = args.output or Path("bench_out") / "cpu_sweep.md"
     output.parent.mkdir(parents=True, exist_ok=True)
-    results = sweep(args.runs or RUNS, most,
+    results = sweep(args.runs, most,
                     lambda results: output.write_text(report(results, most, device) + "\n"))
     chart = output.with_suffix(".png")
     if not write_chart(chart, results, most):

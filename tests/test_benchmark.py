@@ -169,6 +169,19 @@ def test_cpu_sweep_times_every_model_at_every_size_dtype_mode_and_thread_count(
     assert "lltm_sequence is " in output and "- lltm_sequence's products: " in output
 
 
+@pytest.mark.parametrize("size_seconds, runs", [(0.0, 3), (1e6, 5)])
+def test_cpu_sweep_runs_a_size_as_often_as_fits_in_its_seconds(size_seconds, runs, monkeypatch):
+    """Without -r, a size runs as many rounds as fit in SIZE_SECONDS, from
+    MIN_RUNS to MAX_RUNS: no time gives the least, all the time the most."""
+    monkeypatch.setattr(cpu_sweep, "STEPS", 2)
+    monkeypatch.setattr(cpu_sweep, "MIN_RUNS", 3)
+    monkeypatch.setattr(cpu_sweep, "MAX_RUNS", 5)
+    monkeypatch.setattr(cpu_sweep, "SIZE_SECONDS", size_seconds)
+    medians, done = cpu_sweep.time_size(8, 1, torch.float32, "inference")
+    assert done == runs
+    assert set(medians) == set(cpu_sweep.MODELS) and min(medians.values()) > 0
+
+
 def test_cpu_sweep_cut_short_keeps_the_sizes_it_measured(monkeypatch, tmp_path):
     """The report is rewritten after each size and thread count, each size
     on every thread count before the next: a run stopped at its fourth
