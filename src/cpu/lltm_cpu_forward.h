@@ -326,14 +326,36 @@ static int LLTM_NAME(input_gates_)(const struct LLTM_NAME(forward_factors_) * f,
 #define LLTM_BLAS_GEMV_ROWS 2
 #endif
 
+/* Where a thread's share of the hidden weights fits its core's L2 (this
+ * many bytes or fewer), a step of up to LLTM_BLAS_GEMV_ROWS rows takes its
+ * products by dot_rows_, a share a thread of the team, not by the BLAS's
+ * gemv: OpenBLAS's, called on many threads at once, gained little from
+ * more of them. On 16 threads of the H200 machine's Xeon, float32, a step's
+ * three gates at B=1 alone (a probe, us a step): S=768 12.5 by dot_rows_ on
+ * 16 shares against 39.9 by OpenBLAS's gemv on 6 (lltm_blas_parts) and
+ * 68.8 on 16; S=512 8.6 against 31.3; S=1024 56.3 against 104.6. In
+ * lltm_sequence, T=16, one process, the two taking turns: inference at
+ * B=1 S=768 31.8 against 63.2, S=1024 41.8 against 81.3, B=2 0.39 to 0.45
+ * of the time at states 512 to 1024, training 0.71 to 0.83; on 4 threads
+ * B=2 S=512 0.74. Where the shares do not fit, OpenBLAS's streams the
+ * weights the faster: on the 2-core AMD EPYC, S=768 on 2 threads, 84 to 94
+ * against 104 to 110 (the probe). */
+#define LLTM_OWN_GEMV_MAX_BYTES (1 << 20)
+static int LLTM_NAME(own_gemv_pays_)(int64_t rows, int64_t state_size, int team) {
+  const int64_t share = ((state_size + team - 1) / team + 15) / 16 * 16;
+  return rows <= LLTM_BLAS_GEMV_ROWS &&
+         (int64_t)sizeof(SCALAR) * 3 * share * state_size <= LLTM_OWN_GEMV_MAX_BYTES;
+}
+
 /* A step's forward recurrent products of the states from `first` on,
- * `count` of them, on the BLAS: their three gates' columns of sums (rows x
- * 3 * state) = h (rows x state, row stride state) times those rows of the
- * hidden weights (row stride `columns`), transposed. Where the states are
- * all of them, the three gates' rows are one block: one call. */
+ * `count` of them, on the BLAS (or, where own_gemv, by dot_rows_): their
+ * three gates' columns of sums (rows x 3 * state) = h (rows x state, row
+ * stride state) times those rows of the hidden weights (row stride
+ * `columns`), transposed. Where the states are all of them, the three
+ * gates' rows are one block: one call. */
 static void LLTM_NAME(blas_gate_sums_)(int64_t rows, int64_t state_size, int64_t columns,
                                        int64_t first, int64_t count, const SCALAR* h,
-                                       const SCALAR* weights, SCALAR* sums) {
+                                       const SCALAR* weights, int own_gemv, SCALAR* sums) {
   const int64_t gates_size = 3 * state_size;
   const int whole = count == state_size;
   for (int64_t gate = 0; gate < (whole ? 1 : 3); ++gate) {
@@ -346,8 +368,13 @@ static void LLTM_NAME(blas_gate_sums_)(int64_t rows, int64_t state_size, int64_t
       continue;
     }
     for (int64_t row = 0; row < rows; ++row) {
-      LLTM_MATH(blas_gemv_)(0, width, state_size, gate_weights, columns, h + row * state_size,
-                            sums + row * gates_size + column);
+      if (own_gemv) {
+        LLTM_NAME(dot_rows_)(width, state_size, gate_weights, columns, h + row * state_size,
+                             sums + row * gates_size + column);
+      } else {
+        LLTM_MATH(blas_gemv_)(0, width, state_size, gate_weights, columns,
+                              h + row * state_size, sums + row * gates_size + column);
+      }
     }
   }
 }
@@ -489,13 +516,15 @@ static int LLTM_NAME(recurrence_forward_)(struct lltm_products products, const l
                             ? h_factors
                             : LLTM_AS_SCALAR(LLTM_NAME(old_h_rows_)(old, step.rows, state_size,
                                                                     old_h_scratch));
-      const int parts = lltm_blas_parts(elements * gates_size / 16);
-      LLTM_FOR_EACH(part, parts, elements * gates_size / 16, {
+      const int team = lltm_team_size(elements * gates_size / 16);
+      const int own_gemv = LLTM_NAME(own_gemv_pays_)(step.rows, state_size, team);
+      const int parts = own_gemv ? team : lltm_blas_parts(elements * gates_size / 16);
+      LLTM_FOR_EACH_OF_TEAM(part, parts, team, {
         int64_t first, count;
         lltm_part(part, parts, state_size, 16, &first, &count);
         if (count > 0) {
           LLTM_NAME(blas_gate_sums_)(step.rows, state_size, columns, first, count, h,
-                                     factors.weight_factors, sums);
+                                     factors.weight_factors, own_gemv, sums);
           const struct lltm_tile tile = {0, first, (int)step.rows, (int)count};
           LLTM_NAME(forward_step_tile_)(state_size, tile, NULL, sums, old, step_gates,
                                         step_outputs, step_cells);

@@ -125,7 +125,9 @@ static inline int lltm_own_products_pay(int64_t batch_size, int64_t state_size) 
  * Larger states, and one row at more than LLTM_OWN_TILES_ROW_STATE or on
  * fewer threads, take the BLAS's (its gemv reads the weights as they lie,
  * where the tiles' panels cost a pass more than its steps save: one thread,
- * B=1, inference at S=512 took 337 us a step against 231). */
+ * B=1, inference at S=512 took 337 us a step against 231), or at 1 and 2
+ * rows, where a thread's share of the weights fits its L2, dot_rows_
+ * (own_gemv_pays_ in lltm_cpu_forward.h). */
 #define LLTM_OWN_TILES_BATCH 8
 #define LLTM_OWN_TILES_TEAM 4
 #define LLTM_OWN_TILES_ROW_STATE 512
@@ -211,6 +213,32 @@ LLTM_VECTOR_CLONES
 static void LLTM_NAME(add_sums_row_)(int64_t count, const STORAGE* start, const SCALAR* sums,
                                      STORAGE* out) {
   LLTM_NAME(add_sums_)(count, start, sums, out);
+}
+
+/* y (m) = a (m x n, row stride lda) times x (n): each of a's rows' dot
+ * product with x, four rows at a time, so that four sums are in flight. */
+LLTM_VECTOR_CLONES
+static void LLTM_NAME(dot_rows_)(int64_t m, int64_t n, const SCALAR* a, int64_t lda,
+                                 const SCALAR* x, SCALAR* y) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    const SCALAR *a0 = a + i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+    SCALAR s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (int64_t k = 0; k < n; ++k) {
+      s0 += a0[k] * x[k];
+      s1 += a1[k] * x[k];
+      s2 += a2[k] * x[k];
+      s3 += a3[k] * x[k];
+    }
+    y[i] = s0, y[i + 1] = s1, y[i + 2] = s2, y[i + 3] = s3;
+  }
+  for (; i < m; ++i) {
+    SCALAR sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t k = 0; k < n; ++k) sum += a[i * lda + k] * x[k];
+    y[i] = sum;
+  }
 }
 
 /* One tile: out[i][j] = start + sum over k < depth of
