@@ -378,7 +378,7 @@ def test_a_larger_team_takes_smaller_work(torch_threads, monkeypatch):
 
 @pytest.mark.skipif(_extension.lib is not None and not _extension.amx_usable(),
                     reason="this CPU has neither AMX nor AVX512-BF16: no 16-bit step on them")
-@pytest.mark.parametrize("threads, state", [(2, 128), (4, 128), (4, 256)])
+@pytest.mark.parametrize("threads, state", [(2, 128), (4, 128), (4, 256), (16, 128)])
 def test_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows_first(threads, state,
                                                                        torch_threads):
     """A bfloat16 step of 64 rows (two of AMX's blocks of 32) at a state of
@@ -386,7 +386,9 @@ def test_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows_first(threads, 
     blocks of states (32,768 and 16,384), above what they take by rows
     (8,192, start_amx_step_), each of two threads all the states of its 32
     rows; at a state of 256, four threads split each block of rows' states
-    in two. Either way the pass gives the bits of one thread."""
+    in two; sixteen, which blocks of 32 rows would leave half idle, take
+    parts of 16 rows (a tile row) by 32 states. Each way the pass gives the
+    bits of one thread."""
     arguments = random_arguments((3, 64, 20, state), torch.bfloat16)
     torch_threads(1)
     alone, one = outputs_and_threads_of_a_pass(*arguments)
@@ -398,20 +400,22 @@ def test_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows_first(threads, 
 
 @pytest.mark.skipif(_extension.lib is not None and not _extension.amx_usable(),
                     reason="this CPU has neither AMX nor AVX512-BF16: no 16-bit step on them")
+@pytest.mark.parametrize("threads", [4, 16])
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
-def test_parts_packing_their_own_rows_give_one_threads_bits(reverse, torch_threads):
+def test_parts_packing_their_own_rows_give_one_threads_bits(reverse, threads, torch_threads):
     """64 bfloat16 sequences of 1 to 6 steps at a state of 128: on four
-    threads each part of a step packs its own rows (start_amx_step_), of
-    steps that lose rows as sequences end, the backward's of fewer rows
-    than the step has (those carried to the step before). Outputs, final
-    states and every gradient are one thread's, bit for bit."""
+    threads each part of a step packs its own rows (start_amx_step_), on
+    sixteen parts of 16 rows, of steps that lose rows as sequences end, the
+    backward's of fewer rows than the step has (those carried to the step
+    before). Outputs, final states and every gradient are one thread's, bit
+    for bit."""
     shape = (6, 64, 20, 128)
     lengths = [6] * 7 + [5] * 13 + [4] * 13 + [3] * 8 + [2] * 19 + [1] * 4
     arguments = random_arguments(shape, torch.bfloat16)
     grads = random_grads(shape, torch.bfloat16)
     results = []
-    for threads in (1, 4):
-        torch_threads(threads)
+    for count in (1, threads):
+        torch_threads(count)
         results.append(with_gradients(lltm_of(reverse, lengths), arguments, grads))
     alone, split = results
     assert all(torch.equal(got, wanted) for got, wanted in zip(split, alone))

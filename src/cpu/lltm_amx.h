@@ -79,6 +79,9 @@ int lltm_amx_then_takes_every_run(const lltm_amx_factor* right);
 
 /* The rows and columns of a block of sums. */
 #define LLTM_AMX_BLOCK 32
+/* The rows of a tile: a block of this many rows or fewer takes one tile's
+ * products, not two. */
+#define LLTM_AMX_TILE_ROWS 16
 
 /* lltm_amx_multiply in two halves, for a caller that shares a product's
  * blocks among its own threads: a packed into *left by the team of the
