@@ -739,28 +739,41 @@ AMX_TARGET static void block_run(const lltm_amx_factor* left, const lltm_amx_fac
   }
 }
 
-/* Where the rows are one run and a team shares it, the runs are one block
- * of columns each, so that a step's product of a few rows (a recurrence's,
- * batch by weights) still splits over every thread; its left tiles stay in
- * L2 whatever the run. On one thread the runs stay COLUMN_RUN blocks wide,
- * so that `then` takes rows of that many columns, not of one block: on the
+/* Runs of up to ROW_RUN blocks of rows by COLUMN_RUN blocks of columns, so
+ * that `then` takes rows of that many columns. Where the rows are one run
+ * and a team shares it, a run is one block of rows where that gives every
+ * thread a run, else the rows by one block of columns, so that a step's
+ * product of a few rows (a recurrence's, batch by weights) still splits
+ * over every thread; its left tiles stay in L2 whatever the run. On the
  * H200 machine's Xeon, bfloat16, T=16, in one process, the two taking
- * turns, us a step, one thread's inference at B=64 S=128 86.0 against
- * 95.0 (0.86 to 0.94 of the time at states 128 to 512), training 0.93 and
- * 0.96; two threads' at B=64 S=128 (whose input products take one) 63.5
- * against 73.2. */
+ * turns, us a step: one thread's inference at B=64 S=128 86.0 against
+ * 95.0 with runs of one block of columns (0.86 to 0.94 of the time at
+ * states 128 to 512), training 0.93 and 0.96; two threads' at B=64 S=128
+ * (whose input products take one) 63.5 against 73.2. A team's runs of a
+ * block of rows against all the rows by a block of columns: 16 threads'
+ * inference at B=64, S=128 46.5 against 52.4, S=256 60.7 against 69.7;
+ * 0.87 to 0.99 of the time on 2, 4 and 16 threads at states 128 to 512,
+ * training too, but for two threads' training at B=64, S=512 (1196
+ * against 1071). */
 static void product(const lltm_amx_factor* left, const lltm_amx_factor* right, float* sums,
                     int64_t stride, int64_t work, lltm_amx_then then, void* context) {
   const int team = lltm_team_size(work);
-  const int64_t row_runs = round_up(left->count, ROW_RUN * BLOCK) / (ROW_RUN * BLOCK);
-  const int64_t column_run = row_runs == 1 && team > 1 ? BLOCK : COLUMN_RUN * BLOCK;
+  const int64_t row_blocks = round_up(left->count, BLOCK) / BLOCK;
+  int64_t row_run = ROW_RUN * BLOCK, column_run = COLUMN_RUN * BLOCK;
+  if (team > 1 && row_blocks <= ROW_RUN) {
+    if (row_blocks * (round_up(right->count, column_run) / column_run) >= team) {
+      row_run = BLOCK;
+    } else {
+      column_run = BLOCK;
+    }
+  }
+  const int64_t row_runs = round_up(left->count, row_run) / row_run;
   const int64_t column_runs = round_up(right->count, column_run) / column_run;
   LLTM_FOR_EACH_OF_TEAM(run, row_runs * column_runs, team, {
-    const int64_t first_row = run / column_runs * ROW_RUN * BLOCK;
+    const int64_t first_row = run / column_runs * row_run;
     const int64_t first_column = run % column_runs * column_run;
-    block_run(left, right, first_row, run_end(first_row, ROW_RUN * BLOCK, left->count),
-              first_column, run_end(first_column, column_run, right->count), sums, stride, then,
-              context);
+    block_run(left, right, first_row, run_end(first_row, row_run, left->count), first_column,
+              run_end(first_column, column_run, right->count), sums, stride, then, context);
   });
 }
 
