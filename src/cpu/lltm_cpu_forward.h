@@ -173,6 +173,7 @@ struct LLTM_NAME(amx_step_) {
  * on two threads at B=64, S=1024, whose parts' rows take more). */
 #define LLTM_AMX_OWN_ROWS_MAX_BYTES (32 << 10)
 
+#ifdef AMX_DTYPE
 /* A split by rows first (start_amx_step_) in parts of `unit` rows: their
  * count, *row_parts and *width (the states of a part). */
 static int64_t LLTM_NAME(rows_first_)(int64_t rows, int64_t unit, int64_t state_size, int team,
@@ -184,6 +185,7 @@ static int64_t LLTM_NAME(rows_first_)(int64_t rows, int64_t unit, int64_t state_
   if (groups > 1) *width = (*width + LLTM_AMX_BLOCK - 1) / LLTM_AMX_BLOCK * LLTM_AMX_BLOCK;
   return (state_size + *width - 1) / *width * *row_parts;
 }
+#endif
 
 /* A step of `rows` rows whose first product_rows take the product of a
  * (row stride a_stride) and the factors. */
