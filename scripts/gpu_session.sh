@@ -57,9 +57,9 @@ command_for() {
     # The host's CPU on 1, 2 and all of torch's threads, about half a second
     # a size, at most 5 minutes: the table is rewritten after each size, so
     # that a run cut short keeps what it measured (the picture comes at the
-    # end). Its
-    # products take OpenBLAS where scipy-openblas32 is installed (on a host
-    # without a network, its wheel in .whl/); the table's header says which.
+    # end). Its products take OpenBLAS where scipy-openblas32 is installed (on
+    # a host without a network, its wheel in .whl/); the table's header says
+    # which.
     cpusweep) echo "timeout 300 python3 benchmark.py --cpu-sweep -o $OUT/cpu_sweep.md" ;;
     half)    echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --sequence -c \$p; done" ;;
     accuracy) echo "set -e; for p in '--half bf16' '--half fp16' '--autocast bf16' '--autocast fp16'; do python3 benchmark.py --accuracy -c \$p; done" ;;

@@ -24,12 +24,17 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import lltm_ffi  # noqa: E402
-from lltm_ffi import reference, selfcheck  # noqa: E402
+from lltm_ffi import _extension, reference, selfcheck  # noqa: E402
 from lltm_ffi.testing import (NO_GPU, SEED_VARIABLE, cuda_device, device, dtype,  # noqa: E402,F401
                               generator, pytest_collection_modifyitems, pytest_configure,
                               pytest_runtest_makereport, seed, seed_for,
                               seeded_global_generators, skip_without_gpu,
                               skip_without_two_gpus)
+
+# For the tests of the 16-bit products on AMX's tiles (or AVX512-BF16's dot
+# products in their place).
+needs_amx = pytest.mark.skipif(_extension.lib is not None and not _extension.amx_usable(),
+                               reason="this CPU has neither AMX nor AVX512-BF16")
 
 ARGUMENT_NAMES = ("input", "weights", "bias", "old_h", "old_cell")
 RESULT_NAMES = selfcheck.OUTPUT_NAMES + selfcheck.GRADIENT_NAMES

@@ -21,7 +21,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 import lltm_ffi
 from lltm_ffi import _blas, _extension
 from lltm_ffi.ops.lltm import sequence as sequence_module
-from conftest import REPO_ROOT, reference_sequence, set_or_unset, shape_id
+from conftest import REPO_ROOT, needs_amx, reference_sequence, set_or_unset, shape_id
 
 # {path: LLTM_BLAS}; None leaves it unset: the default plan.
 PATHS = {"own": "0", "blas": "1", "default": None}
@@ -376,8 +376,7 @@ def test_a_larger_team_takes_smaller_work(torch_threads, monkeypatch):
     assert threads_of_a_pass(*arguments) == 16
 
 
-@pytest.mark.skipif(_extension.lib is not None and not _extension.amx_usable(),
-                    reason="this CPU has neither AMX nor AVX512-BF16: no 16-bit step on them")
+@needs_amx
 @pytest.mark.parametrize("threads, state", [(2, 128), (4, 128), (4, 256), (16, 128)])
 def test_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows_first(threads, state,
                                                                        torch_threads):
@@ -398,8 +397,7 @@ def test_threads_split_a_bfloat16_step_of_two_row_blocks_by_rows_first(threads, 
     assert torch.equal(split, alone)
 
 
-@pytest.mark.skipif(_extension.lib is not None and not _extension.amx_usable(),
-                    reason="this CPU has neither AMX nor AVX512-BF16: no 16-bit step on them")
+@needs_amx
 @pytest.mark.parametrize("threads", [4, 16])
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_parts_packing_their_own_rows_give_one_threads_bits(reverse, threads, torch_threads):

@@ -21,7 +21,7 @@ from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 
 import lltm_ffi
 from builders import broadcast_rows, misaligned, odd_strides, transposed
-from conftest import raises_with, reference_sequence
+from conftest import needs_amx, raises_with, reference_sequence
 from layers_reference import reference_layers
 from lltm_ffi import _extension, op, reference, selfcheck
 from lltm_ffi.testing import compiled_capability
@@ -312,9 +312,6 @@ def test_layers_are_as_accurate_as_torch_in_the_dtype(layers, packed, dtype, dev
 # a tile (16 or 32), batch 1, one step; dense, reverse and packed steps.
 CPU_PATH_SHAPES = [(1, 1, 3, 5), (6, 1, 7, 33), (5, 17, 40, 130), (3, 33, 9, 70)]
 PATHS_APART = 4.0
-needs_amx = pytest.mark.skipif(
-    _extension.lib is not None and not _extension.amx_usable(),
-    reason="this CPU has neither AMX nor AVX512-BF16: both paths are the portable products")
 
 
 def on_both_cpu_paths(function, monkeypatch, variable="LLTM_AMX", names=("AMX", "portable")):
