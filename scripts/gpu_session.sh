@@ -55,7 +55,8 @@ command_for() {
     sequence) echo "python3 benchmark.py --sequence -c" ;;
     sweep)   echo "python3 benchmark.py --sweep -c -o $OUT/sweep.md" ;;
     # The host's CPU on 1, 2 and all of torch's threads, about half a second
-    # a size, at most 5 minutes: the table is rewritten after each size, so
+    # a size and 4 seconds more for a close call, at most 5 minutes (2.5 on
+    # the H200 machine's Xeon): the table is rewritten after each size, so
     # that a run cut short keeps what it measured (the picture comes at the
     # end). Its products take OpenBLAS where scipy-openblas32 is installed (on
     # a host without a network, its wheel in .whl/); the table's header says

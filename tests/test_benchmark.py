@@ -149,8 +149,8 @@ def test_cpu_sweep_times_every_model_at_every_size_dtype_mode_and_thread_count(
     assert report.read_text() == output
     assert report.with_suffix(".png").exists() == ("](sweep.png)" in output)
     rows = re.findall(r"^\| (float32|bfloat16) \| (training|inference) \| (\d+) \| (\d+) \| (\d+) "
-                      r"\| (\d+) \|((?: [0-9.]+ \|){3}) (\*\*)?([0-9.]+)(\*\*)? \|$", output,
-                      flags=re.MULTILINE)
+                      r"\| (2|2 \+ 2) \|((?: [0-9.]+ \|){3}) (\*\*)?([0-9.]+)(\*\*)?"
+                      r"(?: \(([0-9.]+)\))? \|$", output, flags=re.MULTILINE)
     threads = cpu_sweep.thread_counts(torch.get_num_threads())
     assert len(rows) == 2 * 2 * len(threads) * 2 * 2
     assert {(row[0], row[1], int(row[2]), int(row[3]), int(row[4])) for row in rows} == {
@@ -159,7 +159,11 @@ def test_cpu_sweep_times_every_model_at_every_size_dtype_mode_and_thread_count(
         for batch in (1, 3)}
     for row in rows:
         gru, lstm, lltm = (float(cell) for cell in row[6].split("|")[:3])
-        assert min(gru, lstm, lltm) > 0 and row[5] == "2"
+        assert min(gru, lstm, lltm) > 0
+        # Timed again, with -r as many runs again, where the first ratio
+        # was RECHECK_RATIO or more, which follows in brackets.
+        assert (row[5] == "2 + 2") == bool(row[10])
+        assert not row[10] or float(row[10]) >= cpu_sweep.RECHECK_RATIO - 0.005
         # The ratio of the unrounded times, bold where above 1: the cells,
         # each within 0.05 of its time, put the ratio of theirs within
         # 0.05 * (1 + ratio) / (lstm - 0.05) of it, and the ratio is rounded.
@@ -167,6 +171,38 @@ def test_cpu_sweep_times_every_model_at_every_size_dtype_mode_and_thread_count(
         assert abs(ratio - lltm / lstm) <= 0.005 + 0.05 * (1 + ratio) / (lstm - 0.05) + 1e-9
         assert ratio >= 1.0 if row[7] else ratio <= 1.0
     assert "lltm_sequence is " in output and "- lltm_sequence's products: " in output
+
+
+@pytest.mark.parametrize("first_ratio, rechecked", [(0.89, False), (0.9, True), (1.3, True)])
+def test_cpu_sweep_times_a_close_call_again_for_lltm_and_lstm(first_ratio, rechecked,
+                                                              monkeypatch):
+    """A size whose first ratio is RECHECK_RATIO or more is timed again,
+    lltm_sequence and nn.LSTM alone, for RECHECK_SECONDS up to
+    RECHECK_MAX_RUNS: their medians become the second timing's, nn.GRU's
+    stays, and the first ratio is kept; below it, nothing more runs."""
+    monkeypatch.setattr(cpu_sweep, "RECHECK_RATIO", 0.9)
+    calls = []
+
+    def timed(state, batch, dtype, mode, runs=None, names=cpu_sweep.MODELS, seconds=None,
+              most_runs=None):
+        calls.append((names, seconds, most_runs))
+        if len(calls) == 1:
+            return {"lltm_sequence": first_ratio * 10.0, "nn.LSTM": 10.0, "nn.GRU": 7.0}, 50
+        return {"lltm_sequence": 9.0, "nn.LSTM": 10.0}, 400
+
+    monkeypatch.setattr(cpu_sweep, "time_size", timed)
+    runs, medians, first = cpu_sweep.timed_and_rechecked(128, 64, torch.float32, "inference",
+                                                         None)
+    if not rechecked:
+        assert (runs, first, len(calls)) == ((50,), None, 1)
+        assert medians["lltm_sequence"] == pytest.approx(first_ratio * 10.0)
+        return
+    assert calls[1] == (cpu_sweep.RECHECKED, cpu_sweep.RECHECK_SECONDS,
+                        cpu_sweep.RECHECK_MAX_RUNS)
+    assert set(cpu_sweep.RECHECKED) == {"lltm_sequence", "nn.LSTM"}
+    assert runs == (50, 400) and first == pytest.approx(first_ratio)
+    assert medians == {"lltm_sequence": 9.0, "nn.LSTM": 10.0, "nn.GRU": 7.0}
+    assert cpu_sweep.ratio(medians) == pytest.approx(0.9)
 
 
 @pytest.mark.parametrize("size_seconds, runs", [(0.0, 3), (1e6, 5)])
@@ -191,6 +227,7 @@ def test_cpu_sweep_cut_short_keeps_the_sizes_it_measured(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_sweep, "BATCHES", (1, 3))
     monkeypatch.setattr(cpu_sweep, "STEPS", 2)
     monkeypatch.setattr(cpu_sweep, "thread_counts", lambda most: [1, 2])
+    monkeypatch.setattr(cpu_sweep, "RECHECK_RATIO", float("inf"))  # one timing a size
     timed = cpu_sweep.time_size
     sizes = []
 
