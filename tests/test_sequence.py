@@ -241,6 +241,20 @@ def test_gradcheck(device, generator):
     assert torch.autograd.gradcheck(flat, arguments)
 
 
+def test_dense_training_graph_is_the_pass_alone(device, generator):
+    """A dense call's outputs come straight from the packed pass's node,
+    whose inputs lead to the leaves' own AccumulateGrad: no view nodes
+    around it, whose backward each training step would run."""
+    arguments = [argument.requires_grad_(True) for argument in
+                 random_arguments((5, 3, 4, 7), torch.float32, device, generator)]
+    outputs, (h_n, c_n) = lltm_ffi.lltm_sequence(*arguments)
+    assert outputs.shape == (5, 3, 7)
+    assert outputs.grad_fn is h_n.grad_fn is c_n.grad_fn
+    assert outputs.grad_fn.name() == "packed_forward_functionBackward"
+    leaves = [edge[0] for edge in outputs.grad_fn.next_functions[:5]]
+    assert [node.variable for node in leaves] == arguments
+
+
 def test_zero_steps_give_empty_outputs_and_the_initial_state(device, generator):
     inputs, weights, bias, h0, c0 = random_arguments((0, 3, 4, 5), torch.float32, device,
                                                      generator)

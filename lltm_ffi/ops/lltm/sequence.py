@@ -104,12 +104,20 @@ def check_batch_sizes(function, batch_sizes, rows, batch_size):
 def check_packed(function, inputs, weights, bias, h0, c0, batch_sizes):
     """ValueError naming the argument for shapes the packed passes cannot
     take together, once their annotations are met: inputs (rows, features),
-    weights (3 * state, state + features), bias (3 * state) or None, h0 and
-    c0 (batch, state), batch_sizes as check_batch_sizes asks or None (rows
-    a whole number of steps of the batch)."""
+    or dense steps (steps, batch, features) without batch_sizes, weights
+    (3 * state, state + features), bias (3 * state) or None, h0 and c0
+    (batch, state), batch_sizes as check_batch_sizes asks or None (rows a
+    whole number of steps of the batch)."""
     rows, batch_size = inputs.shape[0], h0.shape[0]
     cell.check_relations(function, _ARGUMENT_NAMES, (inputs, weights, bias, h0, c0))
-    if batch_sizes is not None:
+    if inputs.dim() == 3:
+        if batch_sizes is not None:
+            raise ValueError(f"{function}: inputs must have 2 dimensions (rows, features) "
+                             f"with batch_sizes, got shape {_shape(inputs)}")
+        if inputs.shape[1] != batch_size:
+            raise ValueError(f"{function}: inputs has shape {_shape(inputs)}, a batch of "
+                             f"{inputs.shape[1]}, but h0 holds {batch_size} sequences")
+    elif batch_sizes is not None:
         check_batch_sizes(function, batch_sizes, rows, batch_size)
     elif rows % max(batch_size, 1) or (rows and not batch_size):
         raise ValueError(f"{function}: inputs has {rows} rows, not a whole number of steps of "
@@ -168,7 +176,7 @@ def _staging(h0, length, batch_sizes):
 
 
 @op.c_pass("packed_forward", check=_check_packed_forward)
-def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
+def packed_forward(c, inputs: op.Tensor(dims=(2, 3)), weights: op.Tensor(dims=2),
                    bias: op.Tensor(dims=(1, 2), optional=True), h0: op.Tensor(dims=2),
                    c0: op.Tensor(dims=2),
                    batch_sizes: op.Tensor(dims=1, dtype=torch.int64, optional=True, host=True),
@@ -179,8 +187,10 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     (rows, 3 * state), and each sequence's final state (batch, state), after
     its own last element (reverse: its first). inputs (rows, features) holds
     the steps' rows as batch_sizes lays them out, or without batch_sizes
-    dense steps of the whole batch; h0 and c0 (batch, state), in the packed
-    order; bias None: none. saved=False, for a forward no backward follows:
+    dense steps of the whole batch, given as rows or as (steps, batch,
+    features), outputs then (steps, batch, state) (so that a dense call's
+    autograd graph holds no views around the pass); h0 and c0 (batch,
+    state), in the packed order; bias None: none. saved=False, for a forward no backward follows:
     cells and gates are None, the pass storing neither, and outputs, h_n
     and c_n are bit for bit saved=True's. padding=True (plain eager calls;
     the operator's shapes are known before it runs): the pass runs at the
@@ -194,11 +204,12 @@ def packed_forward(c, inputs: op.Tensor(dims=2), weights: op.Tensor(dims=2),
     from it (a product a step instead would cost a launch a step and might
     give other bits). The CPU pass takes a block of steps' at a time in
     memory of its own."""
-    rows, input_features = inputs.shape
     batch_size, state_size = h0.shape
-    outputs = h0.new_empty(rows, state_size)
+    outputs = h0.new_empty(*inputs.shape[:-1], state_size)
+    inputs = inputs.flatten(0, -2)
+    rows, input_features = inputs.shape
     if not outputs.numel():
-        kept = (torch.empty_like(outputs), h0.new_empty(rows, 3 * state_size)) if saved else (
+        kept = (h0.new_empty(rows, state_size), h0.new_empty(rows, 3 * state_size)) if saved else (
             None, None)
         return outputs, *kept, h0.clone(), c0.clone()
     h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
@@ -356,6 +367,27 @@ def _packed_backward(ctx, grad_outputs, grad_cells, _, grad_h_n, grad_c_n):
     (its operator under a tracer). The gradients of batch_sizes and reverse
     are None."""
     inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates = ctx.saved_tensors
+    if inputs.dim() == 3:  # dense steps, as rows
+        d_inputs, *grads = _packed_backward_of_rows(
+            ctx, (_rows(inputs), weights, bias, h0, c0, batch_sizes, _rows(outputs), cells,
+                  gates), _rows(grad_outputs), grad_cells, grad_h_n, grad_c_n)
+        return (None if d_inputs is None else d_inputs.reshape(inputs.shape), *grads)
+    return _packed_backward_of_rows(ctx, ctx.saved_tensors, grad_outputs, grad_cells, grad_h_n,
+                                    grad_c_n)
+
+
+def _rows(tensor):
+    """A dense steps' tensor (steps, batch, columns) as rows, or None.
+    reshape, not flatten: vmap's legacy batched gradients (jacobian's
+    vectorize=True) have a rule for it."""
+    if tensor is None:
+        return None
+    steps, batch, columns = tensor.shape
+    return tensor.reshape(steps * batch, columns)
+
+
+def _packed_backward_of_rows(ctx, saved, grad_outputs, grad_cells, grad_h_n, grad_c_n):
+    inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates = saved
     if derivatives.in_torch_ops(grad_outputs, grad_cells, grad_h_n, grad_c_n):
         grads = derivatives.recorded_grads(
             lambda *tensors: packed_in_torch(*tensors, batch_sizes, ctx.reverse),
@@ -401,12 +433,9 @@ def _forward_alone(inputs, weights, bias, h0, c0, batch_sizes, reverse):
     directly, with no autograd.Function and nothing kept for a backward
     (packed_forward's saved=False). inputs (steps, batch, features), or the
     packed rows with their batch_sizes."""
-    dense = batch_sizes is None
-    # Not reshape(-1, features): inputs without features have no rows to infer.
-    rows = inputs.flatten(0, 1) if dense else inputs
-    outputs, _, _, h_n, c_n = packed_forward.run(rows, weights, bias, h0, c0, batch_sizes,
+    outputs, _, _, h_n, c_n = packed_forward.run(inputs, weights, bias, h0, c0, batch_sizes,
                                                  bool(reverse), saved=False, padding=True)
-    return (outputs.view(*inputs.shape[:2], h0.shape[1]) if dense else outputs), (h_n, c_n)
+    return outputs, (h_n, c_n)
 
 
 def _forward(differentiable, arguments, plain):
@@ -482,14 +511,8 @@ def _run(arguments, plain, backward):
     _forward_alone, else by _forward."""
     if plain and not backward:
         return _forward_alone(*arguments)
-    inputs, h0, batch_sizes = arguments[0], arguments[3], arguments[5]
-    if batch_sizes is not None:
-        outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
-        return outputs, (h_n, c_n)
-    steps, batch_size, input_features = inputs.shape
-    outputs, _, _, h_n, c_n = _forward(
-        packed, (inputs.reshape(steps * batch_size, input_features), *arguments[1:]), plain)
-    return outputs.view(steps, batch_size, h0.shape[1]), (h_n, c_n)
+    outputs, _, _, h_n, c_n = _forward(packed, arguments, plain)
+    return outputs, (h_n, c_n)
 
 
 def _planned_state(inputs, h0, batch_sizes, options, backward):
