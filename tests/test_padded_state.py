@@ -40,8 +40,9 @@ def test_lltm_pad_1_pads_to_whole_16_byte_rows_and_0_never(dtype, monkeypatch):
 
 @pytest.mark.parametrize("setting", [None, "0", "1"])
 def test_python_answers_whole_tiles_as_c_does(setting, monkeypatch):
-    """plan.sequence_state answers a state of whole tiles (or LLTM_PAD=0)
-    without asking C; C's own answer is the same."""
+    """plan.sequence_state answers a state of whole tiles, a CPU call but
+    under LLTM_PAD=1, or LLTM_PAD=0 without asking C; C's own answer is
+    the same."""
     set_or_unset(monkeypatch, "LLTM_PAD", setting)
     options = plan.sequence_options("test")
     tile = plan.lib.LLTM_PAD_TILE

@@ -183,6 +183,26 @@ def lltm_layers(inputs, weights, biases, h0, c0, *, bidirectional=False, dropout
         raise ValueError(f"lltm_layers: biases holds {len(biases)} tensors but weights "
                          f"{len(weights)}; give one a weight, or None for no bias")
     check_dropout("lltm_layers", dropout)
+    if not isinstance(inputs, PackedSequence):  # a PackedSequence's data: checked as rows
+        if isinstance(inputs, torch.Tensor) and inputs.dim():
+            state_size = check_parameters("lltm_layers", weights, biases, inputs.shape[-1],
+                                          directions)
+        else:  # lltm_sequence refuses it, naming it
+            state_size = weights[0].shape[0] // 3
+        batch = (inputs.shape[1] if batch_sizes is None and isinstance(inputs, torch.Tensor)
+                 and inputs.dim() == 3 else None)
+        for name, state in (("h0", h0), ("c0", c0)):
+            check_state("lltm_layers", name, state, len(weights), batch, state_size)
+    return stacked_layers(inputs, weights, biases, h0, c0, bidirectional, dropout, training,
+                          batch_sizes)
+
+
+def stacked_layers(inputs, weights, biases, h0, c0, bidirectional, dropout, training,
+                   batch_sizes=None):
+    """lltm_layers of arguments whose layers fit together (weights and
+    biases lists, their shapes, h0's and c0's; a PackedSequence's are
+    checked here): what LLTMSequence calls once its own checks have passed,
+    so that a call checks its module's parameters and state once."""
     if isinstance(inputs, PackedSequence):
         return _packed_layers(inputs, weights, biases, h0, c0, bidirectional, dropout, training,
                               batch_sizes)
@@ -193,18 +213,9 @@ def lltm_layers(inputs, weights, biases, h0, c0, *, bidirectional=False, dropout
         inputs, h0, c0, *parameters = op.autocast_cast(autocast, inputs, h0, c0, *weights,
                                                        *biases)
         with torch.autocast(inputs.device.type, enabled=False):
-            return lltm_layers(inputs, parameters[:len(weights)], parameters[len(weights):], h0,
-                               c0, bidirectional=bidirectional, dropout=dropout,
-                               training=training, batch_sizes=batch_sizes)
-    if isinstance(inputs, torch.Tensor) and inputs.dim():
-        state_size = check_parameters("lltm_layers", weights, biases, inputs.shape[-1],
-                                      directions)
-    else:  # lltm_sequence refuses it, naming it
-        state_size = weights[0].shape[0] // 3
-    batch = (inputs.shape[1] if batch_sizes is None and isinstance(inputs, torch.Tensor)
-             and inputs.dim() == 3 else None)
-    for name, state in (("h0", h0), ("c0", c0)):
-        check_state("lltm_layers", name, state, len(weights), batch, state_size)
+            return stacked_layers(inputs, parameters[:len(weights)], parameters[len(weights):],
+                                  h0, c0, bidirectional, dropout, training, batch_sizes)
+    directions = 2 if bidirectional else 1
     layer_input, finals = inputs, []
     for first in range(0, len(weights), directions):
         layer = range(first, first + directions)

@@ -10,7 +10,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ... import op
 from .cell import lltm
-from .layers import check_dropout, check_state, lltm_layers
+from .layers import check_dropout, check_parameters, check_state, stacked_layers
 
 
 def _rename(state_dict, prefix, renames):
@@ -227,16 +227,26 @@ class LLTMSequence(torch.nn.Module):
         batch = int(input.batch_sizes[0]) if packed else input.shape[1]
         layers = self.num_layers * self.num_directions
         state = self._checked_state(state, layers, batch, unbatched)
-        weights = [getattr(self, name) for name in self._weight_names]
-        biases = [getattr(self, name) for name in self._bias_names] or None
-        output, (h_n, c_n) = lltm_layers(input, weights, biases, *state,
-                                         bidirectional=self.bidirectional, dropout=self.dropout,
-                                         training=self.training)
+        weights = [self._parameter(name) for name in self._weight_names]
+        biases = ([self._parameter(name) for name in self._bias_names] if self._bias_names
+                  else [None] * len(weights))
+        # A parameter replaced by one of another shape is refused here, named.
+        check_parameters("LLTMSequence", weights, biases, self.input_features,
+                         self.num_directions)
+        output, (h_n, c_n) = stacked_layers(input, weights, biases, *state, self.bidirectional,
+                                            self.dropout, self.training)
         if unbatched:
             return output.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
         if self.batch_first and not packed:
             output = output.transpose(0, 1)
         return output, (h_n, c_n)
+
+    def _parameter(self, name):
+        """The parameter `name`, from nn.Module's dict where it is there (a
+        getattr takes nn.Module's slow path), else as getattr finds it (a
+        parametrization's, say)."""
+        parameter = self._parameters.get(name)
+        return getattr(self, name) if parameter is None else parameter
 
     def _checked_state(self, state, layers, batch, unbatched):
         """(h0, c0) as the layers take them, from the pair (h0, c0), a lone h0

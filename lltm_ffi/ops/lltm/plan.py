@@ -124,10 +124,12 @@ def sequence_state(dtype, device, backward, steps, batch_size, state_size, packe
     """The state size a sequence call of these sizes runs at (sequence_path's
     arguments; backward: whether a backward pass will follow the forward):
     state_size, or more where the plan pads the state with zero units (to
-    rows of whole 16 bytes or to whole tiles). A state of whole tiles, or
-    LLTM_PAD=0, runs as given, as C answers, without the question (about a
-    microsecond, a hundredth of a small call's host time)."""
-    if options.pad == 0 or state_size % lib.LLTM_PAD_TILE == 0:
+    rows of whole 16 bytes or to whole tiles). A state of whole tiles, a
+    CPU call but under LLTM_PAD=1, or LLTM_PAD=0 runs as given, as C
+    answers, without the question (a few microseconds of a small call's
+    host time)."""
+    if (options.pad == 0 or state_size % lib.LLTM_PAD_TILE == 0
+            or (options.pad != 1 and device.type != "cuda")):
         return state_size
     return _on_device(device, lambda index: lib.lltm_sequence_state(
         _extension._DTYPE_CODES[dtype], index, int(backward), steps, batch_size, state_size,

@@ -45,6 +45,8 @@ gates either; a CUDA pass writes every step's input part of the gates into
 a buffer of their size, its workspace, dropped after the call.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -205,9 +207,9 @@ def packed_forward(c, inputs: op.Tensor(dims=(2, 3)), weights: op.Tensor(dims=2)
     give other bits). The CPU pass takes a block of steps' at a time in
     memory of its own."""
     batch_size, state_size = h0.shape
-    outputs = h0.new_empty(*inputs.shape[:-1], state_size)
-    inputs = inputs.flatten(0, -2)
-    rows, input_features = inputs.shape
+    *leading, input_features = inputs.shape
+    rows = math.prod(leading)  # C reads dense steps' memory as their rows
+    outputs = h0.new_empty(*leading, state_size)
     if not outputs.numel():
         kept = (h0.new_empty(rows, state_size), h0.new_empty(rows, 3 * state_size)) if saved else (
             None, None)
