@@ -192,8 +192,9 @@ def packed_forward(c, inputs: op.Tensor(dims=(2, 3)), weights: op.Tensor(dims=2)
     dense steps of the whole batch, given as rows or as (steps, batch,
     features), outputs then (steps, batch, state) (so that a dense call's
     autograd graph holds no views around the pass); h0 and c0 (batch,
-    state), in the packed order; bias None: none. saved=False, for a forward no backward follows:
-    cells and gates are None, the pass storing neither, and outputs, h_n
+    state), in the packed order; bias None: none. saved=False, for a
+    forward no backward follows: cells and gates are None, the pass
+    storing neither, and outputs, h_n
     and c_n are bit for bit saved=True's. padding=True (plain eager calls;
     the operator's shapes are known before it runs): the pass runs at the
     plan's padded state, where it pads one, and its cells and gates are at
@@ -211,8 +212,8 @@ def packed_forward(c, inputs: op.Tensor(dims=(2, 3)), weights: op.Tensor(dims=2)
     rows = math.prod(leading)  # C reads dense steps' memory as their rows
     outputs = h0.new_empty(*leading, state_size)
     if not outputs.numel():
-        kept = (h0.new_empty(rows, state_size), h0.new_empty(rows, 3 * state_size)) if saved else (
-            None, None)
+        kept = ((h0.new_empty(rows, state_size), h0.new_empty(rows, 3 * state_size)) if saved
+                else (None, None))
         return outputs, *kept, h0.clone(), c0.clone()
     h_n, c_n = torch.empty_like(h0), torch.empty_like(c0)
     steps = steps_of(rows, batch_size, batch_sizes)
@@ -389,6 +390,8 @@ def _rows(tensor):
 
 
 def _packed_backward_of_rows(ctx, saved, grad_outputs, grad_cells, grad_h_n, grad_c_n):
+    """_packed_backward of `saved` (ctx.saved_tensors' order) whose inputs
+    and outputs are rows."""
     inputs, weights, bias, h0, c0, batch_sizes, outputs, cells, gates = saved
     if derivatives.in_torch_ops(grad_outputs, grad_cells, grad_h_n, grad_c_n):
         grads = derivatives.recorded_grads(
