@@ -205,6 +205,23 @@ def test_cpu_sweep_times_a_close_call_again_for_lltm_and_lstm(first_ratio, reche
     assert cpu_sweep.ratio(medians) == pytest.approx(0.9)
 
 
+def test_cpu_sweep_summary_lists_equal_ratios_of_two_dtypes():
+    """Sizes as slow as each other are listed, largest ratio first, without
+    comparing their dtypes (which have no order)."""
+    def result(dtype, threads, lltm):
+        return (dtype, "inference", threads, 128, 1, (3,),
+                {"lltm_sequence": lltm, "nn.LSTM": 1.0, "nn.GRU": 1.0}, None)
+
+    text = cpu_sweep.summary([result(torch.float32, 1, 1.2), result(torch.bfloat16, 1, 1.2),
+                              result(torch.float32, 2, 1.5), result(torch.float32, 16, 0.5)])
+    assert text.startswith("lltm_sequence is slower than nn.LSTM at 3 of 4 sizes")
+    assert text.index("2 threads, state 128, batch 1: 1.50") < text.index(
+        "float32 inference, 1 thread, state 128, batch 1: 1.20")
+    assert "bfloat16 inference, 1 thread, state 128, batch 1: 1.20" in text
+    faster = cpu_sweep.summary([result(torch.float32, 1, 0.7), result(torch.bfloat16, 1, 0.7)])
+    assert faster.endswith("at all 2 sizes, and its largest ratio to nn.LSTM's time is 0.70.")
+
+
 @pytest.mark.parametrize("size_seconds, runs", [(0.0, 3), (1e6, 5)])
 def test_cpu_sweep_runs_a_size_as_often_as_fits_in_its_seconds(size_seconds, runs, monkeypatch):
     """Without -r, a size runs as many rounds as fit in SIZE_SECONDS, from
