@@ -31,7 +31,7 @@
  *               persistent_kernel.cu's kernels, one cooperative launch a
  *               pass. H200 sweep (BENCHMARKS.md): faster than the cuBLAS
  *               loop at 175 of the 190 points where both take the call,
- *               the median 0.76 of its time. The plan passes float32
+ *               the median 0.78 of its time. The plan passes float32
  *               training of more than 16 rows at states from 512 on to
  *               the cuBLAS loop (LLTM_PERSISTENT_TRAINING_ROWS).
  *   cublas      cuBLAS loaded and taking the dtype (not LLTM_CUBLAS=0);
