@@ -198,11 +198,12 @@ struct StagingRing {
     }
   }
 
-  // Element (row, column) of what the step at `order` computed, into its
-  // slot.
-  __device__ void keep(int64_t order, int64_t row, int64_t column, Dtype value) const {
-    if (ring) slot(order)[row * ring_length + column] = value;
-  }
+  // Where the step at `order` keeps what it computes, element (row,
+  // column) at row * ring_length + column; NULL without a ring. Taken once
+  // a step, before the kernels' finish: a call per element that tested for
+  // the ring and found the slot took the bfloat16 forward kernel from 3.82
+  // to 3.90 ms (H200, T=1024 B=16 S=768, autocast training).
+  __device__ Dtype* kept_rows(int64_t order) const { return ring ? slot(order) : NULL; }
 };
 
 // Element e of a block's batch_size x kColumns (batch row, state column)

@@ -77,13 +77,12 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
     };
     auto stage = [&] {
       __syncthreads();
-      if (order && staging) {
-        multicast.stage(ring.slot(order - 1), (int)batch_size, ring.ring_length, h, stride, true);
-      } else {
-        multicast.stage(old_h, (int)batch_size, state_size, h, stride, order > 0);
-      }
+      const bool from_ring = order && staging;
+      multicast.stage(from_ring ? ring.slot(order - 1) : old_h, (int)batch_size,
+                      from_ring ? ring.ring_length : state_size, h, stride, order > 0);
       __syncthreads();
     };
+    Dtype* const kept_h = ring.kept_rows(order);
     auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[3],
                       const Dtype (&inputs)[7]) {
       const int64_t gate = t * 3 * step + at.row * 3 * state_size + at.column;
@@ -97,7 +96,7 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_pers
       cell_forward_(pre[0], pre[1], pre[2], to_math(inputs[6]), &h_value, &cell_value);
       const Dtype new_h = to_storage<Dtype>(h_value), new_cell = to_storage<Dtype>(cell_value);
       outputs[t * step + at.element] = new_h;
-      ring.keep(order, at.row, at.column, new_h);
+      if (kept_h) kept_h[at.row * ring.ring_length + at.column] = new_h;
       cell_steps[t * cell_step + at.element] = new_cell;
       if (final_h_now) {
         final_h_now[at.element] = new_h;
@@ -190,13 +189,11 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
     auto stage = [&] {
       if (!d_gates_next) return;
       __syncthreads();
-      if (staging) {
-        multicast.stage(ring.slot(order + 1), (int)batch_size, ring.ring_length, g, stride, true);
-      } else {
-        multicast.stage(d_gates_next, (int)batch_size, gates_size, g, stride, true);
-      }
+      multicast.stage(staging ? ring.slot(order + 1) : d_gates_next, (int)batch_size,
+                      staging ? ring.ring_length : gates_size, g, stride, true);
       __syncthreads();
     };
+    Dtype* const kept_d_gates = ring.kept_rows(order);
     auto finish = [&](const BlockElement<kColumns>& at, const Math (&sums)[1],
                       const Dtype (&inputs)[8]) {
       if (t < 0) {
@@ -216,7 +213,9 @@ __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_backward_per
 #pragma unroll
       for (int g = 0; g < 3; ++g) {
         d_gates[gate + g * state_size] = d[g];
-        ring.keep(order, at.row, at.column + g * state_size, d[g]);
+        if (kept_d_gates) {
+          kept_d_gates[at.row * ring.ring_length + at.column + g * state_size] = d[g];
+        }
       }
     };
     if constexpr (kTensorCores) {
