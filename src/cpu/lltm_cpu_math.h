@@ -1,10 +1,10 @@
 /* What the LLTM's CPU passes of every element type share (each includes it
  * before lltm_cpu_impl.h): the activations the cell's math calls
- * (lltm_cell_math.h), float's branch-free exp/expm1/tanh (Cephes'
- * polynomials, within a few ulp of libm where exp is a normal float) so
- * that each row loop vectorises (glibc's scalar calls run several times
- * slower than ATen's vectorised ops), double's libm, and a division for
- * the reciprocal; the BLAS's products by type. */
+ * (lltm_cell_math.h), float's branch-free exp/expm1/tanh (all three from
+ * Cephes' polynomial for exp, within a few ulp of libm where exp is a
+ * normal float) so that each row loop vectorises (glibc's scalar calls run
+ * several times slower than ATen's vectorised ops), double's libm, and a
+ * division for the reciprocal; the BLAS's products by type. */
 #ifndef LLTM_CPU_MATH_H
 #define LLTM_CPU_MATH_H
 
@@ -34,10 +34,12 @@
 #define LLTM_ALWAYS_INLINE inline
 #endif
 
-static LLTM_ALWAYS_INLINE float exp_float(float x) {
-  /* Round to nearest by the 1.5 * 2^23 trick, which vectorises everywhere:
-   * n is then also the low bits of `shifted`, all that 2^n's exponent
-   * keeps of them. */
+/* x = n ln 2 + r with |r| <= ln 2 / 2: expm1(r) (Cephes' polynomial for
+ * exp(r) - 1 - r, times r^2, plus r) and 2^n. 2^n is made from n's bits in
+ * one shift: rounding to nearest by the 1.5 * 2^23 trick, which vectorises
+ * everywhere, leaves n in the low bits of `shifted`, all that 2^n's
+ * exponent keeps of them. It is a normal float within exp_float's bounds. */
+static LLTM_ALWAYS_INLINE float expm1_reduced_float(float x, float* two_to_n) {
   const float shifted = x * 1.44269504088896341f + 12582912.0f;
   const float n = shifted - 12582912.0f;
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
@@ -47,10 +49,14 @@ static LLTM_ALWAYS_INLINE float exp_float(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const float scaled = y * lltm_float_of_bits((lltm_bits_of_float(shifted) + 127u) << 23);
-  /* Within these bounds 2^n is a normal float, made from n's bits in one
-   * shift; past them exp is taken as inf and 0 (as exp is from 88.72 up
+  *two_to_n = lltm_float_of_bits((lltm_bits_of_float(shifted) + 127u) << 23);
+  return p * r * r + r;
+}
+
+static LLTM_ALWAYS_INLINE float exp_float(float x) {
+  float two_to_n;
+  const float scaled = (expm1_reduced_float(x, &two_to_n) + 1.0f) * two_to_n;
+  /* Past these bounds exp is taken as inf and 0 (as exp is from 88.72 up
    * and from -103.98 down), which changes what the cell makes of it (a
    * sigmoid, tanh, the ELU) by less than 1e-38. 2^n in two factors, which
    * reached the subnormals, converted from float (NaN made 0 first), took
@@ -60,30 +66,25 @@ static LLTM_ALWAYS_INLINE float exp_float(float x) {
   return x > 88.3f ? HUGE_VALF : x < -87.6f ? 0.0f : scaled;
 }
 
+/* 2^n expm1(r) + (2^n - 1): expm1(r) itself where n is 0, near zero, where
+ * exp(x) - 1 would cancel. expm1 and tanh once had polynomials of their
+ * own near zero beside exp's, each element computing both sides: with
+ * exp's alone, on a 2-core Xeon with AMX, one thread, T=16 B=64 S=128
+ * inference took 45.2 us a step in bfloat16 against 50.7, and 115.4 in
+ * float32 against 121.5. */
 static LLTM_ALWAYS_INLINE float expm1_float(float x) {
-  /* Near zero exp(x) - 1 cancels; the series to x^8 is exact to rounding there. */
-  float p = 1.0f / 40320.0f;
-  p = p * x + 1.0f / 5040.0f;
-  p = p * x + 1.0f / 720.0f;
-  p = p * x + 1.0f / 120.0f;
-  p = p * x + 1.0f / 24.0f;
-  p = p * x + 1.0f / 6.0f;
-  p = p * x + 0.5f;
-  const float near_zero = p * x * x + x;
-  return fabsf(x) < 0.5f ? near_zero : exp_float(x) - 1.0f;
+  float two_to_n;
+  const float reduced = expm1_reduced_float(x, &two_to_n);
+  const float result = two_to_n * reduced + (two_to_n - 1.0f);
+  return x > 88.3f ? HUGE_VALF : x < -87.6f ? -1.0f : result;
 }
 
+/* tanh(|x|) = expm1(2|x|) / (expm1(2|x|) + 2), with x's sign; |x| is taken
+ * as at most 44, where tanh is 1 in float and expm1 finite. */
 static LLTM_ALWAYS_INLINE float tanh_float(float x) {
-  const float z = x * x;
-  float p = -5.70498872745e-3f;
-  p = p * z + 2.06390887954e-2f;
-  p = p * z - 5.37397155531e-2f;
-  p = p * z + 1.33314422036e-1f;
-  p = p * z - 3.33332819422e-1f;
-  const float near_zero = p * z * x + x;
   const float magnitude = fabsf(x);
-  const float far = 1.0f - 2.0f / (exp_float(2.0f * magnitude) + 1.0f);
-  return magnitude < 0.625f ? near_zero : copysignf(far, x);
+  const float e = expm1_float(2.0f * (magnitude > 44.0f ? 44.0f : magnitude));
+  return copysignf(e / (e + 2.0f), x);
 }
 
 static LLTM_ALWAYS_INLINE float reciprocal_float(float x) { return 1.0f / x; }
