@@ -185,15 +185,15 @@ static int row_takes(int path, int planned, int dtype, int pass, int64_t steps,
       if (!plan->cluster.kernel) return LLTM_ERROR_PATH_CLUSTER_SIZES;
       return planned && pass == LLTM_PASS_FORWARD_SAVED &&
                      state_size > LLTM_SAVED_CLUSTER_STATE &&
-                     lltm_plan_persistent(dtype, 0, steps, batch_size, state_size,
+                     lltm_plan_persistent(dtype, pass, steps, batch_size, state_size,
                                           options->clusters)
                          .blocks
                  ? PASSED_ON
                  : 0;
     case LLTM_PATH_PERSISTENT:
       if (packed) return LLTM_ERROR_PATH_PACKED;
-      plan->persistent = lltm_plan_persistent(dtype, pass == LLTM_PASS_BACKWARD, steps,
-                                              batch_size, state_size, options->clusters);
+      plan->persistent = lltm_plan_persistent(dtype, pass, steps, batch_size, state_size,
+                                              options->clusters);
       if (!plan->persistent.blocks) return LLTM_ERROR_PATH_PERSISTENT_SIZES;
       return planned && cublas && dtype == LLTM_FLOAT32 && pass != LLTM_PASS_FORWARD &&
                      batch_size > LLTM_PERSISTENT_TRAINING_ROWS &&

@@ -47,10 +47,11 @@ lltm_recurrence_plan lltm_plan_recurrence(int dtype, int pass, int64_t steps,
                                           int64_t batch_size, int64_t state_size, int packed,
                                           const lltm_sequence_options* options, int cublas);
 
-// persistent_kernel.cu: the persistent launch's layout (blocks == 0: none),
-// its shared staging in clusters where `clusters` allows them.
-lltm_persistent_plan lltm_plan_persistent(int dtype, int backward, int64_t steps,
-                                          int64_t batch_size, int64_t state_size, int clusters);
+// persistent_kernel.cu: the persistent launch's layout (blocks == 0: none)
+// of a pass `pass` (an lltm_pass), its shared staging in clusters where
+// `clusters` allows them.
+lltm_persistent_plan lltm_plan_persistent(int dtype, int pass, int64_t steps, int64_t batch_size,
+                                          int64_t state_size, int clusters);
 
 #ifdef __cplusplus
 }

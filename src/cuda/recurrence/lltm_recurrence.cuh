@@ -338,8 +338,8 @@ struct ClusterMmaKernel {
 template <typename Dtype>
 ClusterMmaKernel cluster_mma_forward(int64_t state_size);
 template <typename Dtype>
-PersistentPlan plan_persistent(bool backward, int64_t steps, int64_t batch_size,
-                               int64_t state_size, bool clusters);
+PersistentPlan plan_persistent(int pass, int64_t steps, int64_t batch_size, int64_t state_size,
+                               bool clusters);
 int launch_persistent(const PersistentPlan& plan, void** arguments, cudaStream_t stream);
 
 // cublas_loop_kernel.cu: each step's recurrent product by cuBLAS, then a
