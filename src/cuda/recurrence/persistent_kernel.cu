@@ -31,9 +31,10 @@ enum class Keeps { kNothing, kAll, kAtRunTime };
 // leaves its state in final_h and final_cell too, where final_h is not
 // NULL. cells NULL (the plan's kernel for a forward alone): nothing kept
 // for a backward (ForwardRecurrence), the cell carried in final_cell, its
-// element read and written by the same lane each step. staging NULL, or a ring of two (batch, state rounded up
-// to whole 16 bytes) buffers (StagingRing) where the state's rows are not
-// whole 16 bytes. Dense steps only (lltm_steps.h); bias NULL: none.
+// element read and written by the same lane each step. staging NULL, or a
+// ring of two (batch, state rounded up to whole 16 bytes) buffers
+// (StagingRing) where the state's rows are not whole 16 bytes. Dense steps
+// only (lltm_steps.h); bias NULL: none.
 template <typename Dtype, int kColumns, Keeps kKeeps>
 __global__ void __launch_bounds__(kPersistentThreads) lltm_sequence_forward_persistent_kernel(
     const int64_t steps, const int64_t batch_size, const int64_t state_size,
