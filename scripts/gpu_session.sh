@@ -2,9 +2,10 @@
 # Everything that needs the GPU, in one call: build, test, benchmark.
 #
 #   scripts/gpu_session.sh [STEP...]   steps: build ptx nogpu diag test pytest gpu-tests bench kernels overhead sequence sweep
-#                                      cpusweep half accuracy wordlm demo sanitizers, and the distributed ones:
+#                                      cpusweep half accuracy wordlm demo sanitizers compare (BASE=tree.tar),
+#                                      and the distributed ones:
 #                                      dist-pytest dist-demo dist-multinode dist-bench (default:
-#                                      all but sanitizers and dist-*)
+#                                      all but sanitizers, compare and dist-*)
 #
 # Each step's full log goes to $OUT/STEP.log (OUT defaults to ./gpu_out); a
 # table of steps, results and times is printed last. Wheels in .whl/ (cffi and
@@ -67,6 +68,8 @@ command_for() {
     wordlm)  echo "python3 benchmark.py --word-language-model -c" ;;
     sanitizers) echo "set -e; for tool in memcheck racecheck synccheck initcheck; do make \$tool PYTEST_ARGS='-n 8'; done; make racecheck-tensor-cores" ;;
     demo)    echo "python3 -m examples.demo --plot $OUT/demo_loss.png" ;;
+    # This tree against BASE, a git archive of another, taking turns.
+    compare) echo "OUT=$OUT scripts/compare_trees.sh" ;;
     dist-pytest) echo "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_dist python3 -m pytest -q -rfEs -p no:cacheprovider -m multi_gpu" ;;
     dist-demo) echo "$torchrun -m examples.demo --distributed --steps 150 --checkpoint $OUT/dist_demo.pt --plot $OUT/dist_demo_first.png && $torchrun -m examples.demo --distributed --steps 300 --checkpoint $OUT/dist_demo.pt --resume --plot $OUT/dist_demo_loss.png" ;;
     dist-multinode) echo "OUT=$OUT scripts/multinode_demo.sh" ;;

@@ -378,6 +378,45 @@ def test_sequence_on_the_cpu_compares_loops_lltm_sequence_lstm_and_gru(few_warmu
     assert "per-step kernels" not in output
 
 
+def test_compare_reports_pairs_two_trees_rows_of_real_reports(few_warmup_runs, monkeypatch,
+                                                              capsys, tmp_path):
+    """scripts/compare_reports.py, on --sequence reports as the benchmark
+    writes them (two runs of each tree, a row the base's lacks): every row
+    of both trees' time tables once, its medians in their order and this
+    tree's median over the base's."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import compare_reports
+    monkeypatch.setattr(sequence, "CPU_SEQUENCE_SHAPES", ((3, 5, 7, 9),))
+    monkeypatch.setattr(sequence, "LAYERED_SHAPES", SMALL_LAYERED_SHAPES)
+    assert benchmark.main(["--sequence", "-r", "3", "-o", str(tmp_path / "sequence.md")]) == 0
+    report = capsys.readouterr().out
+
+    def slower(text, factor):
+        return re.sub(r"^(\| 3x5x7x9 \| lltm_sequence \| )([\d.]+)",
+                      lambda row: f"{row[1]}{float(row[2]) * factor:.1f}", text, flags=re.M)
+
+    log = "".join(f"=== {tree}\n{text}\n=== end\n" for tree, text in (
+        ("base", report), ("this", slower(report, 2)), ("this", slower(report, 2)),
+        ("base", report + "\n| T x B x F x S | implementation | median us/step |\n"
+                          "| 1x1x1x1 | only the base | 1.0 |\n")))
+    table = compare_reports.comparison(log).splitlines()
+    rows = [line.split(" | ") for line in table[2:]]
+    assert table[0] == "| table | T x B x F x S | implementation | base | this | this / base |"
+    time_rows = rows_of_numbers(report, 2)
+    assert len(rows) == len(time_rows) and len(rows) > 6
+    for row, line in zip(rows, time_rows):
+        size, name, median = (cell.strip() for cell in line.split("|")[1:4])
+        assert row[1:3] == [size, name]
+        assert row[3] == f"{float(median)}, {float(median)}"
+        ratio = float(row[5].rstrip(" |"))
+        if name == "lltm_sequence":
+            assert row[4] == f"{float(median) * 2:.1f}, {float(median) * 2:.1f}"
+            assert ratio == pytest.approx(2, rel=0.01)
+        else:
+            assert ratio == 1
+    assert {row[0] for row in rows} == {"| 1", "| 2"}  # the one-layer and layered tables
+
+
 REDUCED = [pytest.param(["--half", "bf16"], id="half-bf16"),
            pytest.param(["--autocast", "bf16"], id="autocast-bf16"),
            pytest.param(["--half", "fp16"], id="half-fp16"),
